@@ -1,0 +1,151 @@
+"""Typed, validated configuration: one YAML file, defaults in one place, errors that name the key path.
+
+``check-config``, start-up and SIGHUP reload all go through :func:`load_config`. pydantic does the typing and
+validation (a well-kept library that already reports errors by location); we only format its errors as
+``notify.receivers[0].url: not a URL``.
+
+Sub-sections owned by a subsystem live next to it (``gpuwatchd.rules.config``, ``gpuwatchd.notify.config``) and
+are composed here.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+
+from gpuwatchd.configtypes import Duration, Section
+
+from gpuwatchd.notify.config import NotifyConfig
+from gpuwatchd.rules.config import RulesConfig
+
+DEFAULT_CONFIG_PATH = Path("/etc/gpuwatchd/gpuwatchd.yml")
+# 9945: free in the Prometheus default-port allocation wiki at the time of writing, and clear of
+# node_exporter (9100), dcgm-exporter (9400) and nvidia_gpu_exporter (9835).
+DEFAULT_PORT = 9945
+DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+DEFAULT_STATE_DIR = Path("/var/lib/gpuwatchd")
+
+class NvmlConfig(Section):
+    poll_interval: Duration = 1.0
+    # A poll slower than this marks data stale and the worker is killed and respawned.
+    poll_timeout: Duration = 5.0
+    # SIGTERM grace before SIGKILL when the worker must go.
+    kill_grace: Duration = 1.0
+    restart_backoff_initial: Duration = 0.5
+    restart_backoff_max: Duration = 30.0
+    # Directory holding libnvidia-ml.so.1 (or the file itself). Unset: the system loader path, like nvidia-smi.
+    library_path: Path | None = None
+
+
+class ProcessesConfig(Section):
+    top_n: int = Field(default=10, ge=0, le=1000)
+
+
+class SysfsConfig(Section):
+    root: Path = Path("/")
+
+
+class HistoryConfig(Section):
+    retention: Duration = 3600.0
+    step: Duration = 5.0
+
+
+class Config(Section):
+    listen: str = DEFAULT_LISTEN
+    host: str = Field(default_factory=socket.gethostname)
+    state_dir: Path = DEFAULT_STATE_DIR
+    nvml: NvmlConfig = NvmlConfig()
+    processes: ProcessesConfig = ProcessesConfig()
+    sysfs: SysfsConfig = SysfsConfig()
+    history: HistoryConfig = HistoryConfig()
+    rules: RulesConfig = RulesConfig()
+    notify: NotifyConfig = NotifyConfig()
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        parse_listen(v)
+        return v
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6, ``:PORT`` for all interfaces) -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - an exporter listens on all interfaces by default
+    return host, int(port)
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; ``str`` lists one ``key.path: message`` per line."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+    def __str__(self) -> str:
+        return "\n".join(f"{self.source}: {p}" for p in self.problems)
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def format_validation_error(err: ValidationError) -> list[str]:
+    """One ``key.path: message`` line per problem."""
+    lines = []
+    for e in err.errors(include_url=False):
+        # pydantic puts validator names (e.g. "function-after[...]") into loc for unions; drop those parts.
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p))
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{_loc(loc)}: {msg}")
+    return lines
+
+
+def config_from_dict(data: dict[str, Any] | None, source: str = "<config>") -> Config:
+    """Validate a parsed YAML document."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["(top level): expected a mapping of settings"])
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(source, format_validation_error(e)) from None
+
+
+def load_config(path: Path | None, *, required: bool = False) -> Config:
+    """Load ``path``; a missing default file gives the defaults, a missing explicit file is an error."""
+    if path is None:
+        path = DEFAULT_CONFIG_PATH
+        if not path.exists():
+            return Config()
+    src = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(src, ["file not found"]) from None
+        return Config()
+    except OSError as e:
+        raise ConfigError(src, [f"cannot read: {e.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(src, [f"{where}invalid YAML: {problem}"]) from None
+    return config_from_dict(data, src)

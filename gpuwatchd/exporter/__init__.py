@@ -1,0 +1,1 @@
+"""Prometheus exposition (custom collector over the store) and the aiohttp application."""

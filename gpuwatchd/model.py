@@ -1,0 +1,252 @@
+"""Value types shared by sources, the store, the exporter and the rules.
+
+Every reading is optional: ``None`` means "no reading" (not supported, not permitted, failed this poll), and the
+exporter emits no sample for it. Units are base units (bytes, seconds, watts, joules, hertz, ratios 0..1, °C).
+
+Snapshots cross the process boundary between the NVML worker and the daemon as JSON (``to_json``/``from_json``);
+the encoding is the dataclass fields as a dict, so adding a field with a default stays compatible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+GpuState = Literal["present", "lost", "removed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One process holding GPU memory on one GPU (from NVML, enriched with host data)."""
+
+    pid: int
+    kind: Literal["compute", "graphics"] = "compute"
+    used_memory_bytes: int | None = None  # None where the driver cannot attribute memory (Windows WDDM)
+    name: str | None = None
+    user: str | None = None
+    host_rss_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """One Xid critical error, from NVML events or (later) the kernel log; both feed the same path."""
+
+    uuid: str | None
+    xid: int
+    timestamp: float
+    source: Literal["nvml", "kmsg"] = "nvml"
+    pci_bus_id: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """Everything read from one GPU in one poll."""
+
+    uuid: str
+    index: int
+    name: str | None = None
+    pci_bus_id: str | None = None  # NVML form, e.g. "00000000:0C:00.0"
+    serial: str | None = None
+    # memory
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    # activity
+    utilization_gpu_ratio: float | None = None
+    utilization_memory_ratio: float | None = None
+    pstate: int | None = None
+    # thermal
+    temperature_celsius: float | None = None
+    temperature_slowdown_celsius: float | None = None
+    temperature_shutdown_celsius: float | None = None
+    temperature_gpu_max_celsius: float | None = None
+    temperature_memory_max_celsius: float | None = None
+    fan_speed_ratios: tuple[float, ...] | None = None
+    # power
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    power_min_limit_watts: float | None = None
+    power_max_limit_watts: float | None = None
+    energy_joules: float | None = None  # since driver load; can go backwards on reload
+    # clocks (keys: graphics, sm, memory, video)
+    clocks_hz: dict[str, float] = field(default_factory=dict)
+    max_clocks_hz: dict[str, float] = field(default_factory=dict)
+    clocks_event_reasons: int | None = None  # bit mask, see gpuwatchd.clock_reasons
+    clocks_event_reasons_supported: int | None = None
+    # cumulative time the clocks were held down, per NVML perf policy (power, thermal, ...), seconds
+    violation_seconds: dict[str, float] = field(default_factory=dict)
+    # ECC / memory health
+    ecc_mode_current: bool | None = None
+    ecc_mode_pending: bool | None = None
+    ecc_corrected_volatile: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_aggregate: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    # PCIe (NVML view; sysfs view is in LinkSample)
+    pcie_link_generation: int | None = None
+    pcie_link_max_generation: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_max_width: int | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    pcie_replay_total: int | None = None
+    nvlink_links_active: int | None = None
+    mig_mode_current: bool | None = None
+    # processes, top-N by GPU memory (N from config)
+    processes: tuple[ProcessSample, ...] = ()
+    processes_total: int | None = None  # before the top-N cut
+    # field name -> reason, for readings that failed this poll with something other than "not supported"
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LostGpu:
+    """A GPU that enumeration still lists (or listed at init) but that answers GPU_IS_LOST or similar."""
+
+    index: int
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    reason: str = "gpu_is_lost"
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSample:
+    """PCIe link as sysfs reports it (root injectable); independent of NVML so a hung driver still shows it."""
+
+    pci_bus_id: str  # sysfs form, lower case, e.g. "0000:0c:00.0"
+    current_generation: int | None = None
+    max_generation: int | None = None
+    current_width: int | None = None
+    max_width: int | None = None
+    present: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One poll of the NVML worker. ``timestamp`` is stamped by the daemon's clock on receipt."""
+
+    timestamp: float
+    nvml_ok: bool
+    nvml_error: str | None = None  # short reason, e.g. "library_not_found", "driver_not_loaded", "timeout"
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: int | None = None
+    device_count: int | None = None
+    gpus: tuple[GpuSample, ...] = ()
+    lost: tuple[LostGpu, ...] = ()
+    xid_events: tuple[XidEvent, ...] = ()
+    poll_duration_seconds: float | None = None
+
+    def to_json(self) -> str:
+        """Encode for the worker -> daemon pipe."""
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Snapshot:
+        """Decode what ``to_json`` produced (unknown keys are ignored, for version skew)."""
+        return snapshot_from_dict(json.loads(text))
+
+
+def _pick(cls: type[Any], data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def snapshot_from_dict(data: dict[str, Any]) -> Snapshot:
+    """Build a Snapshot from its dict form, restoring nested types and tuples."""
+    gpus = []
+    for g in data.get("gpus", ()):
+        g = _pick(GpuSample, g)
+        g["processes"] = tuple(ProcessSample(**_pick(ProcessSample, p)) for p in g.get("processes", ()))
+        if g.get("fan_speed_ratios") is not None:
+            g["fan_speed_ratios"] = tuple(g["fan_speed_ratios"])
+        gpus.append(GpuSample(**g))
+    d = _pick(Snapshot, data)
+    d["gpus"] = tuple(gpus)
+    d["lost"] = tuple(LostGpu(**_pick(LostGpu, x)) for x in data.get("lost", ()))
+    d["xid_events"] = tuple(XidEvent(**_pick(XidEvent, x)) for x in data.get("xid_events", ()))
+    return Snapshot(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """What we know of a GPU that has been seen at least once; kept after it goes away."""
+
+    uuid: str
+    index: int
+    name: str | None
+    pci_bus_id: str | None
+    serial: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPresence:
+    """Presence of a GPU keyed by UUID: present, lost (answers GPU_IS_LOST) or removed (gone from enumeration)."""
+
+    identity: GpuIdentity
+    state: GpuState
+    last_seen: float  # timestamp of the last snapshot that had readings for it
+    since: float  # when it entered ``state``
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """Self-metrics of one source (node_exporter style): did the last collection work, and how long it took."""
+
+    name: str
+    success: bool
+    duration_seconds: float
+    timestamp: float
+    error: str | None = None
+
+
+Severity = Literal["info", "warning", "critical"]
+AlertState = Literal["pending", "firing", "resolved"]
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alert instance (identity = alertname + labels), as the rules engine reports it each evaluation.
+
+    Mirrors Prometheus' alerting rule output: ``active_at`` is when the condition started (pending), ``fired_at``
+    when the ``for:`` hold elapsed, ``resolved_at`` when the condition cleared.
+    """
+
+    name: str
+    severity: Severity
+    labels: dict[str, str]  # includes alertname, severity, uuid, gpu, model, host, pid/process where relevant
+    summary: str
+    description: str
+    state: AlertState
+    active_at: float
+    fired_at: float | None = None
+    resolved_at: float | None = None
+    value: float | None = None
+    annotations: dict[str, str] = field(default_factory=dict)  # extra, e.g. sparkline, runbook
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable identity of the alert across evaluations (sorted labels, like Alertmanager's)."""
+        return fingerprint(self.labels)
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    """FNV-1a 64 over sorted label pairs, hex: stable across processes (unlike ``hash``)."""
+    h = 0xCBF29CE484222325
+    for k in sorted(labels):
+        for part in (k, "\xff", labels[k], "\xff"):
+            for b in part.encode():
+                h ^= b
+                h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"

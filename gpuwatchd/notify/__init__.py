@@ -1,0 +1,1 @@
+"""Alert delivery: dispatcher with Alertmanager semantics, durable SQLite outbox, one module per integration."""

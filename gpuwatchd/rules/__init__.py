@@ -1,0 +1,1 @@
+"""Pure alert rules: history + now -> alert states (inactive -> pending -> firing -> resolved)."""

@@ -1,0 +1,211 @@
+"""Latest snapshot plus bounded history per GPU and per (GPU, pid), and GPU presence keyed by UUID.
+
+The store is the only state the exporter and the rules read. It does no I/O. History is kept at a configurable
+resolution (``step``) for a configurable span (``retention``) so memory is bounded whatever the poll rate:
+points closer than ``step`` to the previous one replace it rather than append.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from gpuwatchd.model import (
+    GpuIdentity,
+    GpuPresence,
+    GpuSample,
+    LinkSample,
+    Snapshot,
+    SourceStatus,
+    XidEvent,
+)
+
+DEFAULT_RETENTION_SECONDS = 3600.0  # the longest rule window (leak trend) needs about an hour
+DEFAULT_STEP_SECONDS = 5.0  # 720 points per series: enough for a trend, small enough for 16 GPUs x top-N pids
+MAX_XID_EVENTS = 1024  # recent Xid events kept for the status API; counters are kept forever
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPoint:
+    """The per-GPU readings the rules look at over time (processes are in ProcessPoint)."""
+
+    t: float
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    processes_memory_bytes: int | None  # sum over all attributed processes
+    utilization_gpu_ratio: float | None
+    temperature_celsius: float | None
+    power_watts: float | None
+    clocks_event_reasons: int | None
+    violation_seconds: Mapping[str, float]
+    pcie_link_generation: int | None
+    pcie_link_width: int | None
+    pcie_replay_total: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessPoint:
+    """One process' GPU memory and host RSS at one time."""
+
+    t: float
+    used_memory_bytes: int | None
+    host_rss_bytes: int | None
+
+
+def _point(t: float, g: GpuSample) -> GpuPoint:
+    attributed = [p.used_memory_bytes for p in g.processes if p.used_memory_bytes is not None]
+    return GpuPoint(
+        t=t,
+        memory_used_bytes=g.memory_used_bytes,
+        memory_total_bytes=g.memory_total_bytes,
+        processes_memory_bytes=sum(attributed) if g.processes_total is not None or attributed else None,
+        utilization_gpu_ratio=g.utilization_gpu_ratio,
+        temperature_celsius=g.temperature_celsius,
+        power_watts=g.power_watts,
+        clocks_event_reasons=g.clocks_event_reasons,
+        violation_seconds=dict(g.violation_seconds),
+        pcie_link_generation=g.pcie_link_generation,
+        pcie_link_width=g.pcie_link_width,
+        pcie_replay_total=g.pcie_replay_total,
+    )
+
+
+class _Ring:
+    """A deque of timestamped points with a minimum spacing and a maximum age."""
+
+    __slots__ = ("points", "retention", "step")
+
+    def __init__(self, step: float, retention: float) -> None:
+        self.step = step
+        self.retention = retention
+        self.points: deque[GpuPoint | ProcessPoint] = deque(maxlen=max(2, int(retention / step) + 2))
+
+    def add(self, p: GpuPoint | ProcessPoint) -> None:
+        pts = self.points
+        # Keep the first point of each step-wide bucket and always the newest: the newest replaces the last
+        # point when that one is itself a "newest" inside the same bucket.
+        if len(pts) >= 2 and p.t - pts[-2].t < self.step:
+            pts[-1] = p
+        else:
+            pts.append(p)
+        horizon = p.t - self.retention
+        while pts and pts[0].t < horizon:
+            pts.popleft()
+
+
+class Store:
+    """Latest snapshot, presence and bounded history. Single-threaded: owned by the daemon's event loop."""
+
+    def __init__(
+        self,
+        *,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        step_seconds: float = DEFAULT_STEP_SECONDS,
+    ) -> None:
+        self.retention_seconds = retention_seconds
+        self.step_seconds = step_seconds
+        self.latest: Snapshot | None = None
+        self._presence: dict[str, GpuPresence] = {}
+        self._gpu_hist: dict[str, _Ring] = {}
+        self._proc_hist: dict[tuple[str, int], _Ring] = {}
+        self._sources: dict[str, SourceStatus] = {}
+        self._links: dict[str, LinkSample] = {}
+        self.xid_counts: dict[tuple[str, int], int] = {}  # (uuid or "unknown", xid) -> count since start
+        self.recent_xids: deque[XidEvent] = deque(maxlen=MAX_XID_EVENTS)
+        self.stale = False  # the last poll missed its deadline; values are being held, not refreshed
+
+    # -- writers (called by the daemon when data arrives) ------------------------------------------------------
+
+    def apply(self, snap: Snapshot) -> None:
+        """Take a fresh snapshot: update presence, history and Xid counters."""
+        self.latest = snap
+        self.stale = False
+        t = snap.timestamp
+        seen: set[str] = set()
+        for g in snap.gpus:
+            seen.add(g.uuid)
+            ident = GpuIdentity(g.uuid, g.index, g.name, g.pci_bus_id, g.serial)
+            prev = self._presence.get(g.uuid)
+            since = prev.since if prev is not None and prev.state == "present" else t
+            self._presence[g.uuid] = GpuPresence(ident, "present", t, since)
+            self._gpu_hist.setdefault(g.uuid, _Ring(self.step_seconds, self.retention_seconds)).add(_point(t, g))
+            for p in g.processes:
+                key = (g.uuid, p.pid)
+                ring = self._proc_hist.setdefault(key, _Ring(self.step_seconds, self.retention_seconds))
+                ring.add(ProcessPoint(t, p.used_memory_bytes, p.host_rss_bytes))
+        if snap.nvml_ok:
+            for lost in snap.lost:
+                if lost.uuid is None:
+                    continue
+                seen.add(lost.uuid)
+                prev = self._presence.get(lost.uuid)
+                ident = prev.identity if prev else GpuIdentity(lost.uuid, lost.index, None, lost.pci_bus_id)
+                if prev is None or prev.state != "lost":
+                    self._presence[lost.uuid] = GpuPresence(ident, "lost", prev.last_seen if prev else t, t)
+            # A GPU missing from a successful enumeration has been removed (dock detached, unbound).
+            for uuid, pres in list(self._presence.items()):
+                if uuid not in seen and pres.state != "removed":
+                    self._presence[uuid] = replace(pres, state="removed", since=t)
+        for ev in snap.xid_events:
+            key = (ev.uuid or "unknown", ev.xid)
+            self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
+            self.recent_xids.append(ev)
+        self._expire(t)
+
+    def add_xid(self, ev: XidEvent) -> None:
+        """Count an Xid from a source other than the NVML snapshot (kernel log)."""
+        key = (ev.uuid or "unknown", ev.xid)
+        self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
+        self.recent_xids.append(ev)
+
+    def mark_stale(self) -> None:
+        """The NVML worker missed its deadline: keep serving the last values, flagged as stale."""
+        self.stale = True
+
+    def set_source_status(self, status: SourceStatus) -> None:
+        self._sources[status.name] = status
+
+    def set_links(self, links: Iterable[LinkSample]) -> None:
+        self._links = {link.pci_bus_id: link for link in links}
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.retention_seconds
+        for key in [k for k, r in self._proc_hist.items() if not r.points or r.points[-1].t < horizon]:
+            del self._proc_hist[key]
+        for uuid in [u for u, r in self._gpu_hist.items() if not r.points or r.points[-1].t < horizon]:
+            del self._gpu_hist[uuid]
+
+    # -- readers (exporter, rules, status API) -----------------------------------------------------------------
+
+    @property
+    def presence(self) -> Mapping[str, GpuPresence]:
+        return self._presence
+
+    @property
+    def sources(self) -> Mapping[str, SourceStatus]:
+        return self._sources
+
+    @property
+    def links(self) -> Mapping[str, LinkSample]:
+        return self._links
+
+    def gpu(self, uuid: str) -> GpuSample | None:
+        """The latest sample of a present GPU."""
+        if self.latest is None:
+            return None
+        for g in self.latest.gpus:
+            if g.uuid == uuid:
+                return g
+        return None
+
+    def gpu_history(self, uuid: str) -> Sequence[GpuPoint]:
+        ring = self._gpu_hist.get(uuid)
+        return tuple(ring.points) if ring else ()  # type: ignore[arg-type]
+
+    def process_history(self, uuid: str, pid: int) -> Sequence[ProcessPoint]:
+        ring = self._proc_hist.get((uuid, pid))
+        return tuple(ring.points) if ring else ()  # type: ignore[arg-type]
+
+    def process_keys(self) -> Sequence[tuple[str, int]]:
+        return tuple(self._proc_hist)
