@@ -18,7 +18,6 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from gpuwatchd.configtypes import Duration, Section
-
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.rules.config import RulesConfig
 

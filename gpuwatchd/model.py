@@ -166,8 +166,8 @@ def _pick(cls: type[Any], data: dict[str, Any]) -> dict[str, Any]:
 def snapshot_from_dict(data: dict[str, Any]) -> Snapshot:
     """Build a Snapshot from its dict form, restoring nested types and tuples."""
     gpus = []
-    for g in data.get("gpus", ()):
-        g = _pick(GpuSample, g)
+    for raw in data.get("gpus", ()):
+        g = _pick(GpuSample, raw)
         g["processes"] = tuple(ProcessSample(**_pick(ProcessSample, p)) for p in g.get("processes", ()))
         if g.get("fan_speed_ratios") is not None:
             g["fan_speed_ratios"] = tuple(g["fan_speed_ratios"])

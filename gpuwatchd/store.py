@@ -114,6 +114,10 @@ class Store:
         self.xid_counts: dict[tuple[str, int], int] = {}  # (uuid or "unknown", xid) -> count since start
         self.recent_xids: deque[XidEvent] = deque(maxlen=MAX_XID_EVENTS)
         self.stale = False  # the last poll missed its deadline; values are being held, not refreshed
+        # runtime facts the exporter shows next to the data
+        self.nvml_worker_restarts = 0
+        self.config_reload_success = True
+        self.config_reload_timestamp: float | None = None
 
     # -- writers (called by the daemon when data arrives) ------------------------------------------------------
 
