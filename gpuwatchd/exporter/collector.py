@@ -1,0 +1,102 @@
+"""The Prometheus collector over the store: families built fresh on every scrape, no I/O, never a failed scrape.
+
+``collect()`` runs on the event loop inside the ``/metrics`` handler, so it only reads the in-memory store. It is
+split into groups (node_exporter style); a group that raises is logged (rate-limited) and counted in
+``gpuwatchd_exporter_collect_errors_total{group}``, and the scrape goes on with the other groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuwatchd.exporter import gpu_families as gf
+from gpuwatchd.exporter import runtime_families as rf
+from gpuwatchd.exporter.families import spec
+from gpuwatchd.model import GpuSample
+from gpuwatchd.store import Store
+
+log = logging.getLogger(__name__)
+
+# A broken group fails on every scrape (every 15 s per Prometheus); one traceback a minute is enough to act on.
+ERROR_LOG_INTERVAL_SECONDS = 60.0
+
+COLLECT_ERRORS = spec(
+    "gpuwatchd_exporter_collect_errors_total", "counter",
+    "Scrapes in which a group of metric families failed to build and was left out (see the daemon log).",
+    ("group",),
+)
+
+Group = Callable[[Store], Iterable[Metric]]
+
+
+def present_gpus(store: Store) -> list[GpuSample]:
+    """Samples of GPUs that are present now: a lost or removed GPU exports no readings."""
+    snap = store.latest
+    if snap is None:
+        return []
+    pres = store.presence
+    return [g for g in snap.gpus if (p := pres.get(g.uuid)) is None or p.state == "present"]
+
+
+class StoreCollector(Collector):
+    """Exports what the store holds about GPUs, NVML and the daemon; other subsystems register their own."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        build: rf.BuildInfo | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._build = build if build is not None else rf.BuildInfo.detect()
+        self._monotonic = monotonic
+        self.groups: dict[str, Group] = {
+            "nvml": rf.nvml_families,
+            "presence": rf.presence_families,
+            "gpu": lambda s: gf.value_families(present_gpus(s)),
+            "clocks": lambda s: gf.clock_families(present_gpus(s)),
+            "health": lambda s: gf.health_families(present_gpus(s)),
+            "pcie": lambda s: gf.pcie_families(present_gpus(s)),
+            "processes": lambda s: gf.process_families(present_gpus(s)),
+            "xid": rf.xid_families,
+            "links": lambda s: rf.link_families(s.links),
+            "self": lambda s: rf.self_families(s, self._build),
+        }
+        self.errors: dict[str, int] = dict.fromkeys(self.groups, 0)
+        self._last_logged: dict[str, float] = {}
+
+    def describe(self) -> Iterable[Metric]:
+        # Families depend on the data; describing them would mean collecting before the first poll.
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        for name, group in self.groups.items():
+            try:
+                # Materialise first: a group that fails half-way must not leave half its families in the output.
+                metrics = list(group(self._store))
+            # One broken group must never fail the scrape (dcgm-exporter answers 500 then, dcgm.md §1.6).
+            except Exception:
+                self._failed(name)
+                continue
+            yield from metrics
+        errors = CounterMetricFamily(COLLECT_ERRORS.name, COLLECT_ERRORS.doc, labels=COLLECT_ERRORS.labels)
+        for name, count in self.errors.items():
+            errors.add_metric([name], count)
+        yield errors
+
+    def _failed(self, group: str) -> None:
+        self.errors[group] = self.errors.get(group, 0) + 1
+        now = self._monotonic()
+        last = self._last_logged.get(group)
+        if last is None or now - last >= ERROR_LOG_INTERVAL_SECONDS:
+            self._last_logged[group] = now
+            log.exception(
+                "metric group %r failed and was left out of the scrape (%d times so far; logged at most once per %ds)",
+                group, self.errors[group], ERROR_LOG_INTERVAL_SECONDS,
+            )

@@ -1,0 +1,266 @@
+"""Per-GPU reading families, built from the ``GpuSample``s of present GPUs only.
+
+Each ``*_families`` function is one collector group: it returns its families or raises, and the collector keeps
+the other groups going when one raises. Values are already in base units in the model; this module only names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import Metric
+
+from gpuwatchd.clock_reasons import reason_states
+from gpuwatchd.exporter.families import Families, label, spec
+from gpuwatchd.model import GpuSample
+
+_U = ("uuid",)
+_NOTE = " Last polled value (the daemon polls in the background; see gpuwatchd_last_poll_timestamp_seconds)."
+
+# -- memory, activity, thermal, power -------------------------------------------------------------------------
+MEMORY_TOTAL = spec("gpuwatchd_gpu_memory_total_bytes", "gauge", "Total framebuffer memory of the GPU.", _U, "bytes")
+MEMORY_USED = spec(
+    "gpuwatchd_gpu_memory_used_bytes", "gauge", "Framebuffer memory in use (excluding driver reserve)." + _NOTE, _U,
+    "bytes",
+)
+MEMORY_RESERVED = spec(
+    "gpuwatchd_gpu_memory_reserved_bytes", "gauge", "Framebuffer memory reserved by the driver and firmware.", _U,
+    "bytes",
+)
+MEMORY_FREE = spec("gpuwatchd_gpu_memory_free_bytes", "gauge", "Framebuffer memory free." + _NOTE, _U, "bytes")
+UTILIZATION = spec(
+    "gpuwatchd_gpu_utilization_ratio", "gauge",
+    "Fraction of the last sample period (1/6 s to 1 s) in which a kernel ran on the GPU, 0..1." + _NOTE, _U, "ratio",
+)
+MEMORY_UTILIZATION = spec(
+    "gpuwatchd_gpu_memory_utilization_ratio", "gauge",
+    "Fraction of the last sample period in which device memory was read or written, 0..1.", _U, "ratio",
+)
+PSTATE = spec(
+    "gpuwatchd_gpu_performance_state", "gauge", "Performance state: 0 (P0, maximum) to 15 (P15, minimum).", _U
+)
+TEMPERATURE = spec(
+    "gpuwatchd_gpu_temperature_celsius", "gauge", "GPU core temperature." + _NOTE, _U, "celsius"
+)
+TEMPERATURE_THRESHOLD = spec(
+    "gpuwatchd_gpu_temperature_threshold_celsius", "gauge",
+    "Temperature thresholds the driver acts on: slowdown, shutdown, gpu_max, memory_max (operating limits).",
+    ("uuid", "threshold"), "celsius",
+)
+FAN_SPEED = spec(
+    "gpuwatchd_gpu_fan_speed_ratio", "gauge", "Intended fan speed as a fraction of maximum, per fan, 0..1.",
+    ("uuid", "fan"), "ratio",
+)
+POWER = spec("gpuwatchd_gpu_power_watts", "gauge", "Board power draw." + _NOTE, _U, "watts")
+POWER_LIMIT = spec("gpuwatchd_gpu_power_limit_watts", "gauge", "Enforced board power limit.", _U, "watts")
+POWER_MIN_LIMIT = spec(
+    "gpuwatchd_gpu_power_min_limit_watts", "gauge", "Lowest power limit that can be configured.", _U, "watts"
+)
+POWER_MAX_LIMIT = spec(
+    "gpuwatchd_gpu_power_max_limit_watts", "gauge", "Highest power limit that can be configured.", _U, "watts"
+)
+ENERGY = spec(
+    "gpuwatchd_gpu_energy_joules_total", "counter",
+    "Energy consumed since the driver was loaded (resets on driver reload); rate() gives watts.", _U, "joules",
+)
+MIG_ENABLED = spec("gpuwatchd_gpu_mig_enabled", "gauge", "1 when MIG mode is enabled, 0 when disabled.", _U)
+NVLINK_ACTIVE = spec("gpuwatchd_gpu_nvlink_links_active", "gauge", "Number of NVLink links that are up.", _U)
+FIELD_ERROR = spec(
+    "gpuwatchd_gpu_field_error_info", "info",
+    "A reading that failed this poll for a reason other than 'not supported' (so it has no sample).",
+    ("uuid", "field", "reason"),
+)
+
+# -- clocks ---------------------------------------------------------------------------------------------------
+CLOCK = spec(
+    "gpuwatchd_gpu_clock_hertz", "gauge", "Current clock frequency per clock domain (graphics, sm, memory, video).",
+    ("uuid", "clock"), "hertz",
+)
+CLOCK_MAX = spec(
+    "gpuwatchd_gpu_clock_max_hertz", "gauge", "Maximum clock frequency per clock domain.", ("uuid", "clock"), "hertz"
+)
+CLOCKS_EVENT = spec(
+    "gpuwatchd_gpu_clocks_event_active", "gauge",
+    "1 while a clock event reason (throttle reason) holds the clocks down, 0 when not; one series per reason the"
+    " GPU supports. gpu_idle is normal; hw_slowdown, sw_thermal, hw_thermal and hw_power_brake mean trouble.",
+    ("uuid", "reason"),
+)
+VIOLATION = spec(
+    "gpuwatchd_gpu_clocks_violation_seconds_total", "counter",
+    "Time the clocks were held below target by each NVML performance policy (power, thermal, ...).",
+    ("uuid", "policy"), "seconds",
+)
+
+# -- memory health --------------------------------------------------------------------------------------------
+ECC_ENABLED = spec("gpuwatchd_gpu_ecc_enabled", "gauge", "1 when ECC is enabled now, 0 when disabled.", _U)
+ECC_PENDING = spec(
+    "gpuwatchd_gpu_ecc_pending_enabled", "gauge", "ECC mode that takes effect after the next reboot (1 on, 0 off).",
+    _U,
+)
+ECC_VOLATILE = spec(
+    "gpuwatchd_gpu_ecc_errors_volatile_total", "counter",
+    "ECC errors since the driver was loaded, by error=corrected|uncorrected.", ("uuid", "error"),
+)
+ECC_AGGREGATE = spec(
+    "gpuwatchd_gpu_ecc_errors_aggregate_total", "counter",
+    "ECC errors over the lifetime of the GPU, by error=corrected|uncorrected.", ("uuid", "error"),
+)
+RETIRED_PAGES = spec(
+    "gpuwatchd_gpu_retired_pages", "gauge",
+    "Framebuffer pages retired, by cause=sbe (multiple single-bit errors) | dbe (double-bit error).",
+    ("uuid", "cause"),
+)
+RETIRED_PENDING = spec(
+    "gpuwatchd_gpu_retired_pages_pending", "gauge", "1 when a page retirement waits for the next driver reload.", _U
+)
+REMAPPED_ROWS = spec(
+    "gpuwatchd_gpu_remapped_rows", "gauge", "Memory rows remapped, by cause=correctable|uncorrectable.",
+    ("uuid", "cause"),
+)
+REMAP_PENDING = spec(
+    "gpuwatchd_gpu_remapped_rows_pending", "gauge", "1 when a row remap waits for a GPU reset.", _U
+)
+REMAP_FAILED = spec(
+    "gpuwatchd_gpu_remapped_rows_failed", "gauge", "1 when a row remap failed (the GPU needs service).", _U
+)
+
+# -- PCIe (NVML view) -----------------------------------------------------------------------------------------
+PCIE_GEN = spec("gpuwatchd_gpu_pcie_link_generation", "gauge", "Current PCIe link generation (NVML view).", _U)
+PCIE_MAX_GEN = spec(
+    "gpuwatchd_gpu_pcie_link_max_generation", "gauge",
+    "Maximum PCIe link generation of the GPU and system together (NVML view).", _U,
+)
+PCIE_WIDTH = spec("gpuwatchd_gpu_pcie_link_width", "gauge", "Current PCIe link width in lanes (NVML view).", _U)
+PCIE_MAX_WIDTH = spec(
+    "gpuwatchd_gpu_pcie_link_max_width", "gauge", "Maximum PCIe link width in lanes (NVML view).", _U
+)
+PCIE_THROUGHPUT = spec(
+    "gpuwatchd_gpu_pcie_throughput_bytes_per_second", "gauge",
+    "PCIe throughput over NVML's 20 ms sample window, by direction=tx|rx.", ("uuid", "direction"),
+)
+PCIE_REPLAYS = spec(
+    "gpuwatchd_gpu_pcie_replays_total", "counter", "PCIe replays (link-level retransmissions); rising = bad link.", _U
+)
+
+# -- processes ------------------------------------------------------------------------------------------------
+PROCESSES = spec(
+    "gpuwatchd_gpu_processes", "gauge",
+    "Processes holding memory on the GPU (all of them, before the per-GPU top-N cut of the per-process series).", _U,
+)
+_P = ("uuid", "pid", "process")
+PROCESS_MEMORY = spec(
+    "gpuwatchd_gpu_process_memory_used_bytes", "gauge",
+    "GPU memory used by one process (top-N processes by memory per GPU).", _P, "bytes",
+)
+PROCESS_RSS = spec(
+    "gpuwatchd_gpu_process_host_rss_bytes", "gauge",
+    "Host resident memory of a process that holds GPU memory (top-N per GPU).", _P, "bytes",
+)
+
+
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def value_families(gpus: Iterable[GpuSample]) -> list[Metric]:
+    """Memory, activity, thermal and power readings."""
+    f = Families()
+    for g in gpus:
+        u = (g.uuid,)
+        f.add(MEMORY_TOTAL, u, g.memory_total_bytes)
+        f.add(MEMORY_USED, u, g.memory_used_bytes)
+        f.add(MEMORY_RESERVED, u, g.memory_reserved_bytes)
+        f.add(MEMORY_FREE, u, g.memory_free_bytes)
+        f.add(UTILIZATION, u, g.utilization_gpu_ratio)
+        f.add(MEMORY_UTILIZATION, u, g.utilization_memory_ratio)
+        f.add(PSTATE, u, g.pstate)
+        f.add(TEMPERATURE, u, g.temperature_celsius)
+        for threshold, value in (
+            ("slowdown", g.temperature_slowdown_celsius),
+            ("shutdown", g.temperature_shutdown_celsius),
+            ("gpu_max", g.temperature_gpu_max_celsius),
+            ("memory_max", g.temperature_memory_max_celsius),
+        ):
+            f.add(TEMPERATURE_THRESHOLD, (g.uuid, threshold), value)
+        for fan, ratio in enumerate(g.fan_speed_ratios or ()):
+            f.add(FAN_SPEED, (g.uuid, str(fan)), ratio)
+        f.add(POWER, u, g.power_watts)
+        f.add(POWER_LIMIT, u, g.power_limit_watts)
+        f.add(POWER_MIN_LIMIT, u, g.power_min_limit_watts)
+        f.add(POWER_MAX_LIMIT, u, g.power_max_limit_watts)
+        f.add(ENERGY, u, g.energy_joules)
+        f.add(MIG_ENABLED, u, _flag(g.mig_mode_current))
+        f.add(NVLINK_ACTIVE, u, g.nvlink_links_active)
+        for field_name, reason in sorted(g.errors.items()):
+            f.info(FIELD_ERROR, {"uuid": g.uuid, "field": field_name, "reason": reason})
+    return f.metrics()
+
+
+def clock_families(gpus: Iterable[GpuSample]) -> list[Metric]:
+    """Clock frequencies, clock event reasons and violation time."""
+    f = Families()
+    for g in gpus:
+        for clock, hz in sorted(g.clocks_hz.items()):
+            f.add(CLOCK, (g.uuid, clock), hz)
+        for clock, hz in sorted(g.max_clocks_hz.items()):
+            f.add(CLOCK_MAX, (g.uuid, clock), hz)
+        if g.clocks_event_reasons is not None:
+            for reason, active in reason_states(g.clocks_event_reasons, g.clocks_event_reasons_supported).items():
+                f.add(CLOCKS_EVENT, (g.uuid, reason), active)
+        for policy, seconds in sorted(g.violation_seconds.items()):
+            f.add(VIOLATION, (g.uuid, policy), seconds)
+    return f.metrics()
+
+
+def health_families(gpus: Iterable[GpuSample]) -> list[Metric]:
+    """ECC, retired pages and remapped rows."""
+    f = Families()
+    for g in gpus:
+        u = (g.uuid,)
+        f.add(ECC_ENABLED, u, _flag(g.ecc_mode_current))
+        f.add(ECC_PENDING, u, _flag(g.ecc_mode_pending))
+        f.add(ECC_VOLATILE, (g.uuid, "corrected"), g.ecc_corrected_volatile)
+        f.add(ECC_VOLATILE, (g.uuid, "uncorrected"), g.ecc_uncorrected_volatile)
+        f.add(ECC_AGGREGATE, (g.uuid, "corrected"), g.ecc_corrected_aggregate)
+        f.add(ECC_AGGREGATE, (g.uuid, "uncorrected"), g.ecc_uncorrected_aggregate)
+        f.add(RETIRED_PAGES, (g.uuid, "sbe"), g.retired_pages_sbe)
+        f.add(RETIRED_PAGES, (g.uuid, "dbe"), g.retired_pages_dbe)
+        f.add(RETIRED_PENDING, u, _flag(g.retired_pages_pending))
+        f.add(REMAPPED_ROWS, (g.uuid, "correctable"), g.remapped_rows_correctable)
+        f.add(REMAPPED_ROWS, (g.uuid, "uncorrectable"), g.remapped_rows_uncorrectable)
+        f.add(REMAP_PENDING, u, _flag(g.remapped_rows_pending))
+        f.add(REMAP_FAILED, u, _flag(g.remapped_rows_failure))
+    return f.metrics()
+
+
+def pcie_families(gpus: Iterable[GpuSample]) -> list[Metric]:
+    """PCIe link state, throughput and replays as NVML reports them."""
+    f = Families()
+    for g in gpus:
+        u = (g.uuid,)
+        f.add(PCIE_GEN, u, g.pcie_link_generation)
+        f.add(PCIE_MAX_GEN, u, g.pcie_link_max_generation)
+        f.add(PCIE_WIDTH, u, g.pcie_link_width)
+        f.add(PCIE_MAX_WIDTH, u, g.pcie_link_max_width)
+        f.add(PCIE_THROUGHPUT, (g.uuid, "tx"), g.pcie_tx_bytes_per_second)
+        f.add(PCIE_THROUGHPUT, (g.uuid, "rx"), g.pcie_rx_bytes_per_second)
+        f.add(PCIE_REPLAYS, u, g.pcie_replay_total)
+    return f.metrics()
+
+
+def process_families(gpus: Iterable[GpuSample]) -> list[Metric]:
+    """Process count and per-process memory (the sample already holds only the top-N)."""
+    f = Families()
+    for g in gpus:
+        f.add(PROCESSES, (g.uuid,), g.processes_total)
+        seen: set[int] = set()
+        for p in g.processes:
+            # A process with both a compute and a graphics context is listed twice by NVML with the same memory;
+            # two samples with one label set would be a duplicate series.
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            labels = (g.uuid, str(p.pid), label(p.name))
+            f.add(PROCESS_MEMORY, labels, p.used_memory_bytes)
+            f.add(PROCESS_RSS, labels, p.host_rss_bytes)
+    return f.metrics()
