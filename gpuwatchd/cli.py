@@ -1,0 +1,226 @@
+"""Command line: ``gpuwatchd run | check-config | status | sim``. Thin: parsing, logging, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpuwatchd import __version__
+from gpuwatchd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, parse_listen
+
+# Exit codes scripts can rely on (also in --help and README.md).
+EXIT_OK = 0
+EXIT_CONFIG_INVALID = 1  # the config file (or --listen) is not valid; messages name the key path
+EXIT_USAGE = 2  # bad command line, or a config file that does not exist (argparse uses 2 as well)
+EXIT_UNREACHABLE = 3  # status: no daemon answered at the URL
+EXIT_LISTEN = 4  # run: cannot bind the listen address (in use, no permission)
+EXIT_STATE_DIR = 5  # run: the state directory cannot be written
+EXIT_RUNTIME = 6  # run: a core part of the daemon failed; systemd restarts it
+
+EXIT_CODES_HELP = """\
+exit codes:
+  0  success (run: stopped cleanly by SIGTERM/SIGINT)
+  1  invalid configuration; one "key.path: message" line per problem on stderr
+  2  usage error, or the config file does not exist
+  3  status: no daemon reachable at the URL
+  4  run: cannot listen on the address (in use or not permitted)
+  5  run: state directory not writable
+  6  run: an internal part of the daemon failed (systemd restarts it)
+"""
+
+log = logging.getLogger("gpuwatchd")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuwatchd",
+        description="Per-host GPU monitor: NVML metrics for Prometheus, and alerts for leaks, throttling, Xid "
+        "errors and lost GPUs.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"gpuwatchd {__version__}")
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("GPUWATCHD_LOG_LEVEL", "info"),
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity (default: info, or $GPUWATCHD_LOG_LEVEL)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the daemon", epilog=EXIT_CODES_HELP, formatter_class=p.formatter_class)
+    run.add_argument(
+        "--config",
+        type=Path,
+        help=f"YAML config file (default: {DEFAULT_CONFIG_PATH} if it exists, else built-in defaults)",
+    )
+    run.add_argument("--listen", metavar="HOST:PORT", help="override the config's listen address")
+
+    check = sub.add_parser("check-config", help="validate a config file and exit (0 valid, 1 invalid, 2 missing)")
+    check.add_argument("file", type=Path)
+
+    status = sub.add_parser("status", help="show GPUs, processes and alerts of a running daemon")
+    status.add_argument("--url", help="daemon base URL (default: from the config's listen address)")
+    status.add_argument("--config", type=Path, help=f"config file to read listen from (default: {DEFAULT_CONFIG_PATH})")
+    status.add_argument("--json", action="store_true", help="print the raw status JSON instead of tables")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon (default 5)")
+
+    sim = sub.add_parser(
+        "sim",
+        help="run the daemon against the stand-in NVML driver (no GPU needed)",
+        description="Run the real daemon against a simulated GPU host: a named scenario or a captured "
+        "`nvidia-smi -q -x` file.",
+    )
+    src = sim.add_mutually_exclusive_group()
+    src.add_argument("--scenario", help="scenario name (see --list); default: idle")
+    src.add_argument("--from-xml", type=Path, metavar="FILE", help="replay a captured `nvidia-smi -q -x` file")
+    src.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    sim.add_argument("--gpus", type=int, help="number of simulated GPUs (scenario default if unset)")
+    sim.add_argument("--speed", type=float, default=1.0, help="run scenario time this many times faster (default 1)")
+    sim.add_argument("--listen", metavar="HOST:PORT", help="listen address (default: the config's)")
+    sim.add_argument("--config", type=Path, help="YAML config file (default: built-in defaults)")
+    sim.add_argument("--state-dir", type=Path, help="where the simulated daemon keeps state (default: a temp dir)")
+    return p
+
+
+def _setup_logging(level: str) -> None:
+    # Under systemd the journal stamps each line already; elsewhere add the time.
+    fmt = "%(levelname)s %(name)s: %(message)s"
+    if not os.environ.get("JOURNAL_STREAM"):
+        fmt = "%(asctime)s " + fmt
+    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr)
+
+
+def _err(msg: str) -> None:
+    print(f"gpuwatchd: {msg}", file=sys.stderr)
+
+
+def _load(path: Path | None) -> Config | int:
+    """Load the config or print why not and return the exit code."""
+    if path is not None and not path.exists():
+        _err(f"{path}: file not found")
+        return EXIT_USAGE
+    try:
+        return load_config(path, required=path is not None)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_CONFIG_INVALID
+
+
+def cmd_check_config(path: Path) -> int:
+    cfg = _load(path)
+    if isinstance(cfg, int):
+        return cfg
+    print(f"{path}: OK")
+    return EXIT_OK
+
+
+def cmd_run(config_path: Path | None, listen: str | None) -> int:
+    from gpuwatchd.daemon import Daemon, DaemonError
+
+    cfg = _load(config_path)
+    if isinstance(cfg, int):
+        return cfg
+    if config_path is None and not DEFAULT_CONFIG_PATH.exists():
+        log.info("no config file at %s; using built-in defaults", DEFAULT_CONFIG_PATH)
+    if listen is not None:
+        try:
+            parse_listen(listen)
+        except ValueError as e:
+            _err(f"--listen: {e}")
+            return EXIT_USAGE
+    daemon = Daemon(cfg, config_path=config_path, listen=listen)
+    try:
+        return asyncio.run(daemon.serve())
+    except DaemonError as e:
+        _err(str(e))
+        return e.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C during shutdown
+        return EXIT_OK
+
+
+def default_status_url(config_path: Path | None) -> str:
+    """The URL `status` talks to: the config's listen address, loopback when it listens on all interfaces."""
+    try:
+        cfg = load_config(config_path)
+    except ConfigError:
+        cfg = Config()
+    host, port = parse_listen(cfg.listen)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def cmd_status(url: str | None, config_path: Path | None, as_json: bool, timeout: float) -> int:
+    from gpuwatchd.cli_status import StatusUnavailable, fetch_status, render_status
+
+    base = (url or default_status_url(config_path)).rstrip("/")
+    try:
+        status, alerts = asyncio.run(fetch_status(base, timeout=timeout))
+    except StatusUnavailable as e:
+        _err(str(e))
+        return EXIT_UNREACHABLE
+    if as_json:
+        import json
+
+        print(json.dumps({"status": status, "alerts": alerts}, indent=2, sort_keys=True))
+    else:
+        print(render_status(status, alerts))
+    return EXIT_OK
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from gpuwatchd.sim.runner import list_scenarios, run_sim
+
+    if args.list:
+        for name in list_scenarios():
+            print(name)
+        return EXIT_OK
+    if args.config is not None and not args.config.exists():
+        _err(f"{args.config}: file not found")
+        return EXIT_USAGE
+    if args.listen is not None:
+        try:
+            parse_listen(args.listen)
+        except ValueError as e:
+            _err(f"--listen: {e}")
+            return EXIT_USAGE
+    scenario = args.scenario if args.scenario or args.from_xml else "idle"
+    if scenario is not None and scenario not in list_scenarios():
+        _err(f"unknown scenario {scenario!r}; choose one of: {', '.join(list_scenarios())}")
+        return EXIT_USAGE
+    try:
+        return run_sim(
+            scenario=scenario,
+            from_xml=args.from_xml,
+            gpus=args.gpus,
+            speed=args.speed,
+            listen=args.listen,
+            config_path=args.config,
+            state_dir=args.state_dir,
+        )
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_CONFIG_INVALID
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gpuwatchd`` command."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging("debug" if args.verbose else args.log_level)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    if args.command == "check-config":
+        return cmd_check_config(args.file)
+    if args.command == "run":
+        return cmd_run(args.config, args.listen)
+    if args.command == "status":
+        return cmd_status(args.url, args.config, args.json, args.timeout)
+    return cmd_sim(args)

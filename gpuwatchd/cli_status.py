@@ -1,0 +1,141 @@
+"""``gpuwatchd status``: fetch a running daemon's status and alerts over HTTP and print them as tables."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+GIB = 1024**3
+
+
+class StatusUnavailable(Exception):
+    """No daemon answered at the URL (or it answered something that is not gpuwatchd's status API)."""
+
+
+async def fetch_status(base_url: str, *, timeout: float = 5.0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """GET ``/api/v1/status`` and ``/api/v1/alerts``; raises :class:`StatusUnavailable` with a readable reason."""
+    t = aiohttp.ClientTimeout(total=timeout)
+    try:
+        async with aiohttp.ClientSession(timeout=t) as session:
+            status = await _get_json(session, f"{base_url}/api/v1/status")
+            alerts_doc = await _get_json(session, f"{base_url}/api/v1/alerts")
+    except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as e:
+        reason = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e) or type(e).__name__
+        raise StatusUnavailable(f"no gpuwatchd reachable at {base_url}: {reason}") from None
+    if not isinstance(status, dict):
+        raise StatusUnavailable(f"{base_url}/api/v1/status did not return a JSON object")
+    return status, _alert_list(alerts_doc)
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
+    async with session.get(url) as resp:
+        if resp.status != 200:
+            raise StatusUnavailable(f"{url}: HTTP {resp.status}")
+        try:
+            return await resp.json(content_type=None)
+        except ValueError:
+            raise StatusUnavailable(f"{url}: not JSON (is this a gpuwatchd?)") from None
+
+
+def _alert_list(doc: Any) -> list[dict[str, Any]]:
+    # Accept both a bare list and Alertmanager's {"status": "success", "data": [...]} / {"alerts": [...]} shapes.
+    if isinstance(doc, dict):
+        doc = doc.get("data", doc.get("alerts", []))
+        if isinstance(doc, dict):
+            doc = doc.get("alerts", [])
+    return [a for a in doc if isinstance(a, dict)] if isinstance(doc, list) else []
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _num(v: Any, fmt: str, scale: float = 1.0) -> str:
+    return fmt.format(v * scale) if isinstance(v, int | float) and not isinstance(v, bool) else "-"
+
+
+def _mem(used: Any, total: Any) -> str:
+    if isinstance(used, int | float) and isinstance(total, int | float) and total:
+        return f"{used / GIB:.1f}/{total / GIB:.1f} GiB"
+    return _num(used, "{:.1f} GiB", 1 / GIB)
+
+
+def _pick(d: Mapping[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if k in d and d[k] is not None:
+            return d[k]
+    return None
+
+
+def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]) -> str:
+    """Three tables: GPUs, their processes, and the alerts, preceded by one line about NVML and the daemon."""
+    out = [_header(status)]
+    gpus = [g for g in status.get("gpus", []) if isinstance(g, dict)]
+    rows = []
+    procs = []
+    for g in gpus:
+        rows.append(
+            [
+                str(_pick(g, "index") if _pick(g, "index") is not None else "-"),
+                str(_pick(g, "name") or "-"),
+                str(_pick(g, "state") or ("present" if g.get("present", True) else "gone")),
+                _mem(_pick(g, "memory_used_bytes"), _pick(g, "memory_total_bytes")),
+                _num(_pick(g, "utilization_gpu_ratio", "utilization_ratio"), "{:.0f}%", 100),
+                _num(_pick(g, "temperature_celsius"), "{:.0f}C"),
+                _num(_pick(g, "power_watts"), "{:.0f}W"),
+                str(g.get("uuid", "-")),
+            ]
+        )
+        for p in g.get("processes", []) or []:
+            if isinstance(p, dict):
+                procs.append(
+                    [
+                        rows[-1][0],
+                        str(p.get("pid", "-")),
+                        str(p.get("name") or "-"),
+                        str(p.get("user") or "-"),
+                        _num(_pick(p, "used_memory_bytes", "memory_used_bytes"), "{:.2f} GiB", 1 / GIB),
+                    ]
+                )
+    headers = ["GPU", "NAME", "STATE", "MEMORY", "UTIL", "TEMP", "POWER", "UUID"]
+    out += ["", _table(headers, rows) if rows else "No GPUs."]
+    if procs:
+        out += ["", _table(["GPU", "PID", "PROCESS", "USER", "GPU MEMORY"], procs)]
+    arows = []
+    for a in alerts:
+        labels = a.get("labels", {}) if isinstance(a.get("labels"), dict) else {}
+        arows.append(
+            [
+                str(labels.get("alertname") or a.get("name") or "-"),
+                str(labels.get("severity") or a.get("severity") or "-"),
+                str(a.get("state") or (a.get("status", {}) or {}).get("state") or "-"),
+                str(labels.get("gpu") or labels.get("uuid") or "-"),
+                str(_pick(a, "summary") or (a.get("annotations") or {}).get("summary") or ""),
+            ]
+        )
+    out += ["", _table(["ALERT", "SEVERITY", "STATE", "GPU", "SUMMARY"], arows) if arows else "No alerts."]
+    return "\n".join(out)
+
+
+def _header(status: Mapping[str, Any]) -> str:
+    daemon = status.get("daemon", {}) if isinstance(status.get("daemon"), dict) else {}
+    nvml = status.get("nvml", {}) if isinstance(status.get("nvml"), dict) else {}
+    up = _pick(nvml, "up", "ok")
+    if up is None:
+        nvml_text = "NVML: unknown"
+    elif up:
+        nvml_text = f"NVML up, driver {nvml.get('driver_version') or '?'}"
+    else:
+        nvml_text = f"NVML down ({_pick(nvml, 'error', 'reason') or 'unknown reason'})"
+    if status.get("stale") or nvml.get("stale"):
+        nvml_text += ", data stale"
+    host = daemon.get("host") or status.get("host") or "?"
+    version = daemon.get("version") or status.get("version") or "?"
+    restarts = daemon.get("nvml_worker_restarts", nvml.get("worker_restarts", 0))
+    return f"gpuwatchd {version} on {host}: {nvml_text}; worker restarts {restarts}"
