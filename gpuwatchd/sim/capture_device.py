@@ -275,20 +275,17 @@ def _retired_pages(gpu: ET.Element) -> dict[str, Any] | None:
 
 
 def _retired_addresses(gpu: ET.Element, cause: str, *, start: int) -> list[int] | None:
-    """``retired_count`` page addresses: those the page list prints, then synthesized distinct ones."""
+    """``retired_count`` page addresses: those the capture prints, then synthesized distinct ones."""
     count = integer(gpu, f"retired_pages/{cause}/retired_count", gpu=gpu)
     if count is None:
         return None
-    pagelist = gpu.find(f"retired_pages/{cause}/retired_pagelist")
-    listed = (
-        []
-        if pagelist is None
-        else [
-            hex_int(element, ".", gpu=gpu) or 0
-            for element in pagelist.iter()
-            if (element.text or "").strip().lower().startswith("0x")
-        ]
-    )
+    # Where a driver prints addresses, it is as 0x%016x under <retired_pagelist> or (older) <retired_page_addresses>.
+    section = gpu.find(f"retired_pages/{cause}")
+    listed = [
+        hex_int(element, ".", gpu=gpu) or 0
+        for element in (section.iter() if section is not None else ())
+        if (element.text or "").strip().lower().startswith("0x")
+    ]
     addresses = list(dict.fromkeys(listed))[:count]
     candidates = itertools.count(start, _PAGE_SIZE)
     while len(addresses) < count:
