@@ -1,0 +1,330 @@
+"""Per-device NVML readings with a capability cache (runs only inside the NVML worker process).
+
+Each reading is a small function writing ``GpuSample`` fields (pipe encoding: a dict) from one or a few NVML
+calls, with older-driver fallbacks listed after it. On a device's first attempts a reading that answers
+NOT_SUPPORTED / FUNCTION_NOT_FOUND moves to its next fallback, and with none left it is dropped for the life of
+the worker: the per-poll cost of an unsupported metric is zero (nvml-egpu.md §1.4). Once a reading has worked,
+a later NOT_SUPPORTED (e.g. MIG switched on) is a per-poll error, retried, not a new fact about the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pynvml as N
+
+from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
+
+Handle = Any
+Out = dict[str, Any]
+Reader = Callable[[Handle, Out], None]
+
+MHZ = 1_000_000.0
+# nvmlDeviceGetPcieThroughput reports KB/s (nvml.h); NVML's KB is 1024 bytes like the rest of its memory units.
+PCIE_KB = 1024.0
+NS = 1e-9
+
+
+def _memory_v2(h: Handle, out: Out) -> None:
+    m = N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)
+    out["memory_total_bytes"] = m.total
+    out["memory_used_bytes"] = m.used
+    out["memory_reserved_bytes"] = m.reserved
+    out["memory_free_bytes"] = m.free
+
+
+def _memory_v1(h: Handle, out: Out) -> None:
+    # v1 "used" includes the driver-reserved memory; the split is unknown on such drivers.
+    m = N.nvmlDeviceGetMemoryInfo(h)
+    out["memory_total_bytes"] = m.total
+    out["memory_used_bytes"] = m.used
+    out["memory_free_bytes"] = m.free
+
+
+def _utilization(h: Handle, out: Out) -> None:
+    u = N.nvmlDeviceGetUtilizationRates(h)
+    out["utilization_gpu_ratio"] = u.gpu / 100.0
+    out["utilization_memory_ratio"] = u.memory / 100.0
+
+
+def _pstate(h: Handle, out: Out) -> None:
+    p = N.nvmlDeviceGetPerformanceState(h)
+    if p != N.NVML_PSTATE_UNKNOWN:
+        out["pstate"] = p
+
+
+def _temperature_v(h: Handle, out: Out) -> None:
+    out["temperature_celsius"] = float(N.nvmlDeviceGetTemperatureV(h, N.NVML_TEMPERATURE_GPU))
+
+
+def _temperature_v0(h: Handle, out: Out) -> None:
+    # Deprecated in API 13 but the only call before R565 (nvml-egpu.md §1.1).
+    out["temperature_celsius"] = float(N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU))
+
+
+def _threshold(field: str, kind: int) -> Reader:
+    def read(h: Handle, out: Out) -> None:
+        out[field] = float(N.nvmlDeviceGetTemperatureThreshold(h, kind))
+
+    return read
+
+
+def _fans(h: Handle, out: Out) -> None:
+    n = N.nvmlDeviceGetNumFans(h)
+    out["fan_speed_ratios"] = [N.nvmlDeviceGetFanSpeed_v2(h, i) / 100.0 for i in range(n)]
+
+
+def _power(h: Handle, out: Out) -> None:
+    out["power_watts"] = N.nvmlDeviceGetPowerUsage(h) / 1000.0
+
+
+def _power_limit_enforced(h: Handle, out: Out) -> None:
+    out["power_limit_watts"] = N.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
+
+
+def _power_limit_management(h: Handle, out: Out) -> None:
+    out["power_limit_watts"] = N.nvmlDeviceGetPowerManagementLimit(h) / 1000.0
+
+
+def _power_constraints(h: Handle, out: Out) -> None:
+    lo, hi = N.nvmlDeviceGetPowerManagementLimitConstraints(h)
+    out["power_min_limit_watts"] = lo / 1000.0
+    out["power_max_limit_watts"] = hi / 1000.0
+
+
+def _energy(h: Handle, out: Out) -> None:
+    out["energy_joules"] = N.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+
+
+CLOCK_TYPES = {"graphics": N.NVML_CLOCK_GRAPHICS, "sm": N.NVML_CLOCK_SM, "memory": N.NVML_CLOCK_MEM,
+               "video": N.NVML_CLOCK_VIDEO}
+
+
+def _clock(name: str, kind: int, maximum: bool) -> Reader:
+    key = "max_clocks_hz" if maximum else "clocks_hz"
+    fn = N.nvmlDeviceGetMaxClockInfo if maximum else N.nvmlDeviceGetClockInfo
+
+    def read(h: Handle, out: Out) -> None:
+        out.setdefault(key, {})[name] = fn(h, kind) * MHZ
+
+    return read
+
+
+def _reasons_event(h: Handle, out: Out) -> None:
+    out["clocks_event_reasons"] = N.nvmlDeviceGetCurrentClocksEventReasons(h)
+
+
+def _reasons_throttle(h: Handle, out: Out) -> None:
+    # Before R535 only the "throttle" names exist; same bits (nvml-egpu.md §1.2).
+    out["clocks_event_reasons"] = N.nvmlDeviceGetCurrentClocksThrottleReasons(h)
+
+
+def _supported_event(h: Handle, out: Out) -> None:
+    out["clocks_event_reasons_supported"] = N.nvmlDeviceGetSupportedClocksEventReasons(h)
+
+
+def _supported_throttle(h: Handle, out: Out) -> None:
+    out["clocks_event_reasons_supported"] = N.nvmlDeviceGetSupportedClocksThrottleReasons(h)
+
+
+VIOLATION_POLICIES = {
+    "power": N.NVML_PERF_POLICY_POWER,
+    "thermal": N.NVML_PERF_POLICY_THERMAL,
+    "sync_boost": N.NVML_PERF_POLICY_SYNC_BOOST,
+    "board_limit": N.NVML_PERF_POLICY_BOARD_LIMIT,
+    "low_utilization": N.NVML_PERF_POLICY_LOW_UTILIZATION,
+    "reliability": N.NVML_PERF_POLICY_RELIABILITY,
+    "total_app_clocks": N.NVML_PERF_POLICY_TOTAL_APP_CLOCKS,
+    "total_base_clocks": N.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS,
+}
+
+
+def _violation(name: str, policy: int) -> Reader:
+    def read(h: Handle, out: Out) -> None:
+        out.setdefault("violation_seconds", {})[name] = N.nvmlDeviceGetViolationStatus(h, policy).violationTime * NS
+
+    return read
+
+
+def _ecc_mode(h: Handle, out: Out) -> None:
+    cur, pending = N.nvmlDeviceGetEccMode(h)
+    out["ecc_mode_current"] = bool(cur)
+    out["ecc_mode_pending"] = bool(pending)
+
+
+def _ecc(field: str, err: int, counter: int) -> Reader:
+    def read(h: Handle, out: Out) -> None:
+        out[field] = N.nvmlDeviceGetTotalEccErrors(h, err, counter)
+
+    return read
+
+
+def _retired(field: str, cause: int) -> Reader:
+    def read(h: Handle, out: Out) -> None:
+        out[field] = len(N.nvmlDeviceGetRetiredPages(h, cause))
+
+    return read
+
+
+def _retired_pending(h: Handle, out: Out) -> None:
+    out["retired_pages_pending"] = bool(N.nvmlDeviceGetRetiredPagesPendingStatus(h))
+
+
+def _remapped(h: Handle, out: Out) -> None:
+    corr, unc, pending, failure = N.nvmlDeviceGetRemappedRows(h)
+    out["remapped_rows_correctable"] = corr
+    out["remapped_rows_uncorrectable"] = unc
+    out["remapped_rows_pending"] = bool(pending)
+    out["remapped_rows_failure"] = bool(failure)
+
+
+def _simple(field: str, fn: Callable[[Handle], Any]) -> Reader:
+    def read(h: Handle, out: Out) -> None:
+        out[field] = fn(h)
+
+    return read
+
+
+def _pcie_rate(field: str, counter: int) -> Reader:
+    def read(h: Handle, out: Out) -> None:
+        out[field] = N.nvmlDeviceGetPcieThroughput(h, counter) * PCIE_KB
+
+    return read
+
+
+def _mig(h: Handle, out: Out) -> None:
+    out["mig_mode_current"] = bool(N.nvmlDeviceGetMigMode(h)[0])
+
+
+class _NvLink:
+    """Active NVLink count; the number of links is learned on the first poll (INVALID_ARGUMENT past the last)."""
+
+    def __init__(self) -> None:
+        self.links: int | None = None
+
+    def __call__(self, h: Handle, out: Out) -> None:
+        if self.links is None:
+            states = []
+            for link in range(N.NVML_NVLINK_MAX_LINKS):
+                try:
+                    states.append(N.nvmlDeviceGetNvLinkState(h, link))
+                except N.NVMLError as e:
+                    if e.value == N.NVML_ERROR_INVALID_ARGUMENT and link > 0:
+                        break
+                    raise
+            self.links = len(states)
+        else:
+            states = [N.nvmlDeviceGetNvLinkState(h, link) for link in range(self.links)]
+        out["nvlink_links_active"] = sum(1 for s in states if s)
+
+
+# (name used in GpuSample.errors, readers best first). Names are the main GpuSample field each one fills.
+def readings() -> list[tuple[str, tuple[Reader, ...]]]:
+    """The optional readings of one device, in poll order; a fresh list per device (some readers hold state)."""
+    rs: list[tuple[str, tuple[Reader, ...]]] = [
+        ("memory_used_bytes", (_memory_v2, _memory_v1)),
+        ("utilization_gpu_ratio", (_utilization,)),
+        ("pstate", (_pstate,)),
+        ("temperature_celsius", (_temperature_v, _temperature_v0)),
+        ("temperature_slowdown_celsius",
+         (_threshold("temperature_slowdown_celsius", N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),)),
+        ("temperature_shutdown_celsius",
+         (_threshold("temperature_shutdown_celsius", N.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),)),
+        ("temperature_gpu_max_celsius",
+         (_threshold("temperature_gpu_max_celsius", N.NVML_TEMPERATURE_THRESHOLD_GPU_MAX),)),
+        ("temperature_memory_max_celsius",
+         (_threshold("temperature_memory_max_celsius", N.NVML_TEMPERATURE_THRESHOLD_MEM_MAX),)),
+        ("fan_speed_ratios", (_fans,)),
+        ("power_watts", (_power,)),
+        ("power_limit_watts", (_power_limit_enforced, _power_limit_management)),
+        ("power_max_limit_watts", (_power_constraints,)),
+        ("energy_joules", (_energy,)),
+    ]
+    for name, kind in CLOCK_TYPES.items():
+        rs.append((f"clocks_hz.{name}", (_clock(name, kind, False),)))
+        rs.append((f"max_clocks_hz.{name}", (_clock(name, kind, True),)))
+    rs += [
+        ("clocks_event_reasons", (_reasons_event, _reasons_throttle)),
+        ("clocks_event_reasons_supported", (_supported_event, _supported_throttle)),
+    ]
+    for name, policy in VIOLATION_POLICIES.items():
+        rs.append((f"violation_seconds.{name}", (_violation(name, policy),)))
+    rs += [
+        ("ecc_mode_current", (_ecc_mode,)),
+        ("ecc_corrected_volatile",
+         (_ecc("ecc_corrected_volatile", N.NVML_MEMORY_ERROR_TYPE_CORRECTED, N.NVML_VOLATILE_ECC),)),
+        ("ecc_uncorrected_volatile",
+         (_ecc("ecc_uncorrected_volatile", N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, N.NVML_VOLATILE_ECC),)),
+        ("ecc_corrected_aggregate",
+         (_ecc("ecc_corrected_aggregate", N.NVML_MEMORY_ERROR_TYPE_CORRECTED, N.NVML_AGGREGATE_ECC),)),
+        ("ecc_uncorrected_aggregate",
+         (_ecc("ecc_uncorrected_aggregate", N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, N.NVML_AGGREGATE_ECC),)),
+        ("retired_pages_sbe",
+         (_retired("retired_pages_sbe", N.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),)),
+        ("retired_pages_dbe", (_retired("retired_pages_dbe", N.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),)),
+        ("retired_pages_pending", (_retired_pending,)),
+        ("remapped_rows_uncorrectable", (_remapped,)),
+        ("pcie_link_generation", (_simple("pcie_link_generation", N.nvmlDeviceGetCurrPcieLinkGeneration),)),
+        ("pcie_link_max_generation",
+         (_simple("pcie_link_max_generation", N.nvmlDeviceGetMaxPcieLinkGeneration),)),
+        ("pcie_link_width", (_simple("pcie_link_width", N.nvmlDeviceGetCurrPcieLinkWidth),)),
+        ("pcie_link_max_width", (_simple("pcie_link_max_width", N.nvmlDeviceGetMaxPcieLinkWidth),)),
+        ("pcie_tx_bytes_per_second", (_pcie_rate("pcie_tx_bytes_per_second", N.NVML_PCIE_UTIL_TX_BYTES),)),
+        ("pcie_rx_bytes_per_second", (_pcie_rate("pcie_rx_bytes_per_second", N.NVML_PCIE_UTIL_RX_BYTES),)),
+        ("pcie_replay_total", (_simple("pcie_replay_total", N.nvmlDeviceGetPcieReplayCounter),)),
+        ("nvlink_links_active", (_NvLink(),)),
+        ("mig_mode_current", (_mig,)),
+    ]
+    return rs
+
+
+class _Slot:
+    __slots__ = ("confirmed", "impls", "index", "name")
+
+    def __init__(self, name: str, impls: tuple[Reader, ...]) -> None:
+        self.name = name
+        self.impls = impls
+        self.index = 0
+        self.confirmed = False  # has worked at least once on this device
+
+
+class DeviceReadings:
+    """The readings of one device and what has been learned about them (the capability cache)."""
+
+    def __init__(self, handle: Handle) -> None:
+        self.handle = handle
+        self._slots = [_Slot(n, i) for n, i in readings()]
+        self.absent: list[str] = []  # names learned absent, in the order learned (logged once)
+        self.fallbacks: dict[str, int] = {}  # name -> index of the fallback in use (0 = preferred)
+
+    def poll(self, out: Out, errors: dict[str, str]) -> None:
+        """Fill ``out`` with every supported reading; per-poll failures go to ``errors``.
+
+        Raises NvmlGpuLost when the device answers GPU_IS_LOST / RESET_REQUIRED.
+        """
+        h = self.handle
+        dropped = False
+        for slot in self._slots:
+            while True:
+                try:
+                    slot.impls[slot.index](h, out)
+                except N.NVMLError as e:
+                    code = e.value
+                    if code in ABSENT_CODES and not slot.confirmed:
+                        if slot.index + 1 < len(slot.impls):
+                            slot.index += 1
+                            self.fallbacks[slot.name] = slot.index
+                            continue
+                        slot.index = -1
+                        dropped = True
+                        self.absent.append(slot.name)
+                    elif code in LOST_CODES:
+                        raise NvmlGpuLost(code, slot.name) from None
+                    else:
+                        errors[slot.name] = reason(code)
+                else:
+                    slot.confirmed = True
+                break
+        if dropped:
+            self._slots = [s for s in self._slots if s.index >= 0]

@@ -1,0 +1,307 @@
+"""The NVML worker: ``python -m gpuwatchd.sources.nvml_worker '<json options>'``, supervised by the daemon.
+
+The only module (with its ``nvml_*`` helpers) that imports pynvml. It initialises NVML, enumerates GPUs by index
+(keyed by UUID downstream), then polls every ``interval`` seconds and writes one JSON line per poll to stdout:
+the ``Snapshot`` pipe encoding (``Snapshot.from_json`` reads it; fields left at their default are omitted).
+The first line is ``{"hello": <pid>}``, written before ``nvmlInit`` so the supervisor can time init as part of
+the first poll. Logs go to stderr.
+
+Exit codes tell the supervisor what to do next: 0 asked to stop (``max_polls`` reached / parent gone),
+:data:`EXIT_INIT_FAILED` after an init-failure snapshot (respawn with backoff), :data:`EXIT_REENUMERATE` after a
+GPU was lost or the device count changed (a fresh worker re-enumerates; a long-lived NVML session does not see
+hot-plug, nvml-egpu.md §3).
+
+Options (JSON object on argv[1]): ``interval`` (real seconds between poll starts), ``top_n`` (processes kept
+per GPU), ``library_path`` (the library the supervisor pointed ``LD_LIBRARY_PATH`` at; missing means
+``library_not_found``), ``max_polls`` (stop after this many; for tests and bench/poll.py), ``trace_calls``
+(count NVML symbol look-ups per poll and add ``"calls"`` to each line; for tests of the capability cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import pynvml as N
+
+from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, TIMEOUT, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml_readings import DeviceReadings
+from gpuwatchd.sources.processes import Resolver, make_resolver, merge_processes, pid_max, process_dicts, top_processes
+
+EXIT_INIT_FAILED = 2
+EXIT_REENUMERATE = 3
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Bound on Xid events drained per poll so an event storm cannot starve the poll; the rest wait for the next one.
+MAX_EVENTS_PER_POLL = 256
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL us when the daemon dies, even while blocked inside a hung NVML call."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, separators=(",", ":")))
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write(f"nvml_worker[{os.getpid()}]: {msg}\n")
+    sys.stderr.flush()
+
+
+def _addr(handle: Any) -> int | None:
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+class _Device:
+    __slots__ = ("addr", "handle", "index", "name", "pci_bus_id", "readings", "serial", "uuid")
+
+    def __init__(self, index: int, handle: Any) -> None:
+        self.index = index
+        self.handle = handle
+        self.addr = _addr(handle)
+        self.uuid: str = N.nvmlDeviceGetUUID(handle)
+        self.name: str | None = _optional(N.nvmlDeviceGetName, handle)
+        pci = _optional(N.nvmlDeviceGetPciInfo, handle)
+        self.pci_bus_id: str | None = pci.busId if pci is not None else None
+        self.serial: str | None = _optional(N.nvmlDeviceGetSerial, handle)
+        self.readings = DeviceReadings(handle)
+
+
+def _optional(fn: Any, handle: Any) -> Any:
+    """A static attribute that may be unsupported (serial on GeForce); GPU loss still propagates."""
+    try:
+        return fn(handle)
+    except N.NVMLError as e:
+        if e.value in LOST_CODES:
+            raise
+        return None
+
+
+class Worker:
+    """One NVML session: enumeration at start, then ``poll()`` repeatedly."""
+
+    def __init__(self, top_n: int, resolver: Resolver | None) -> None:
+        self.top_n = top_n
+        self.resolver = resolver
+        self.pid_limit = pid_max()
+        self.devices: list[_Device] = []
+        self.lost: list[dict[str, Any]] = []
+        self.initial_lost = 0
+        self.device_count = 0
+        self.system: dict[str, Any] = {}
+        self.event_set: Any = None
+        self.by_addr: dict[int | None, str] = {}
+        self.reenumerate: str | None = None  # why this worker should be replaced after the current snapshot
+        self._polled = False
+
+    # -- start ------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """nvmlInit (no-GPU flag: a driver without GPUs is "up with 0 GPUs"), system facts, enumeration, events."""
+        N.nvmlInitWithFlags(N.NVML_INIT_FLAG_NO_GPUS)
+        for key, fn in (
+            ("driver_version", N.nvmlSystemGetDriverVersion),
+            ("nvml_version", N.nvmlSystemGetNVMLVersion),
+            ("cuda_driver_version", N.nvmlSystemGetCudaDriverVersion),
+        ):
+            with contextlib.suppress(N.NVMLError):
+                self.system[key] = fn()
+        self.device_count = N.nvmlDeviceGetCount()
+        for i in range(self.device_count):
+            try:
+                dev = _Device(i, N.nvmlDeviceGetHandleByIndex(i))
+            except N.NVMLError as e:
+                # Listed but unusable (lost, no permission, ...): report it and poll the others.
+                self.lost.append({"index": i, "reason": reason(e.value)})
+                continue
+            self.devices.append(dev)
+            self.by_addr[dev.addr] = dev.uuid
+        self._register_events()
+
+    def _register_events(self) -> None:
+        try:
+            self.event_set = N.nvmlEventSetCreate()
+        except N.NVMLError as e:
+            _log(f"no NVML events: {reason(e.value)}")
+            return
+        for dev in self.devices:
+            try:
+                mask = N.nvmlEventTypeXidCriticalError & N.nvmlDeviceGetSupportedEventTypes(dev.handle)
+                if mask:
+                    N.nvmlDeviceRegisterEvents(dev.handle, mask, self.event_set)
+            except N.NVMLError as e:
+                # NOT_SUPPORTED means "no Xid events for this GPU", not unhealthy (k8s-device-plugin#1562).
+                if e.value not in ABSENT_CODES:
+                    _log(f"GPU {dev.uuid}: Xid events not registered: {reason(e.value)}")
+
+    # -- poll -------------------------------------------------------------------------------------------------
+
+    def poll(self) -> dict[str, Any]:
+        """One snapshot (pipe encoding); sets ``reenumerate`` when a fresh worker is needed afterwards."""
+        t0 = time.monotonic()
+        gpus = []
+        newly_lost = []
+        for dev in self.devices:
+            out: dict[str, Any] = {"uuid": dev.uuid, "index": dev.index, "name": dev.name,
+                                   "pci_bus_id": dev.pci_bus_id, "serial": dev.serial}
+            errors: dict[str, str] = {}
+            try:
+                dev.readings.poll(out, errors)
+                self._processes(dev, out, errors)
+            except NvmlGpuLost as e:
+                newly_lost.append(dev)
+                self.lost.append({"index": dev.index, "uuid": dev.uuid, "pci_bus_id": dev.pci_bus_id,
+                                  "reason": e.reason})
+                continue
+            if errors:
+                out["errors"] = errors
+            gpus.append(out)
+        if newly_lost:
+            lost_ids = {id(d) for d in newly_lost}
+            self.devices = [d for d in self.devices if id(d) not in lost_ids]
+            if self._polled:
+                # Lost while we watched: re-enumerate. Lost already at the first poll: a fresh worker would see
+                # the same, so keep polling the others instead of respawning in a loop.
+                self.reenumerate = "gpu_lost: " + ",".join(d.uuid for d in newly_lost)
+        xids = self._drain_events()
+        self._check_count()
+        self._polled = True
+        snap: dict[str, Any] = {"timestamp": time.time(), "nvml_ok": True, "device_count": self.device_count,
+                                "gpus": gpus, "poll_duration_seconds": time.monotonic() - t0, **self.system}
+        if self.lost:
+            snap["lost"] = self.lost
+        if xids:
+            snap["xid_events"] = xids
+        return snap
+
+    def _processes(self, dev: _Device, out: dict[str, Any], errors: dict[str, str]) -> None:
+        lists: list[list[tuple[int, int | None]] | None] = []
+        for fn, name in ((N.nvmlDeviceGetComputeRunningProcesses_v3, "processes.compute"),
+                         (N.nvmlDeviceGetGraphicsRunningProcesses_v3, "processes.graphics")):
+            try:
+                lists.append([(p.pid, p.usedGpuMemory) for p in fn(dev.handle)])
+            except N.NVMLError as e:
+                if e.value in LOST_CODES:
+                    raise NvmlGpuLost(e.value, name) from None
+                if e.value not in ABSENT_CODES:
+                    errors[name] = reason(e.value)
+                lists.append(None)
+        if lists[0] is None and lists[1] is None:
+            return  # no process reading at all: leave processes_total unknown
+        merged = merge_processes(lists[0] or (), lists[1] or (), self.pid_limit)
+        out["processes_total"] = len(merged)
+        if self.top_n and merged:
+            out["processes"] = process_dicts(top_processes(merged, self.top_n), self.resolver)
+
+    def _drain_events(self) -> list[dict[str, Any]]:
+        if self.event_set is None:
+            return []
+        events: list[dict[str, Any]] = []
+        now = time.time()
+        for _ in range(MAX_EVENTS_PER_POLL):
+            try:
+                data = N.nvmlEventSetWait_v2(self.event_set, 0)
+            except N.NVMLError as e:
+                if e.value != TIMEOUT and e.value not in LOST_CODES:
+                    _log(f"event wait: {reason(e.value)}")
+                # GPU_IS_LOST has no device attribution here; the per-device calls tell which one.
+                break
+            if data.eventType & N.nvmlEventTypeXidCriticalError:
+                uuid = self.by_addr.get(_addr(data.device))
+                events.append({"uuid": uuid, "xid": int(data.eventData), "timestamp": now, "source": "nvml"})
+        return events
+
+    def _check_count(self) -> None:
+        try:
+            count = N.nvmlDeviceGetCount()
+        except N.NVMLError:
+            return
+        if count != self.device_count and self.reenumerate is None:
+            self.reenumerate = f"device_count_changed: {self.device_count} -> {count}"
+
+    def close(self) -> None:
+        with contextlib.suppress(N.NVMLError):
+            if self.event_set is not None:
+                N.nvmlEventSetFree(self.event_set)
+            N.nvmlShutdown()
+
+
+class _CallCounter:
+    """Counts NVML symbol look-ups (one per pynvml call) by wrapping pynvml's own pointer accessor."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self._orig = N._nvmlGetFunctionPointer
+        N._nvmlGetFunctionPointer = self._lookup
+
+    def _lookup(self, name: str) -> Any:
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return self._orig(name)
+
+    def take(self) -> dict[str, int]:
+        out, self.counts = self.counts, {}
+        return out
+
+
+def run(opts: dict[str, Any]) -> int:
+    """Worker main loop; returns the exit code."""
+    interval = float(opts.get("interval", 1.0))
+    max_polls = opts.get("max_polls")
+    counter = _CallCounter() if opts.get("trace_calls") else None
+    parent = os.getppid()
+    _emit({"hello": os.getpid()})
+    worker = Worker(int(opts.get("top_n", 10)), make_resolver())
+    library = opts.get("library_path")
+    try:
+        if library is not None and not os.path.exists(library):
+            # A configured library that is missing must not silently fall back to whatever the system has.
+            raise N.NVMLError(N.NVML_ERROR_LIBRARY_NOT_FOUND)
+        worker.start()
+    except N.NVMLError as e:
+        why = reason(e.value)
+        _log(f"nvmlInit failed: {why} ({e}){f' [{library}]' if library else ''}")
+        _emit({"timestamp": time.time(), "nvml_ok": False, "nvml_error": why})
+        return EXIT_INIT_FAILED
+    polls = 0
+    while True:
+        started = time.monotonic()
+        snap = worker.poll()
+        if counter is not None:
+            snap["calls"] = counter.take()
+        _emit(snap)
+        polls += 1
+        if worker.reenumerate is not None:
+            _log(f"exiting for a fresh enumeration: {worker.reenumerate}")
+            worker.close()
+            return EXIT_REENUMERATE
+        if max_polls is not None and polls >= max_polls:
+            worker.close()
+            return 0
+        if os.getppid() != parent:
+            worker.close()
+            return 0
+        time.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    opts = json.loads(argv[0]) if argv else {}
+    _die_with_parent()
+    # SIGPIPE default: the daemon closing our stdout ends us quietly instead of a BrokenPipeError traceback.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    return run(opts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

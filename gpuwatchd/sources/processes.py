@@ -1,0 +1,173 @@
+"""GPU processes: merge NVML's compute and graphics lists, keep the top N by GPU memory, add host facts.
+
+NVML knows pids and GPU memory only; name, user and host RSS come from psutil (:class:`PsutilResolver`). Under
+the stand-in driver the pids are fictitious, so :class:`SimResolver` reads the same facts from the sim state
+file instead. Both run inside the NVML worker process, once per poll, for the kept processes only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+
+# Fallback when /proc/sys/kernel/pid_max is unreadable: the kernel's PID_MAX_LIMIT on 64-bit (2^22).
+DEFAULT_PID_MAX = 4_194_304
+SIM_STATE_ENV = "GPUWATCHD_SIM_STATE"
+
+# (name, user, host RSS bytes); any part may be unknown.
+ProcInfo = tuple[str | None, str | None, int | None]
+UNKNOWN: ProcInfo = (None, None, None)
+
+
+def pid_max(proc_root: Path = Path("/proc")) -> int:
+    """The kernel's pid limit; a larger "pid" is a scrambled struct, not a process (nvitop#75)."""
+    try:
+        return int((proc_root / "sys/kernel/pid_max").read_text().strip())
+    except (OSError, ValueError):
+        return DEFAULT_PID_MAX
+
+
+class Resolver(Protocol):
+    """Host facts for pids; unknown pids map to :data:`UNKNOWN` (e.g. a pid from another pid namespace)."""
+
+    def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]: ...
+
+
+def merge_processes(
+    compute: Iterable[tuple[int, int | None]],
+    graphics: Iterable[tuple[int, int | None]],
+    limit: int = DEFAULT_PID_MAX,
+) -> dict[int, list[Any]]:
+    """pid -> [kind, used bytes]: one entry per valid pid, memory summed over both lists (None = unattributed).
+
+    A process in both lists is a compute process that also draws; it is listed once, as compute. Pids <= 0 or
+    above ``limit`` are dropped: they come from a struct-layout mismatch, not from a process.
+    """
+    merged: dict[int, list[Any]] = {}
+    for kind, procs in (("compute", compute), ("graphics", graphics)):
+        for pid, mem in procs:
+            if pid <= 0 or pid > limit:
+                continue
+            entry = merged.get(pid)
+            if entry is None:
+                merged[pid] = [kind, mem]
+            elif mem is not None:
+                entry[1] = mem if entry[1] is None else entry[1] + mem
+    return merged
+
+
+def top_processes(merged: Mapping[int, list[Any]], n: int) -> list[tuple[int, str, int | None]]:
+    """The ``n`` processes using the most GPU memory (unattributed last, then by pid for a stable order)."""
+    items = [(pid, e[0], e[1]) for pid, e in merged.items()]
+    items.sort(key=lambda t: (t[2] is None, -(t[2] or 0), t[0]))
+    return items[:n]
+
+
+def process_dicts(
+    top: Sequence[tuple[int, str, int | None]], resolver: Resolver | None
+) -> list[dict[str, Any]]:
+    """The pipe encoding of ``ProcessSample`` for the kept processes, with host facts where known."""
+    infos = resolver.resolve([t[0] for t in top]) if resolver is not None and top else {}
+    out = []
+    for pid, kind, mem in top:
+        name, user, rss = infos.get(pid, UNKNOWN)
+        out.append(
+            {"pid": pid, "kind": kind, "used_memory_bytes": mem, "name": name, "user": user, "host_rss_bytes": rss}
+        )
+    return out
+
+
+class PsutilResolver:
+    """Name, user and RSS of host processes; caches per (pid, create_time) so a reused pid is not mistaken."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[psutil.Process, str | None, str | None]] = {}
+
+    def _entry(self, pid: int) -> tuple[psutil.Process, str | None, str | None] | None:
+        cached = self._cache.get(pid)
+        if cached is not None and cached[0].is_running():  # is_running compares create_time: pid reuse safe
+            return cached
+        try:
+            proc = psutil.Process(pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            self._cache.pop(pid, None)
+            return None
+        name: str | None
+        user: str | None
+        try:
+            name = proc.name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            name = None
+        try:
+            user = proc.username()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, KeyError):
+            user = None  # KeyError: uid without a passwd entry (containers)
+        entry = (proc, name, user)
+        self._cache[pid] = entry
+        return entry
+
+    def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
+        out: dict[int, ProcInfo] = {}
+        for pid in pids:
+            entry = self._entry(pid)
+            if entry is None:
+                out[pid] = UNKNOWN
+                continue
+            proc, name, user = entry
+            try:
+                rss: int | None = proc.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                rss = None
+            out[pid] = (name, user, rss)
+        wanted = set(pids)
+        for gone in [p for p in self._cache if p not in wanted]:
+            del self._cache[gone]  # keep the cache bounded by the current top-N set
+        return out
+
+
+class SimResolver:
+    """Host facts from the stand-in's state file (its pids are fictitious); re-read only when the file changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._by_pid: dict[int, ProcInfo] = {}
+        self.reads = 0  # how many times the file was parsed (tests check the change detection)
+
+    def _refresh(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            self._stamp, self._by_pid = None, {}
+            return
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return
+        from gpuwatchd.sim.state import read_state  # sim-only dependency, loaded when running under the stand-in
+
+        state = read_state(self.path)
+        self.reads += 1
+        by_pid: dict[int, ProcInfo] = {}
+        for dev in state.get("devices") or ():
+            procs = dev.get("processes") or {}
+            for kind in ("compute", "graphics"):
+                for p in procs.get(kind) or ():
+                    by_pid[int(p["pid"])] = (p.get("name"), p.get("user"), p.get("host_rss"))
+        self._stamp, self._by_pid = stamp, by_pid
+
+    def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
+        self._refresh()
+        return {pid: self._by_pid.get(pid, UNKNOWN) for pid in pids}
+
+
+def make_resolver(env: Mapping[str, str] | None = None) -> Resolver:
+    """SimResolver when running under the stand-in (``GPUWATCHD_SIM_STATE`` set), else psutil."""
+    env = os.environ if env is None else env
+    sim = env.get(SIM_STATE_ENV)
+    if sim:
+        return SimResolver(Path(sim))
+    return PsutilResolver()

@@ -1,0 +1,298 @@
+"""Supervises the NVML worker process: spawn, deadline, kill, respawn with backoff, hot-plug watch.
+
+NVML is never called in the daemon process (architecture.md, "Process model"): a GPU that falls off the bus can
+block an NVML call forever, and a blocked C call cannot be cancelled. The worker streams one JSON snapshot per
+poll; a snapshot that does not arrive within ``poll_timeout`` after it was due marks the data stale
+(``on_stale``), and the worker's process group gets SIGTERM, then SIGKILL after ``kill_grace``, and a new worker
+is spawned after an exponential backoff. A worker that exits because a GPU was lost or the device count changed,
+or a change in the set of NVIDIA PCI functions in sysfs (Thunderbolt detach, hot-add), gets a fresh worker at
+once: only a fresh NVML session re-enumerates reliably (nvml-egpu.md §3.3).
+
+Timing: ``poll_interval``, ``poll_timeout`` and the backoff are scenario seconds (divided by ``clock.speed``, so
+``gpuwatchd sim --speed X`` compresses them); ``kill_grace`` is about the OS and stays in real seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gpuwatchd.clock import Clock
+from gpuwatchd.config import NvmlConfig, ProcessesConfig, SysfsConfig
+from gpuwatchd.model import LinkSample, LostGpu, Snapshot, snapshot_from_dict
+from gpuwatchd.sources.sysfs_pcie import nvidia_devices, read_links
+
+log = logging.getLogger(__name__)
+
+WORKER_MODULE = "gpuwatchd.sources.nvml_worker"
+LIBRARY_NAME = "libnvidia-ml.so.1"
+# Interpreter start + imports, before the worker says hello. Generous: a loaded 2-core box can take seconds;
+# NVML init itself is timed separately, as part of the first poll's deadline.
+STARTUP_TIMEOUT_SECONDS = 30.0
+# One JSON line per poll; 16 GPUs x top-1000 processes is a few MB. Bigger means a broken worker.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+# Consecutive on-time snapshots after which the restart backoff starts again from its initial value.
+HEALTHY_POLLS_TO_RESET_BACKOFF = 3
+# Worker exit codes (gpuwatchd.sources.nvml_worker; not imported here, that module imports pynvml).
+EXIT_INIT_FAILED = 2
+EXIT_REENUMERATE = 3
+
+
+class NvmlSupervisor:
+    """Runs the NVML worker and hands each snapshot (stamped with ``clock.now()``) to ``on_snapshot``."""
+
+    def __init__(
+        self,
+        nvml: NvmlConfig,
+        processes: ProcessesConfig,
+        sysfs: SysfsConfig,
+        *,
+        clock: Clock,
+        on_snapshot: Callable[[Snapshot], None],
+        on_stale: Callable[[str], None] | None = None,
+        env: Mapping[str, str] | None = None,
+        on_links: Callable[[list[LinkSample]], None] | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        self.nvml = nvml
+        self.processes = processes
+        self.sysfs = sysfs
+        self.clock = clock
+        self.on_snapshot = on_snapshot
+        self.on_stale = on_stale
+        self.on_links = on_links
+        self.env = dict(os.environ if env is None else env)
+        self.python = python
+        self.restarts = 0  # workers spawned after the first (gpuwatchd_nvml_worker_restarts_total)
+        self.last_error: str | None = None  # why the last worker ended badly / why NVML is down; None when healthy
+        self.spawned = 0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._restart_reason: str | None = None
+        self._wake: asyncio.Event | None = None
+        self._pci_seen: set[str] = set()
+        self._known: dict[int, tuple[str, str | None]] = {}  # index -> (uuid, bus id) from the last snapshot
+        self._last_bus_ids: list[str] = []
+        self._stopping = False
+
+    # -- control ----------------------------------------------------------------------------------------------
+
+    def _real(self, scenario_seconds: float) -> float:
+        return scenario_seconds / self.clock.speed
+
+    def request_restart(self, reason: str) -> None:
+        """Replace the worker now (no backoff): re-enumeration after hot-plug, reconfiguration."""
+        log.info("NVML worker restart requested: %s", reason)
+        self._restart_reason = reason
+        if self._wake is not None:
+            self._wake.set()
+        self._signal(signal.SIGTERM)
+
+    def reconfigure(self, nvml: NvmlConfig, processes: ProcessesConfig, sysfs: SysfsConfig) -> None:
+        """Apply a reloaded config (SIGHUP); the worker is replaced when something it uses changed."""
+        changed = nvml != self.nvml or processes != self.processes
+        self.nvml, self.processes, self.sysfs = nvml, processes, sysfs
+        if changed:
+            self.request_restart("reconfigure")
+
+    async def stop(self) -> None:
+        """Stop the worker (TERM, then KILL) and make ``run`` return."""
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._proc is not None:
+            await self._terminate(self._proc)
+
+    def _signal(self, sig: int) -> None:
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)  # own session: the group id is the worker's pid
+
+    async def _terminate(self, proc: asyncio.subprocess.Process) -> None:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), self.nvml.kill_grace)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+
+    # -- main loop --------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Supervise until cancelled or stopped."""
+        self._wake = asyncio.Event()
+        watcher = asyncio.create_task(self._watch_sysfs(), name="nvml-sysfs-watch")
+        backoff = self.nvml.restart_backoff_initial
+        try:
+            while not self._stopping:
+                healthy, failed = await self._run_worker()
+                if self._stopping:
+                    break
+                if healthy >= HEALTHY_POLLS_TO_RESET_BACKOFF:
+                    backoff = self.nvml.restart_backoff_initial
+                delay = 0.0
+                if self._restart_reason is None and failed:
+                    delay = backoff
+                    backoff = min(max(backoff * 2, self.nvml.restart_backoff_initial), self.nvml.restart_backoff_max)
+                self._restart_reason = None
+                if delay > 0:
+                    self._wake.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self._real(delay))
+                self.restarts += 1
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            proc = self._proc
+            if proc is not None:
+                await asyncio.shield(self._terminate(proc))
+            self._proc = None
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(self.env)
+        lib = self.nvml.library_path
+        if lib is not None:
+            libdir = lib.parent if lib.name == LIBRARY_NAME else lib
+            old = env.get("LD_LIBRARY_PATH")
+            env["LD_LIBRARY_PATH"] = f"{libdir}:{old}" if old else str(libdir)
+        # The worker imports this package; make that work from a source checkout too.
+        pkg_parent = str(Path(__file__).resolve().parents[2])
+        old_pp = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = f"{pkg_parent}:{old_pp}" if old_pp else pkg_parent
+        return env
+
+    def _worker_options(self) -> str:
+        opts: dict[str, Any] = {"interval": self._real(self.nvml.poll_interval), "top_n": self.processes.top_n}
+        lib = self.nvml.library_path
+        if lib is not None:
+            opts["library_path"] = str(lib if lib.name == LIBRARY_NAME else lib / LIBRARY_NAME)
+        return json.dumps(opts)
+
+    async def _run_worker(self) -> tuple[int, bool]:
+        """One worker's life. Returns (on-time snapshots delivered, whether it ended as a failure)."""
+        self._pci_seen = nvidia_devices(self.sysfs.root)
+        proc = await asyncio.create_subprocess_exec(
+            self.python, "-m", WORKER_MODULE, self._worker_options(),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self._child_env(),
+            start_new_session=True,
+            limit=MAX_LINE_BYTES,
+        )
+        self._proc = proc
+        self.spawned += 1
+        assert proc.stdout is not None and proc.stderr is not None
+        relay = asyncio.create_task(self._relay_stderr(proc.pid, proc.stderr), name="nvml-worker-stderr")
+        delivered = 0
+        failed = False
+        init_failed = False
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + STARTUP_TIMEOUT_SECONDS
+            hello = False
+            while True:
+                try:
+                    line = await asyncio.wait_for(proc.stdout.readline(), max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    if self._restart_reason is not None or self._stopping:
+                        break
+                    waited = "start" if not hello else "snapshot"
+                    self._stale(f"timeout: no {waited} from the NVML worker within its deadline", "timeout")
+                    failed = True
+                    break
+                except ValueError:  # line longer than MAX_LINE_BYTES
+                    self._stale("worker wrote an oversized line", "protocol_error")
+                    failed = True
+                    break
+                if not line:
+                    break  # EOF: the worker exited; its code says why
+                msg = json.loads(line)
+                now = loop.time()
+                if "hello" in msg:
+                    hello = True
+                    deadline = now + self._real(self.nvml.poll_timeout)
+                    continue
+                snap = self._receive(msg)
+                if not snap.nvml_ok:
+                    init_failed = True
+                    self.last_error = snap.nvml_error or "unknown"
+                    log.warning("NVML unavailable: %s", self.last_error)
+                else:
+                    delivered += 1
+                    self.last_error = None
+                self.on_snapshot(snap)
+                deadline = now + self._real(self.nvml.poll_interval + self.nvml.poll_timeout)
+        finally:
+            await self._terminate(proc)
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(relay, self.nvml.kill_grace + 1.0)
+            self._proc = None
+        code = proc.returncode
+        if failed or init_failed:
+            return delivered, True
+        if code == EXIT_REENUMERATE or self._restart_reason is not None or self._stopping:
+            return delivered, False
+        why = f"worker_exit_{code}" if code is not None and code >= 0 else f"worker_signal_{-(code or 0)}"
+        self._stale(f"NVML worker exited unexpectedly ({why})", why)
+        return delivered, True
+
+    def _stale(self, message: str, error: str) -> None:
+        log.warning("NVML data stale: %s", message)
+        self.last_error = error
+        if self.on_stale is not None:
+            self.on_stale(message)
+
+    def _receive(self, msg: dict[str, Any]) -> Snapshot:
+        msg.pop("calls", None)
+        msg["timestamp"] = self.clock.now()
+        snap = snapshot_from_dict(msg)
+        if snap.lost and any(lost.uuid is None for lost in snap.lost):
+            snap = replace(snap, lost=tuple(self._identify(lost) for lost in snap.lost))
+        if snap.nvml_ok:
+            if snap.gpus:
+                self._known = {g.index: (g.uuid, g.pci_bus_id) for g in snap.gpus}
+            self._last_bus_ids = [g.pci_bus_id for g in snap.gpus if g.pci_bus_id]
+        return snap
+
+    def _identify(self, lost: LostGpu) -> LostGpu:
+        """A GPU lost at enumeration answers nothing, not even its UUID: name it from what the last worker saw."""
+        if lost.uuid is not None:
+            return lost
+        known = self._known.get(lost.index)
+        if known is None or (lost.pci_bus_id is not None and known[1] != lost.pci_bus_id):
+            return lost
+        return replace(lost, uuid=known[0], pci_bus_id=known[1])
+
+    async def _relay_stderr(self, pid: int, stream: asyncio.StreamReader) -> None:
+        while True:
+            line = await stream.readline()
+            if not line:
+                return
+            log.info("%s", line.decode(errors="replace").rstrip())
+
+    async def _watch_sysfs(self) -> None:
+        """NVIDIA PCI functions appearing or vanishing (Thunderbolt detach, hot-add) call for a fresh worker."""
+        while True:
+            await asyncio.sleep(self._real(self.nvml.poll_interval))
+            current = nvidia_devices(self.sysfs.root)
+            if current != self._pci_seen:
+                added = sorted(current - self._pci_seen)
+                removed = sorted(self._pci_seen - current)
+                self._pci_seen = current
+                self.request_restart(f"pci_devices_changed: added={added} removed={removed}")
+            if self.on_links is not None and self._last_bus_ids:
+                self.on_links(read_links(self.sysfs.root, self._last_bus_ids))

@@ -1,0 +1,109 @@
+"""PCIe link state and NVIDIA device presence from sysfs, under an injectable root (node_exporter ``--path.sysfs``).
+
+Independent of NVML on purpose: a hung or lost driver still leaves these files readable, and a device directory
+that vanishes is how a Thunderbolt detach or a ``remove`` shows up (nvml-egpu.md §3.4, §4.2).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from gpuwatchd.model import LinkSample
+
+PCI_DEVICES = Path("sys/bus/pci/devices")
+NVIDIA_VENDOR = "0x10de"
+# PCI base class 0x03 = display controller (VGA 0x0300, 3D 0x0302): the GPU functions, not the HDMI audio one.
+DISPLAY_CLASS_PREFIX = "0x03"
+# PCIe transfer rate (GT/s) -> generation; same mapping as NVML CurrPcieLinkGeneration (nvml-egpu.md §4.2).
+GENERATION_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+# A device whose config space reads all-ones (fell off the bus) reports width 63 and vendor 0xffff (§3.3).
+DEAD_LINK_WIDTH = 63
+DEAD_VENDOR = "0xffff"
+
+
+def sysfs_bus_id(bus_id: str) -> str:
+    """NVML ``00000000:0C:00.0`` (8-digit domain, upper case) -> sysfs ``0000:0c:00.0``; sysfs form passes through."""
+    bus_id = bus_id.strip().lower()
+    domain, sep, rest = bus_id.partition(":")
+    if not sep:
+        return bus_id
+    if "." not in rest:
+        rest += ".0"  # kernel-log form has no function
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        return None
+
+
+def parse_speed(text: str | None) -> int | None:
+    """``"8.0 GT/s PCIe"`` (or older ``"8 GT/s"``) -> 3; ``"Unknown"`` or garbage -> None."""
+    if not text:
+        return None
+    head = text.split(None, 1)[0]
+    try:
+        gts = float(head)
+    except ValueError:
+        return None
+    return GENERATION_BY_GTS.get(gts)
+
+
+def parse_width(text: str | None) -> int | None:
+    """``"16"`` -> 16; the all-ones value 63, 0 and garbage -> None."""
+    if not text:
+        return None
+    try:
+        width = int(text, 0) if text.startswith("0x") else int(text)
+    except ValueError:
+        return None
+    if width <= 0 or width == DEAD_LINK_WIDTH:
+        return None
+    return width
+
+
+def read_link(root: Path, bus_id: str) -> LinkSample:
+    """One device's link; ``present=False`` when the directory is gone or the device reads as dead."""
+    bdf = sysfs_bus_id(bus_id)
+    d = root / PCI_DEVICES / bdf
+    if not d.is_dir():
+        return LinkSample(pci_bus_id=bdf, present=False)
+    vendor = _read(d / "vendor")
+    cur_speed = _read(d / "current_link_speed")
+    cur_width_raw = _read(d / "current_link_width")
+    dead = vendor == DEAD_VENDOR or (cur_speed or "").lower() == "unknown" or cur_width_raw == str(DEAD_LINK_WIDTH)
+    return LinkSample(
+        pci_bus_id=bdf,
+        current_generation=parse_speed(cur_speed),
+        max_generation=parse_speed(_read(d / "max_link_speed")),
+        current_width=parse_width(cur_width_raw),
+        max_width=parse_width(_read(d / "max_link_width")),
+        present=not dead,
+    )
+
+
+def read_links(root: Path, bus_ids: Iterable[str]) -> list[LinkSample]:
+    """PCIe link of each device (NVML or sysfs bus id form), in the order given."""
+    return [read_link(root, b) for b in bus_ids]
+
+
+def nvidia_devices(root: Path) -> set[str]:
+    """Bus ids (sysfs form) of NVIDIA display-class functions present under ``root``: the hot-plug watch set."""
+    base = root / PCI_DEVICES
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return set()
+    found: set[str] = set()
+    for name in names:
+        d = base / name
+        if _read(d / "vendor") != NVIDIA_VENDOR:
+            continue
+        cls = _read(d / "class")
+        if cls is not None and cls.lower().startswith(DISPLAY_CLASS_PREFIX):
+            found.add(name.lower())
+    return found
