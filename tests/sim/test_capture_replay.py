@@ -1,0 +1,254 @@
+"""Replay of every real nvidia-smi XML capture in ../shared/data/captures/ (never copied into the repo).
+
+The expected values are read from each capture here with plain XPath and unit arithmetic, independently of
+``gpuwatchd.sim.capture``; the state the replay builds must carry exactly those readings, and "N/A" must stay None.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwatchd.sim.capture import describe_capture, state_from_xml
+
+CAPTURES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "captures"
+MIB = 2**20
+
+# nvidia-smi XML reason suffix -> nvml.h bit, written out from nvml.h's nvmlClocksEventReason* table.
+REASON_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clocks_setting": 0x100,
+}
+
+
+def capture_params() -> list[Any]:
+    if not CAPTURES.is_dir():
+        reason = f"real nvidia-smi captures not available: {CAPTURES} is absent (they live outside the repo)"
+        return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-captures")]
+    files = sorted(CAPTURES.glob("*.xml"))
+    if not files:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=f"no *.xml in {CAPTURES}"), id="no-captures")]
+    return [pytest.param(path, id=path.name.split("_")[0]) for path in files]
+
+
+def raw(element: ET.Element, path: str) -> str | None:
+    """The capture's text at ``path``; None where nvidia-smi printed N/A (or a bracketed/deprecated marker)."""
+    found = element.find(path)
+    value = None if found is None or found.text is None else found.text.strip()
+    if not value or value == "N/A" or value.startswith("[") or value.startswith("Requested functionality"):
+        return None
+    return value
+
+
+def num(element: ET.Element, path: str) -> float | None:
+    value = raw(element, path)
+    return None if value is None else float(value.split()[0].removesuffix("x"))
+
+
+def whole(element: ET.Element, path: str) -> int | None:
+    value = num(element, path)
+    return None if value is None else int(value)
+
+
+def mib(element: ET.Element, path: str) -> int | None:
+    value = num(element, path)
+    return None if value is None else int(value * MIB)
+
+
+def milliwatts(element: ET.Element, *paths: str) -> int | None:
+    for path in paths:
+        value = num(element, path)
+        if value is not None:
+            return round(value * 1000)
+    return None
+
+
+def yes(element: ET.Element, path: str) -> bool | None:
+    value = raw(element, path)
+    return None if value is None else value in ("Yes", "Active", "Enabled")
+
+
+def ecc_total(gpu: ET.Element, counter: str, corrected: bool) -> int | None:
+    total = gpu.find(f"ecc_errors/{counter}/{'single_bit' if corrected else 'double_bit'}/total")
+    if total is not None:
+        return whole(gpu, f"ecc_errors/{counter}/{'single_bit' if corrected else 'double_bit'}/total")
+    names = (
+        ["sram_correctable", "dram_correctable"]
+        if corrected
+        else ["sram_uncorrectable", "sram_uncorrectable_parity", "sram_uncorrectable_secded", "dram_uncorrectable"]
+    )
+    parts = [whole(gpu, f"ecc_errors/{counter}/{name}") for name in names]
+    readable = [part for part in parts if part is not None]
+    return sum(readable) if readable else None
+
+
+def reasons(gpu: ET.Element) -> tuple[int | None, int | None]:
+    for section in ("clocks_event_reasons", "clocks_throttle_reasons"):
+        found = gpu.find(section)
+        if found is None:
+            continue
+        active = supported = 0
+        for child in found:
+            bit = REASON_BITS[child.tag.split("_reason_", 1)[1]]
+            if raw(found, child.tag) is not None:
+                supported |= bit
+                active |= bit if raw(found, child.tag) == "Active" else 0
+        return active, supported
+    return None, None
+
+
+def expected_readings(gpu: ET.Element) -> dict[str, Any]:
+    """Every reading the daemon exports, as the capture prints it, in NVML units."""
+    power = "gpu_power_readings" if gpu.find("gpu_power_readings") is not None else "power_readings"
+    link = "pci/pci_gpu_link_info"
+    active, supported = reasons(gpu)
+    pstate = raw(gpu, "performance_state")
+    retired = {
+        cause: whole(gpu, f"retired_pages/{cause}/retired_count")
+        for cause in ("multiple_single_bit_retirement", "double_bit_retirement")
+    }
+    processes: dict[str, dict[int, int | None]] = {"compute": {}, "graphics": {}}
+    for info in gpu.iterfind("processes/process_info"):
+        pid, kind = int(raw(info, "pid") or -1), raw(info, "type") or ""
+        for letter, group in (("C", "compute"), ("G", "graphics")):
+            if letter in kind:
+                processes[group][pid] = mib(info, "used_memory")
+    return {
+        "name": raw(gpu, "product_name"),
+        "uuid": raw(gpu, "uuid"),
+        "bus_id": raw(gpu, "pci/pci_bus_id"),
+        "memory_total": mib(gpu, "fb_memory_usage/total"),
+        "memory_used": mib(gpu, "fb_memory_usage/used"),
+        # drivers before ~510 print no reserve: their "used" already includes it, so the replay reserves 0
+        "memory_reserved": mib(gpu, "fb_memory_usage/reserved") or 0,
+        "utilization_gpu": whole(gpu, "utilization/gpu_util"),
+        "utilization_memory": whole(gpu, "utilization/memory_util"),
+        "temperature": whole(gpu, "temperature/gpu_temp"),
+        "temperature_shutdown": whole(gpu, "temperature/gpu_temp_max_threshold"),
+        "temperature_slowdown": whole(gpu, "temperature/gpu_temp_slow_threshold"),
+        "power_mw": milliwatts(gpu, f"{power}/power_draw", f"{power}/average_power_draw"),
+        "power_limit_mw": milliwatts(gpu, f"{power}/enforced_power_limit", f"{power}/current_power_limit"),
+        "power_min_mw": milliwatts(gpu, f"{power}/min_power_limit"),
+        "power_max_mw": milliwatts(gpu, f"{power}/max_power_limit"),
+        **{f"clock_{clock}": whole(gpu, f"clocks/{clock}_clock") for clock in ("graphics", "sm", "mem", "video")},
+        **{
+            f"max_clock_{clock}": whole(gpu, f"max_clocks/{clock}_clock")
+            for clock in ("graphics", "sm", "mem", "video")
+        },
+        "reasons_active": active,
+        "reasons_supported": supported,
+        "pstate": None if pstate is None else int(pstate.removeprefix("P")),
+        "fan": whole(gpu, "fan_speed"),
+        "pcie_gen": whole(gpu, f"{link}/pcie_gen/current_link_gen"),
+        "pcie_max_gen": whole(gpu, f"{link}/pcie_gen/max_link_gen"),
+        "pcie_width": whole(gpu, f"{link}/link_widths/current_link_width"),
+        "pcie_max_width": whole(gpu, f"{link}/link_widths/max_link_width"),
+        "pcie_replays": whole(gpu, "pci/replay_counter"),
+        "ecc_current": yes(gpu, "ecc_mode/current_ecc"),
+        "ecc_corrected_volatile": ecc_total(gpu, "volatile", corrected=True),
+        "ecc_uncorrected_volatile": ecc_total(gpu, "volatile", corrected=False),
+        "ecc_corrected_aggregate": ecc_total(gpu, "aggregate", corrected=True),
+        "ecc_uncorrected_aggregate": ecc_total(gpu, "aggregate", corrected=False),
+        "retired_sbe": retired["multiple_single_bit_retirement"],
+        "retired_dbe": retired["double_bit_retirement"],
+        "remapped_correctable": whole(gpu, "remapped_rows/remapped_row_corr"),
+        "remapped_uncorrectable": whole(gpu, "remapped_rows/remapped_row_unc"),
+        "remapped_pending": yes(gpu, "remapped_rows/remapped_row_pending"),
+        "mig_current": yes(gpu, "mig_mode/current_mig"),
+        "processes": processes,
+    }
+
+
+def readings_in_state(device: dict[str, Any]) -> dict[str, Any]:
+    """The same readings taken from a replayed state device (docs/sim-state.md field names)."""
+
+    def get(*keys: str) -> Any:
+        value: Any = device
+        for key in keys:
+            value = None if value is None else value.get(key)
+        return value
+
+    pci = device["pci"]
+    pages = device["retired_pages"]
+    rows = device["remapped_rows"]
+    enabled = {1: True, 0: False, None: None}
+    return {
+        "name": device["name"],
+        "uuid": device["uuid"],
+        "bus_id": f"{pci['domain']:08X}:{pci['bus']:02X}:{pci['device']:02X}.0",
+        "memory_total": get("memory", "total"),
+        "memory_used": get("memory", "used"),
+        "memory_reserved": get("memory", "reserved"),
+        "utilization_gpu": get("utilization", "gpu"),
+        "utilization_memory": get("utilization", "memory"),
+        "temperature": device["temperature"],
+        "temperature_shutdown": get("temperature_thresholds", "shutdown"),
+        "temperature_slowdown": get("temperature_thresholds", "slowdown"),
+        "power_mw": device["power_usage_mw"],
+        "power_limit_mw": device["power_limit_mw"],
+        "power_min_mw": None if device["power_constraints_mw"] is None else device["power_constraints_mw"][0],
+        "power_max_mw": None if device["power_constraints_mw"] is None else device["power_constraints_mw"][1],
+        **{
+            f"clock_{k}": get("clocks_mhz", v)
+            for k, v in (("graphics", "graphics"), ("sm", "sm"), ("mem", "memory"), ("video", "video"))
+        },
+        **{
+            f"max_clock_{k}": get("max_clocks_mhz", v)
+            for k, v in (("graphics", "graphics"), ("sm", "sm"), ("mem", "memory"), ("video", "video"))
+        },
+        "reasons_active": device["clocks_event_reasons"],
+        "reasons_supported": device["supported_clocks_event_reasons"],
+        "pstate": device["pstate"],
+        "fan": None if device["fans"] is None else device["fans"][0],
+        "pcie_gen": get("pcie", "gen"),
+        "pcie_max_gen": get("pcie", "max_gen"),
+        "pcie_width": get("pcie", "width"),
+        "pcie_max_width": get("pcie", "max_width"),
+        "pcie_replays": get("pcie", "replay_counter"),
+        "ecc_current": None if device["ecc_mode"] is None else enabled[device["ecc_mode"][0]],
+        "ecc_corrected_volatile": get("ecc_errors", "corrected_volatile"),
+        "ecc_uncorrected_volatile": get("ecc_errors", "uncorrected_volatile"),
+        "ecc_corrected_aggregate": get("ecc_errors", "corrected_aggregate"),
+        "ecc_uncorrected_aggregate": get("ecc_errors", "uncorrected_aggregate"),
+        "retired_sbe": None if pages is None else len(pages["sbe"]),
+        "retired_dbe": None if pages is None else len(pages["dbe"]),
+        "remapped_correctable": None if rows is None else rows["correctable"],
+        "remapped_uncorrectable": None if rows is None else rows["uncorrectable"],
+        "remapped_pending": None if rows is None else rows["pending"],
+        "mig_current": None if device["mig_mode"] is None else enabled[device["mig_mode"][0]],
+        "processes": {
+            group: {p["pid"]: p["used_memory"] for p in device["processes"][group]} for group in ("compute", "graphics")
+        },
+    }
+
+
+@pytest.mark.parametrize("capture", capture_params())
+def test_state_carries_every_reading_of_the_capture(capture: Path) -> None:
+    root = ET.parse(capture).getroot()
+    state = state_from_xml(capture)
+    gpus = root.findall("gpu")
+    assert len(state["devices"]) == len(gpus) >= 1
+    assert state["driver_version"] == raw(root, "driver_version")
+    major, minor = (raw(root, "cuda_version") or "").split(".")
+    assert state["cuda_driver_version"] == int(major) * 1000 + int(minor) * 10
+    for gpu, device in zip(gpus, state["devices"], strict=True):
+        assert readings_in_state(device) == expected_readings(gpu)
+
+
+@pytest.mark.parametrize("capture", capture_params())
+def test_describe_capture_names_every_gpu(capture: Path) -> None:
+    root = ET.parse(capture).getroot()
+    lines = describe_capture(capture).splitlines()
+    assert len(lines) == 1 + len(root.findall("gpu"))
+    for line, gpu in zip(lines[1:], root.iterfind("gpu"), strict=True):
+        assert raw(gpu, "uuid") in line and raw(gpu, "product_name") in line and gpu.get("id") in line
