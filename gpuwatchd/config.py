@@ -28,34 +28,58 @@ DEFAULT_PORT = 9945
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 DEFAULT_STATE_DIR = Path("/var/lib/gpuwatchd")
 
+
 class NvmlConfig(Section):
+    """How the NVML worker (a child process) is run."""
+
+    # How often every GPU is read. 1 s matches nvidia-smi dmon and DCGM's default; utilization is averaged over
+    # the driver's own 1/6 s..1 s sample period anyway.
     poll_interval: Duration = 1.0
     # A poll slower than this marks data stale and the worker is killed and respawned.
     poll_timeout: Duration = 5.0
     # SIGTERM grace before SIGKILL when the worker must go.
     kill_grace: Duration = 1.0
+    # Delay before respawning a worker that died or was killed; doubles per consecutive failure ...
     restart_backoff_initial: Duration = 0.5
+    # ... up to this. Also how often a host without a driver is re-checked, so a driver installed later is found.
     restart_backoff_max: Duration = 30.0
     # Directory holding libnvidia-ml.so.1 (or the file itself). Unset: the system loader path, like nvidia-smi.
     library_path: Path | None = None
 
 
 class ProcessesConfig(Section):
+    """Per-process GPU memory."""
+
+    # Per GPU, the processes with the most GPU memory that get their own series (bounds cardinality).
     top_n: int = Field(default=10, ge=0, le=1000)
 
 
 class SysfsConfig(Section):
+    """Where PCIe and Thunderbolt state is read from, independently of NVML."""
+
+    # Prefix for /sys (tests and `gpuwatchd sim` point it at a fake tree).
     root: Path = Path("/")
 
 
 class HistoryConfig(Section):
+    """In-memory history the rules look back on (applied at start; a reload does not resize it)."""
+
+    # How far back the rules can look; the leak rule's window must fit in it.
     retention: Duration = 3600.0
+    # Resolution of the history: readings closer together than this replace each other.
     step: Duration = 5.0
 
 
 class Config(Section):
+    """The whole file. Every key is optional."""
+
+    # HOST:PORT for /metrics, /healthz, /readyz and /api/v1/* (`[::]:9945` for IPv6); `run --listen` overrides it.
+    # Changing it takes a restart.
     listen: str = DEFAULT_LISTEN
+    # The `host` label on alerts and in messages.
     host: str = Field(default_factory=socket.gethostname)
+    # Alert state and the notification outbox (SQLite). Unset: $STATE_DIRECTORY under systemd, else
+    # /var/lib/gpuwatchd if writable, else ~/.local/state/gpuwatchd. Changing it takes a restart.
     state_dir: Path = DEFAULT_STATE_DIR
     nvml: NvmlConfig = NvmlConfig()
     processes: ProcessesConfig = ProcessesConfig()

@@ -148,3 +148,22 @@ def test_shipped_example_config_is_valid() -> None:
     example = Path(__file__).resolve().parents[1] / "docs" / "gpuwatchd.example.yml"
     cfg = load_config(example, required=True)
     assert cfg.nvml.poll_interval == Config().nvml.poll_interval  # the example documents the defaults
+
+
+def test_configuration_reference_is_up_to_date() -> None:
+    from gpuwatchd.configdoc import DOC_PATH, render_reference, splice
+
+    current = DOC_PATH.read_text(encoding="utf-8")
+    assert current == splice(current, render_reference()), (
+        "docs/configuration.md is out of date: run `python -m gpuwatchd.configdoc --write`"
+    )
+
+
+def test_configuration_reference_lists_every_key() -> None:
+    from gpuwatchd.configdoc import render_reference
+
+    doc = render_reference()
+    for key in ("`listen`", "`nvml.poll_interval`", "`nvml.library_path`", "`processes.top_n`", "`history.step`"):
+        assert key in doc
+    for name in Config.model_fields:
+        assert f"`{name}`" in doc or f"### `{name}`" in doc, name
