@@ -1,9 +1,174 @@
-"""Config of the built-in rules (``rules:`` in the YAML file)."""
+"""Config of the built-in rules (``rules:`` in the YAML file).
+
+Every rule has ``enabled``, ``for`` (how long the condition must hold before the alert fires, Prometheus'
+``for:``) and ``keep_firing_for`` (how long a firing alert stays firing after the condition last held, against
+flapping; Prometheus' ``keep_firing_for:``). Defaults carry their reason; sources are in ``docs/alerts.md``.
+
+```yaml
+rules:
+  resolved_retention: 15m
+  expected_gpu_count: 8
+  leak: {window: 30m, horizon: 24h}
+  throttle: {for: 1m, sw_power_cap: true}
+  xid: {resolve_after: 1h}
+```
+"""
 
 from __future__ import annotations
 
-from gpuwatchd.configtypes import Section
+from pydantic import ConfigDict, Field, model_validator
+
+from gpuwatchd.configtypes import Duration, Section
+
+MIB = 1024 * 1024
+
+
+class RuleSection(Section):
+    """Fields common to every rule; ``for`` is spelled as in Prometheus rule files."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    enabled: bool = True
+    for_: Duration = Field(default=0.0, alias="for")
+    keep_firing_for: Duration = 0.0
+
+
+class LeakRule(RuleSection):
+    """``GpuMemoryLeak``: robust trend of a process' GPU memory, unattributed GPU memory and host RSS."""
+
+    # A 2 min hold on top of a 10 min minimum span: one odd evaluation does not page anyone.
+    for_: Duration = Field(default=120.0, alias="for")
+    # A leak that stops (memory freed, job ended) resolves after 5 min; a brief plateau inside a leak does not.
+    keep_firing_for: Duration = 300.0
+    # The trend window. 30 min covers several checkpoint/evaluation cycles of a training loop and fits the
+    # store's default 1 h retention; half of it is the "recent" slope.
+    window: Duration = 1800.0
+    # Less history than this is never a leak: caching-allocator warm-up takes the first minutes of a job.
+    min_span: Duration = 600.0
+    # The lower envelope is built from one median per bucket: shorter spikes/dips vanish, and Theil-Sen runs on
+    # window/bucket (30) points, so its O(n²) pairs stay cheap without numpy.
+    bucket: Duration = 60.0
+    # 1 MiB/min: below it a 24 GiB GPU lasts > 2 weeks, and it is under the 2 MiB block granularity of the
+    # CUDA caching allocator per 2 min bucket pair, i.e. allocator noise rather than a trend.
+    min_rate_bytes_per_second: float = Field(default=MIB / 60.0, gt=0)
+    # Fire when the projected time to full is within this horizon ...
+    horizon: Duration = 86400.0
+    # ... or when the growth over the window is at least this share of GPU memory, whatever the projection.
+    min_growth_ratio: float = Field(default=0.10, gt=0, le=1)
+    # The recent half must grow at least this fraction of the whole-window rate: warm-up is concave (fast then
+    # flat) and fails this; a linear or accelerating leak passes.
+    min_recent_ratio: float = Field(default=0.5, gt=0, le=1)
+    unattributed: bool = True
+    host_rss: bool = True
+    # Host RSS has no "total" to project against; fire when it grew this much over the window (pinned buffers
+    # are allocated in MiB-to-GiB chunks, so a real pinned-memory leak clears this within the window).
+    host_rss_min_growth_bytes: int = Field(default=512 * MIB, gt=0)
+
+    @model_validator(mode="after")
+    def _window_holds_span(self) -> LeakRule:
+        if self.min_span > self.window:
+            raise ValueError("min_span must not exceed window")
+        if self.bucket * 4 > self.min_span:
+            raise ValueError("bucket must be at most a quarter of min_span (the trend needs points)")
+        return self
+
+
+class ThrottleRule(RuleSection):
+    """``GpuThrottled``: harmful clocks-event reasons sustained."""
+
+    # DCGM's thermal/power health watches need 1 min of data before they answer (dcgm.md §2.1).
+    for_: Duration = Field(default=60.0, alias="for")
+    # The reason's share of samples is taken over this short window, so a reason flickering every other poll
+    # still counts while a single sample does not.
+    window: Duration = 30.0
+    min_share: float = Field(default=0.5, gt=0, le=1)
+    # Hysteresis: once firing, any activity in the window keeps it firing; it clears on a window with none.
+    clear_share: float = Field(default=0.0, ge=0, le=1)
+    # The "share of time throttled" in the message is over this span.
+    report_window: Duration = 300.0
+    # SW power cap is the board doing its job at its power limit; alert on it only when asked, and only busy.
+    sw_power_cap: bool = False
+    busy_utilization: float = Field(default=0.5, ge=0, le=1)
+
+
+class XidRule(RuleSection):
+    """``GpuXidError``: an Xid is an event, not a level; the alert fires at once and resolves after quiet."""
+
+    # An hour without a repeat: Xids of one fault come in bursts of seconds to minutes (kern01: Xid 48, 63 and
+    # nine 94s within a second), so an hour of quiet means the episode is over.
+    resolve_after: Duration = 3600.0
+    # Codes never alerted on (still counted in gpuwatchd_xid_errors_total).
+    ignore: tuple[int, ...] = ()
+
+
+class EccRule(RuleSection):
+    """``GpuEccError``: volatile DBE, retired pages, row remapping (DCGM MEM health watch, dcgm.md §2.1)."""
+
+    # DCGM: SBE+DBE retired pages >= 63 -> FAIL.
+    retired_pages_max: int = Field(default=63, ge=1)
+
+
+class LinkRule(RuleSection):
+    """``GpuPcieLinkDegraded``: link below its maximum while the GPU is busy (idle links downshift by design)."""
+
+    # Under load the link trains back up within seconds; 2 min below max under load is not a transition.
+    for_: Duration = Field(default=120.0, alias="for")
+    busy_utilization: float = Field(default=0.5, ge=0, le=1)
+    # Hysteresis: a firing alert holds while the link is still below max and the GPU is at least this busy.
+    clear_utilization: float = Field(default=0.2, ge=0, le=1)
+
+
+class ReplayRule(RuleSection):
+    """``GpuPcieReplays``: replay rate above DCGM's per-lane allowance (dcgm.md §2.1, PCIE health watch)."""
+
+    # DCGM counts replays per minute.
+    window: Duration = 60.0
+    # Replays come in bursts; do not resolve and re-fire on every quiet minute.
+    keep_firing_for: Duration = 600.0
+
+
+class PresenceRule(RuleSection):
+    """``GpuLost``, ``GpuRemoved``: presence state from the store (for 0: a vanished GPU is news at once)."""
+
+
+class CountRule(RuleSection):
+    """``GpuCountLow``: fewer GPUs present than ``rules.expected_gpu_count``."""
+
+    # A worker re-enumeration takes seconds; a GPU missing for a minute is missing.
+    for_: Duration = Field(default=60.0, alias="for")
+
+
+class TemperatureRule(RuleSection):
+    """``GpuTemperatureHigh``: within ``margin`` °C of the driver's slowdown threshold."""
+
+    for_: Duration = Field(default=60.0, alias="for")
+    # 5 °C: NVIDIA boards put their max operating temperature 5-10 °C below the HW slowdown threshold (sim-state
+    # example: slowdown 95, gpu_max 88), so a GPU this close is past its operating range and about to halve
+    # its clocks.
+    margin_celsius: float = Field(default=5.0, ge=0)
+    # Hysteresis: once firing, clear only 3 °C lower (ops-conventions §2.6: raise/clear thresholds apart).
+    clear_margin_celsius: float = Field(default=8.0, ge=0)
+
+    @model_validator(mode="after")
+    def _clear_below_raise(self) -> TemperatureRule:
+        if self.clear_margin_celsius < self.margin_celsius:
+            raise ValueError("clear_margin_celsius must be >= margin_celsius")
+        return self
 
 
 class RulesConfig(Section):
-    """Placeholder until the rules issue lands: no rule settings yet."""
+    """``rules:``: the built-in alert rules."""
+
+    # Prometheus keeps sending resolved alerts for 15 min (rules/alerting.go resolvedRetention).
+    resolved_retention: Duration = 900.0
+    # Unset: no GpuCountLow (like gpud, the check is skipped without an expectation).
+    expected_gpu_count: int | None = Field(default=None, ge=1)
+    leak: LeakRule = LeakRule()
+    throttle: ThrottleRule = ThrottleRule()
+    xid: XidRule = XidRule()
+    ecc: EccRule = EccRule()
+    link: LinkRule = LinkRule()
+    replays: ReplayRule = ReplayRule()
+    presence: PresenceRule = PresenceRule()
+    count: CountRule = CountRule()
+    temperature: TemperatureRule = TemperatureRule()

@@ -1,0 +1,106 @@
+"""What a rule family returns (``Condition``), what it reads (``RuleView``), and shared label/format helpers.
+
+A family is a pure function ``(view, now, config) -> list[Condition]``. It says, per alert identity, whether
+the condition holds now; the engine owns time (``for:``, ``keep_firing_for``, resolved retention).
+
+``level`` carries hysteresis without state in the family:
+- ``raise``: the raise threshold holds; starts an alert or keeps one going.
+- ``hold``: between the clear and the raise threshold; keeps an active alert going, never starts one.
+- ``clear``: known to be clear; only supplies the message of the resolution (e.g. "reattached at index 1").
+An identity absent from the list is clear too.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from gpuwatchd.model import GpuPresence, Severity, Snapshot, XidEvent
+from gpuwatchd.store import GpuPoint, ProcessPoint
+
+Level = Literal["raise", "hold", "clear"]
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One alert identity's condition at one evaluation."""
+
+    name: str  # alertname
+    severity: Severity
+    labels: Mapping[str, str]  # identity labels besides alertname/severity/host (uuid, gpu, model, pid, ...)
+    summary: str
+    description: str
+    value: float | None = None
+    level: Level = "raise"
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+class RuleView(Protocol):
+    """The read side of ``gpuwatchd.store.Store`` that rules use (a Store satisfies it)."""
+
+    @property
+    def latest(self) -> Snapshot | None: ...
+
+    @property
+    def presence(self) -> Mapping[str, GpuPresence]: ...
+
+    @property
+    def recent_xids(self) -> deque[XidEvent]: ...
+
+    def gpu_history(self, uuid: str) -> Sequence[GpuPoint]: ...
+
+    def process_history(self, uuid: str, pid: int) -> Sequence[ProcessPoint]: ...
+
+    def process_keys(self) -> Sequence[tuple[str, int]]: ...
+
+
+def gpu_labels(view: RuleView, uuid: str) -> dict[str, str]:
+    """``uuid``, ``gpu`` (index) and ``model`` of a GPU, from presence (so a lost/removed GPU keeps them)."""
+    pres = view.presence.get(uuid)
+    if pres is not None:
+        ident = pres.identity
+        return {"uuid": uuid, "gpu": str(ident.index), "model": ident.name or "unknown"}
+    if view.latest is not None:
+        for g in view.latest.gpus:
+            if g.uuid == uuid:
+                return {"uuid": uuid, "gpu": str(g.index), "model": g.name or "unknown"}
+    return {"uuid": uuid, "gpu": "", "model": "unknown"}
+
+
+def gpu_title(labels: Mapping[str, str]) -> str:
+    """``GPU 0 (NVIDIA A10G)``, the start of every per-GPU summary."""
+    gpu = labels.get("gpu", "")
+    head = f"GPU {gpu}" if gpu else f"GPU {labels.get('uuid', '?')}"
+    model = labels.get("model")
+    return f"{head} ({model})" if model and model != "unknown" else head
+
+
+def fmt_bytes(n: float) -> str:
+    """Binary units with one decimal: ``38.2 MiB``, ``18.1 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_duration(seconds: float) -> str:
+    """Coarse human duration: ``45s``, ``12m``, ``1h42m``, ``3d4h``."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    m, _ = divmod(s, 60)
+    if m < 60:
+        return f"{m}m"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h}h"
+
+
+def fmt_share(x: float) -> str:
+    return f"{round(x * 100)}%"

@@ -1,0 +1,225 @@
+"""The alert state machine: conditions from the rule families + ``now`` -> alerts, like Prometheus' alerting rules.
+
+inactive -> pending (condition raised; ``active_at``) -> firing (held at every evaluation for ``for:``;
+``fired_at``) -> resolved (not held for ``keep_firing_for``; ``resolved_at``) -> gone after ``resolved_retention``.
+A pending alert whose condition clears vanishes silently (Prometheus semantics). An alert is identified by the
+fingerprint of its labels; ``active_at`` survives across evaluations. A condition returning after resolution
+starts a new alert (new ``active_at``).
+
+A family that raises is logged and counted; its alerts keep their state (missing data is not "all clear") and
+the other families still run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from gpuwatchd.model import Alert, AlertState, fingerprint
+from gpuwatchd.rules import ecc, leak, link, presence, temperature, throttle, xid
+from gpuwatchd.rules.condition import Condition, RuleView
+from gpuwatchd.rules.config import RulesConfig, RuleSection
+
+log = logging.getLogger(__name__)
+
+Family = Callable[[RuleView, float, RulesConfig], list[Condition]]
+
+
+@dataclass(frozen=True, slots=True)
+class FamilySpec:
+    """One rule family: its function and, per alertname it produces, the config section with its timings."""
+
+    name: str
+    evaluate: Family
+    sections: dict[str, Callable[[RulesConfig], RuleSection]]
+
+
+FAMILIES: tuple[FamilySpec, ...] = (
+    FamilySpec("leak", leak.conditions, {"GpuMemoryLeak": lambda c: c.leak}),
+    FamilySpec("throttle", throttle.conditions, {"GpuThrottled": lambda c: c.throttle}),
+    FamilySpec("xid", xid.conditions, {"GpuXidError": lambda c: c.xid}),
+    FamilySpec("ecc", ecc.conditions, {"GpuEccError": lambda c: c.ecc}),
+    FamilySpec(
+        "link",
+        link.conditions,
+        {"GpuPcieLinkDegraded": lambda c: c.link, "GpuPcieReplays": lambda c: c.replays},
+    ),
+    FamilySpec(
+        "presence",
+        presence.conditions,
+        {"GpuLost": lambda c: c.presence, "GpuRemoved": lambda c: c.presence, "GpuCountLow": lambda c: c.count},
+    ),
+    FamilySpec("temperature", temperature.conditions, {"GpuTemperatureHigh": lambda c: c.temperature}),
+)
+FAMILY_NAMES = tuple(f.name for f in FAMILIES)
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """Engine-side state of one alert identity."""
+
+    family: str
+    alert: Alert
+    last_held: float  # last evaluation at which the condition was raise/hold
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyStats:
+    """Self-metrics of one family."""
+
+    duration_seconds: float = 0.0
+    failures: int = 0
+    last_error: str | None = None
+
+
+class RulesEngine:
+    """Evaluates the built-in rules against a store. Not thread-safe: owned by the daemon's event loop."""
+
+    def __init__(self, config: RulesConfig, *, host: str, families: tuple[FamilySpec, ...] = FAMILIES) -> None:
+        self._config = config
+        self._host = host
+        self._families = families
+        self._tracked: dict[str, _Tracked] = {}
+        self._stats: dict[str, FamilyStats] = {f.name: FamilyStats() for f in families}
+        self.evaluations = 0
+        self.last_evaluation: float | None = None
+
+    @property
+    def config(self) -> RulesConfig:
+        return self._config
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def stats(self) -> dict[str, FamilyStats]:
+        """Per family: last evaluation duration, failures so far, last error."""
+        return dict(self._stats)
+
+    def reconfigure(self, config: RulesConfig) -> None:
+        """Swap the config; alert states are kept (a disabled rule's alerts resolve at the next evaluation)."""
+        self._config = config
+
+    def alerts(self) -> list[Alert]:
+        """The current view: pending, firing and recently resolved alerts, oldest first."""
+        return sorted((t.alert for t in self._tracked.values()), key=lambda a: (a.active_at, a.name, a.fingerprint))
+
+    def evaluate(self, view: RuleView, now: float) -> list[Alert]:
+        """Run every enabled family at ``now`` and advance the state machine; returns ``alerts()``."""
+        seen: dict[str, tuple[str, Condition]] = {}
+        failed: set[str] = set()
+        for fam in self._families:
+            enabled = [n for n, sec in fam.sections.items() if sec(self._config).enabled]
+            if not enabled:
+                continue
+            t0 = time.perf_counter()
+            try:
+                conds = fam.evaluate(view, now, self._config)
+            except Exception as e:  # a broken family must not silence the others; it is counted and logged
+                log.exception("rule family %s failed", fam.name)
+                st = self._stats[fam.name]
+                self._stats[fam.name] = FamilyStats(
+                    time.perf_counter() - t0, st.failures + 1, f"{type(e).__name__}: {e}"
+                )
+                failed.add(fam.name)
+                continue
+            self._stats[fam.name] = replace(self._stats[fam.name], duration_seconds=time.perf_counter() - t0)
+            for c in conds:
+                if c.name not in enabled:
+                    continue
+                labels = self._labels(c)
+                fp = fingerprint(labels)
+                prev = seen.get(fp)
+                # Two conditions for one identity: the strongest level wins (raise > hold > clear).
+                if prev is None or _rank(c) > _rank(prev[1]):
+                    seen[fp] = (fam.name, c)
+        self._advance(seen, failed, now)
+        self.evaluations += 1
+        self.last_evaluation = now
+        return self.alerts()
+
+    # -- internals --------------------------------------------------------------------------------------------
+
+    def _labels(self, c: Condition) -> dict[str, str]:
+        labels = {"alertname": c.name, "severity": c.severity, "host": self._host}
+        labels.update(c.labels)
+        return labels
+
+    def _timing(self, family: str, name: str) -> RuleSection:
+        for fam in self._families:
+            if fam.name == family and name in fam.sections:
+                return fam.sections[name](self._config)
+        raise KeyError(name)
+
+    def _advance(self, seen: dict[str, tuple[str, Condition]], failed: set[str], now: float) -> None:
+        for fp, (family, c) in seen.items():
+            tracked = self._tracked.get(fp)
+            active = tracked is not None and tracked.alert.state != "resolved"
+            if c.level == "clear" or (c.level == "hold" and not active):
+                continue
+            sec = self._timing(family, c.name)
+            if tracked is None or not active:
+                state: AlertState = "firing" if sec.for_ <= 0 else "pending"
+                alert = Alert(
+                    name=c.name,
+                    severity=c.severity,
+                    labels=self._labels(c),
+                    summary=c.summary,
+                    description=c.description,
+                    state=state,
+                    active_at=now,
+                    fired_at=now if state == "firing" else None,
+                    value=c.value,
+                    annotations=dict(c.annotations),
+                )
+                self._tracked[fp] = _Tracked(family, alert, now)
+                continue
+            assert tracked is not None
+            a = tracked.alert
+            fire = a.state == "pending" and now - a.active_at >= sec.for_
+            tracked.alert = replace(
+                a,
+                summary=c.summary,
+                description=c.description,
+                value=c.value,
+                annotations=dict(c.annotations),
+                state="firing" if fire else a.state,
+                fired_at=now if fire else a.fired_at,
+            )
+            tracked.last_held = now
+
+        # "clear" notes carry the resolution message; matched by identity, else by (alertname, uuid) because a
+        # re-attached GPU may come back at another index (another ``gpu`` label).
+        notes = {fp: c for fp, (_, c) in seen.items() if c.level == "clear"}
+        notes_by_uuid = {(c.name, c.labels.get("uuid", "")): c for c in notes.values()}
+        retention = self._config.resolved_retention
+        for fp, tracked in list(self._tracked.items()):
+            a = tracked.alert
+            if a.state == "resolved":
+                if a.resolved_at is not None and now - a.resolved_at > retention:
+                    del self._tracked[fp]
+                continue
+            if tracked.last_held == now or tracked.family in failed:
+                continue
+            if a.state == "pending":
+                del self._tracked[fp]  # never fired: vanishes silently, like Prometheus
+                continue
+            try:
+                sec = self._timing(tracked.family, a.name)
+                keep = sec.keep_firing_for if sec.enabled else 0.0
+            except KeyError:  # the family is gone from the engine: resolve
+                keep = 0.0
+            if now - tracked.last_held < keep:
+                continue
+            note = notes.get(fp) or notes_by_uuid.get((a.name, a.labels.get("uuid", "")))
+            summary, description = a.summary, a.description
+            if note is not None:
+                summary, description = note.summary, note.description
+            tracked.alert = replace(a, state="resolved", resolved_at=now, summary=summary, description=description)
+
+
+def _rank(c: Condition) -> int:
+    return {"clear": 0, "hold": 1, "raise": 2}[c.level]

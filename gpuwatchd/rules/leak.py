@@ -1,0 +1,182 @@
+"""``GpuMemoryLeak``: per process (``kind=gpu``), unattributed GPU memory (``kind=unattributed``) and host RSS of
+a GPU process (``kind=host_rss``, pinned-memory leak). The trend machinery is in ``gpuwatchd.rules.trend``.
+
+Only processes in the latest snapshot are assessed: a job restart ends the old pid's series (it simply stops
+being assessed) and the new pid starts from zero history, so its warm-up is never compared with the old run.
+"""
+
+from __future__ import annotations
+
+from gpuwatchd.model import GpuSample, ProcessSample
+from gpuwatchd.rules.condition import Condition, Level, RuleView, fmt_bytes, fmt_duration, gpu_labels, gpu_title
+from gpuwatchd.rules.config import LeakRule, RulesConfig
+from gpuwatchd.rules.trend import Trend, Verdict, assess, measure, sparkline
+
+NAME = "GpuMemoryLeak"
+MIB = 1024 * 1024
+
+
+def _free(g: GpuSample) -> float | None:
+    if g.memory_free_bytes is not None:
+        return float(g.memory_free_bytes)
+    if g.memory_total_bytes is not None and g.memory_used_bytes is not None:
+        return float(g.memory_total_bytes - g.memory_used_bytes)
+    return None
+
+
+def _per_min(rate: float) -> str:
+    return f"{fmt_bytes(rate * 60)}/min"
+
+
+def _used(g: GpuSample) -> str:
+    if g.memory_used_bytes is None or g.memory_total_bytes is None:
+        return ""
+    gib = 1024**3
+    return f", {g.memory_used_bytes / gib:.1f}/{g.memory_total_bytes / gib:.1f} GiB used"
+
+
+def _eta(v: Verdict) -> str:
+    return f", full in ~{fmt_duration(v.eta_seconds)}" if v.eta_seconds is not None else ""
+
+
+def _annotations(t: Trend, v: Verdict) -> dict[str, str]:
+    ann = {
+        "sparkline": sparkline(t.envelope),
+        "rate_bytes_per_second": f"{t.recent_rate:.0f}",
+        "growth_bytes": f"{t.growth:.0f}",
+    }
+    if v.eta_seconds is not None:
+        ann["eta_seconds"] = f"{v.eta_seconds:.0f}"
+    return ann
+
+
+def _judge(
+    points: list[tuple[float, float]], now: float, cfg: LeakRule, *, free: float | None, min_growth: float
+) -> tuple[Trend, Verdict] | None:
+    trend = measure(points, now=now, window=cfg.window, bucket=cfg.bucket)
+    if trend is None:
+        return None
+    verdict = assess(
+        trend,
+        min_span=cfg.min_span,
+        min_rate=cfg.min_rate_bytes_per_second,
+        min_recent_ratio=cfg.min_recent_ratio,
+        free=free,
+        horizon=cfg.horizon,
+        min_growth=min_growth,
+    )
+    return trend, verdict
+
+
+def _level(v: Verdict) -> Level | None:
+    return "raise" if v.leak else "hold" if v.growing else None
+
+
+def _process_name(p: ProcessSample) -> str:
+    return p.name or "unknown"
+
+
+GPU_DESCRIPTION = (
+    "The process' GPU memory keeps rising after warm-up (its floor rises, not just spikes). If it does not level "
+    "off, the job will fail with CUDA out-of-memory. Check for tensors kept across iterations (appending losses "
+    "or outputs without .detach()/.item(), growing caches, graphs retained), then restart the job; "
+    "torch.cuda.memory_summary() shows what holds the memory."
+)
+UNATTRIBUTED_DESCRIPTION = (
+    "GPU memory that no listed process accounts for keeps rising: a process not visible to this daemon (another "
+    "container or PID namespace, MIG/vGPU), a driver-side leak (contexts not destroyed, leaked IPC handles), or "
+    "zombie CUDA contexts. Compare nvidia-smi with the process list; if it persists after jobs end, reset the GPU."
+)
+HOST_RSS_DESCRIPTION = (
+    "The host memory (RSS) of a process using this GPU keeps rising, typically pinned (page-locked) host buffers "
+    "allocated per step and never freed (pin_memory, cudaHostAlloc, DataLoader workers). Pinned memory cannot be "
+    "swapped, so the host will run out before the GPU does. Restart the job and check its host-side buffers."
+)
+
+
+def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
+    """Leak conditions for every present GPU and every process it lists."""
+    cfg = config.leak
+    snap = view.latest
+    if snap is None:
+        return []
+    out: list[Condition] = []
+    for g in snap.gpus:
+        base = gpu_labels(view, g.uuid)
+        title = gpu_title(base)
+        free = _free(g)
+        total = float(g.memory_total_bytes) if g.memory_total_bytes is not None else None
+        min_growth = cfg.min_growth_ratio * total if total else float("inf")
+        for p in g.processes:
+            hist = view.process_history(g.uuid, p.pid)
+            labels = {**base, "pid": str(p.pid), "process": _process_name(p)}
+            who = f"{_process_name(p)}[{p.pid}]"
+            gpu_pts = [(x.t, float(x.used_memory_bytes)) for x in hist if x.used_memory_bytes is not None]
+            judged = _judge(gpu_pts, now, cfg, free=free, min_growth=min_growth)
+            if judged is not None and (level := _level(judged[1])) is not None:
+                t, v = judged
+                out.append(
+                    Condition(
+                        NAME,
+                        "warning",
+                        {**labels, "kind": "gpu"},
+                        f"{title}: {who} grows {_per_min(t.recent_rate)}{_used(g)}{_eta(v)}",
+                        GPU_DESCRIPTION,
+                        value=v.eta_seconds,
+                        level=level,
+                        annotations=_annotations(t, v),
+                    )
+                )
+            if cfg.host_rss:
+                rss_pts = [(x.t, float(x.host_rss_bytes)) for x in hist if x.host_rss_bytes is not None]
+                judged = _judge(rss_pts, now, cfg, free=None, min_growth=float(cfg.host_rss_min_growth_bytes))
+                if judged is not None and (level := _level(judged[1])) is not None:
+                    t, v = judged
+                    out.append(
+                        Condition(
+                            NAME,
+                            "warning",
+                            {**labels, "kind": "host_rss"},
+                            f"{title}: {who} host RSS grows {_per_min(t.recent_rate)} "
+                            f"(+{fmt_bytes(t.growth)} in {fmt_duration(t.span)}, now {fmt_bytes(t.current)})",
+                            HOST_RSS_DESCRIPTION,
+                            value=t.recent_rate,
+                            level=level,
+                            annotations=_annotations(t, v),
+                        )
+                    )
+        if cfg.unattributed:
+            out.extend(_unattributed(view, now, cfg, g, free=free, min_growth=min_growth))
+    return out
+
+
+def _unattributed(
+    view: RuleView, now: float, cfg: LeakRule, g: GpuSample, *, free: float | None, min_growth: float
+) -> list[Condition]:
+    base = gpu_labels(view, g.uuid)
+    title = gpu_title(base)
+    # With the process list cut to top-N, the sum misses processes and "unattributed" would be wrong.
+    if g.processes_total is not None and g.processes_total > len(g.processes):
+        return []
+    pts = [
+        (x.t, float(x.memory_used_bytes - x.processes_memory_bytes))
+        for x in view.gpu_history(g.uuid)
+        if x.memory_used_bytes is not None and x.processes_memory_bytes is not None
+    ]
+    judged = _judge(pts, now, cfg, free=free, min_growth=min_growth)
+    if judged is None or (level := _level(judged[1])) is None:
+        return []
+    t, v = judged
+    return [
+        Condition(
+            NAME,
+            "warning",
+            {**base, "kind": "unattributed"},
+            f"{title}: memory not attributed to any process grows {_per_min(t.recent_rate)} "
+            f"(now {fmt_bytes(t.current)}){_used(g)}{_eta(v)}",
+            UNATTRIBUTED_DESCRIPTION,
+            value=v.eta_seconds,
+            level=level,
+            annotations=_annotations(t, v),
+        )
+    ]

@@ -1,0 +1,174 @@
+"""``GpuXidError``: one alert per (GPU, Xid code), from ``store.recent_xids``.
+
+An Xid is an event, not a level: the alert fires at the first event (``for: 0``) and its condition holds until
+``rules.xid.resolve_after`` has passed without a repeat; repeats within that time update the count in the same
+alert instead of starting new ones. The condition is recomputed from the recent events on every evaluation
+(no cursor), so NVML events and kernel-log events (``Store.add_xid``, a later source) take the same path and a
+daemon restart cannot replay old ones as new. Per-code counters are exported from the store by the exporter
+(``gpuwatchd_gpu_xid_errors_total{uuid,xid}``), never as a sticky last-value gauge.
+
+Severity by class (issue 4; catalog: nvml-egpu.md §5.2, NVIDIA "Analyzing Xid Errors with the Xid Catalog").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuwatchd.model import Severity, XidEvent
+from gpuwatchd.rules.condition import Condition, RuleView, fmt_duration, gpu_labels, gpu_title
+from gpuwatchd.rules.config import RulesConfig
+
+NAME = "GpuXidError"
+
+APPLICATION = frozenset({13, 31, 43, 45, 68, 94})
+RESET_NEEDED = frozenset({62, 64, 95, 109, 119, 120, 140})
+HARDWARE_OR_LINK = frozenset({48, 74, 79})
+INFORMATIONAL = frozenset({63, 92, 154})
+
+RESTART_APP = "Restart the application that hit it; the GPU itself is fine. Repeats point to a bug in the job."
+RESET_GPU = (
+    "Reset the GPU (stop its processes, then nvidia-smi -r -i <index>) or reboot; contact support if it repeats."
+)
+REBOOT = "Reboot the machine to recover the GPU."
+EGPU = (
+    " On an eGPU: check the Thunderbolt/OCuLink cable and the enclosure's power supply, then re-plug or reboot."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class XidInfo:
+    mnemonic: str
+    meaning: str
+    action: str
+
+
+CATALOG: dict[int, XidInfo] = {
+    8: XidInfo("FIFO_ERROR_IDLE_TIMEOUT", "GPU stopped processing", RESTART_APP),
+    13: XidInfo("GR_EXCEPTION", "graphics engine exception (usually an out-of-bounds access in the app)", RESTART_APP),
+    31: XidInfo("FIFO_ERROR_MMU_ERR_FLT", "GPU memory page fault (illegal address, usually an app bug)", RESTART_APP),
+    32: XidInfo(
+        "PBDMA_ERROR", "invalid or corrupted push buffer stream (often PCIe signal quality)", RESTART_APP + EGPU
+    ),
+    43: XidInfo("RESETCHANNEL_VERIF_ERROR", "the app hit a software-induced fault; the GPU stays healthy", RESTART_APP),
+    45: XidInfo(
+        "PREEMPTIVE_REMOVAL",
+        "channels cleaned up after a kill, Ctrl-C, reset or an earlier error",
+        "Nothing if a job was just stopped; otherwise follow the other Xid logged with it.",
+    ),
+    48: XidInfo(
+        "GPU_ECC_DBE",
+        "uncorrectable double-bit ECC error",
+        "A GPU reset or reboot is needed to clear it; drain the GPU first. Repeats mean failing memory: RMA.",
+    ),
+    54: XidInfo("PWR_REDUCED_CLOCKING", "auxiliary power not connected", "Check the power cables." + EGPU),
+    62: XidInfo("PMU_HALT_ERROR", "internal micro-controller halt", RESET_GPU),
+    63: XidInfo(
+        "INFOROM_DRAM_RETIREMENT_EVENT",
+        "memory row remap / page retirement recorded (ECC handled it)",
+        "No action now; the remap takes effect at the next GPU reset. Watch GpuEccError for pending remaps.",
+    ),
+    64: XidInfo("INFOROM_DRAM_RETIREMENT_FAILURE", "memory remap/retirement failed", RESET_GPU),
+    68: XidInfo("NVDEC0_ERROR", "video decoder exception", RESTART_APP),
+    74: XidInfo(
+        "NVLINK_ERROR",
+        "NVLink error (may be the remote GPU's fault)",
+        "Reset the GPUs on the link or reboot; contact support if it repeats.",
+    ),
+    79: XidInfo(
+        "GPU_HAS_FALLEN_OFF_THE_BUS",
+        "GPU has fallen off the bus (PCIe link lost)",
+        REBOOT + " Often a PCIe link, riser or power fault." + EGPU,
+    ),
+    92: XidInfo("EXCESSIVE_SBE_INTERRUPTS", "high single-bit ECC error rate", "No action now; watch for ECC alerts."),
+    94: XidInfo(
+        "CONTAINED_ERROR",
+        "contained memory error: only the affected application was hit",
+        "Restart the affected application; reset the GPU when convenient.",
+    ),
+    95: XidInfo(
+        "UNCONTAINED_ERROR",
+        "uncontained memory error affecting several applications",
+        "Reset the GPU before restarting the applications on it.",
+    ),
+    109: XidInfo("CTXSW_TIMEOUT_ERROR", "context switch timeout", RESET_GPU),
+    119: XidInfo("GSP_RPC_TIMEOUT", "GSP firmware RPC timeout", RESET_GPU + " Power-cycle if it persists."),
+    120: XidInfo("GSP_ERROR", "GSP firmware error", RESET_GPU + " Power-cycle if it persists."),
+    140: XidInfo("UNRECOVERABLE_ECC_ERROR_ESCAPE", "unrecovered ECC error", RESET_GPU),
+    143: XidInfo("GPU_INIT_ERROR", "GPU initialization error", RESET_GPU),
+    154: XidInfo(
+        "GPU_RECOVERY_ACTION_CHANGED",
+        "the driver changed the GPU's recovery action",
+        "Read the kernel log line for the new action (drain, reset or reboot) and follow it.",
+    ),
+}
+
+
+def severity(code: int) -> Severity:
+    """Severity of an Xid code by class; unknown codes are warnings."""
+    if code in RESET_NEEDED or code in HARDWARE_OR_LINK:
+        return "critical"
+    if code in INFORMATIONAL:
+        return "info"
+    return "warning"
+
+
+def describe(code: int) -> tuple[str, str]:
+    """(meaning, what to do) for a code, with a generic answer for codes not in the catalog."""
+    info = CATALOG.get(code)
+    if info is None:
+        return (
+            "an Xid this daemon has no catalog entry for",
+            "Look it up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) and check the kernel log.",
+        )
+    return f"{info.mnemonic}: {info.meaning}", info.action
+
+
+def _uuid_for(view: RuleView, ev: XidEvent) -> str | None:
+    if ev.uuid is not None:
+        return ev.uuid
+    if ev.pci_bus_id is None:
+        return None
+    # Kernel-log Xids carry a PCI id without function ("0000:06:00"); NVML's form is "00000000:06:00.0".
+    want = ev.pci_bus_id.lower().removeprefix("pci:").rsplit(".", 1)[0].split(":")
+    for uuid, pres in view.presence.items():
+        have = (pres.identity.pci_bus_id or "").lower().rsplit(".", 1)[0].split(":")
+        if len(want) == 3 and len(have) == 3 and int(want[0], 16) == int(have[0], 16) and want[1:] == have[1:]:
+            return uuid
+    return None
+
+
+def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
+    """One condition per (GPU, code) with an event within ``resolve_after``."""
+    cfg = config.xid
+    groups: dict[tuple[str | None, int], list[XidEvent]] = {}
+    for ev in view.recent_xids:
+        if ev.xid in cfg.ignore or not now - cfg.resolve_after < ev.timestamp <= now:
+            continue
+        groups.setdefault((_uuid_for(view, ev), ev.xid), []).append(ev)
+    out: list[Condition] = []
+    for (uuid, code), events in sorted(groups.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+        if uuid is not None:
+            labels = gpu_labels(view, uuid)
+            title = gpu_title(labels)
+        else:
+            bus = events[-1].pci_bus_id
+            labels = {"uuid": "unknown", "gpu": "", "model": "unknown"}
+            title = f"GPU at PCI {bus}" if bus else "unknown GPU"
+        meaning, action = describe(code)
+        last = events[-1]
+        count = len(events)
+        times = f"{count} times in the last {fmt_duration(now - events[0].timestamp)}" if count > 1 else "once"
+        detail = f" — {last.message}" if last.message else ""
+        out.append(
+            Condition(
+                NAME,
+                severity(code),
+                {**labels, "xid": str(code)},
+                f"{title}: Xid {code} ({meaning}) {times}{detail}",
+                f"{action} Resolves after {fmt_duration(cfg.resolve_after)} without a repeat.",
+                value=float(count),
+                annotations={"source": last.source, "last_seen": f"{last.timestamp:.3f}"},
+            )
+        )
+    return out
+
