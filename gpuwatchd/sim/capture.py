@@ -44,13 +44,11 @@ def state_from_xml(source: str | os.PathLike[str]) -> dict[str, Any]:
 def describe_capture(source: str | os.PathLike[str]) -> str:
     """One line per GPU in the dump (index, name, UUID, bus id), for ``gpuwatchd sim --from-xml`` startup logs."""
     root = _load(source)
-    lines = [
+    return "\n".join(
         f"{index}: {text(gpu, 'product_name') or '?'} {text(gpu, 'uuid') or '?'} "
         f"{text(gpu, 'pci/pci_bus_id') or gpu.get('id', '?')}"
         for index, gpu in enumerate(root.iterfind("gpu"))
-    ]
-    header = f"{_name(source)}: driver {text(root, 'driver_version') or 'N/A'}, {len(lines)} GPU(s)"
-    return "\n".join([header, *lines])
+    )
 
 
 def parse_cuda_version(value: str) -> int:

@@ -211,9 +211,7 @@ class TestMultiGpu:
         assert devices[1]["processes"]["compute"][0]["pid"] == 777
 
     def test_describe_capture_one_line_per_gpu(self) -> None:
-        lines = describe_capture(FIXTURES / "two_gpus.xml").splitlines()
-        assert "535.161.08" in lines[0] and "2 GPU(s)" in lines[0]
-        assert lines[1:] == [
+        assert describe_capture(FIXTURES / "two_gpus.xml").splitlines() == [
             "0: NVIDIA L4 GPU-11111111-0002-4000-8000-000000000017 00000000:17:00.0",
             "1: NVIDIA L4 GPU-22222222-0002-4000-8000-0000000000ca 00000000:CA:00.0",
         ]

@@ -249,6 +249,5 @@ def test_state_carries_every_reading_of_the_capture(capture: Path) -> None:
 def test_describe_capture_names_every_gpu(capture: Path) -> None:
     root = ET.parse(capture).getroot()
     lines = describe_capture(capture).splitlines()
-    assert len(lines) == 1 + len(root.findall("gpu"))
-    for line, gpu in zip(lines[1:], root.iterfind("gpu"), strict=True):
+    for line, gpu in zip(lines, root.iterfind("gpu"), strict=True):
         assert raw(gpu, "uuid") in line and raw(gpu, "product_name") in line and gpu.get("id") in line
