@@ -1,0 +1,89 @@
+"""Process merge / top-N / host enrichment, with real host processes for the psutil resolver."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from gpuwatchd.sources.processes import (
+    UNKNOWN,
+    PsutilResolver,
+    make_resolver,
+    merge_processes,
+    pid_max,
+    process_dicts,
+    top_processes,
+)
+
+
+def test_merge_sums_memory_by_pid_and_prefers_compute() -> None:
+    merged = merge_processes([(10, 100), (11, 50)], [(10, 7), (12, None), (13, 5)])
+    assert merged == {10: ["compute", 107], 11: ["compute", 50], 12: ["graphics", None], 13: ["graphics", 5]}
+
+
+def test_merge_drops_invalid_pids() -> None:
+    # 0, negative and beyond pid_max come from a struct-layout mismatch (nvitop#75), not from processes
+    merged = merge_processes([(0, 1), (-3, 1), (5_000_000, 1), (42, 1)], [], limit=4_194_304)
+    assert list(merged) == [42]
+
+
+def test_merge_wddm_null_memory_stays_unattributed() -> None:
+    merged = merge_processes([], [(7, None), (7, None)])
+    assert merged == {7: ["graphics", None]}
+
+
+def test_top_n_orders_by_memory_unattributed_last() -> None:
+    merged = merge_processes([(1, 10), (2, 30), (3, None), (4, 20), (5, 30)], [])
+    assert top_processes(merged, 3) == [(2, "compute", 30), (5, "compute", 30), (4, "compute", 20)]
+    assert [t[0] for t in top_processes(merged, 10)] == [2, 5, 4, 1, 3]
+    assert top_processes(merged, 0) == []
+
+
+def test_pid_max_reads_proc(tmp_path: Path) -> None:
+    (tmp_path / "sys/kernel").mkdir(parents=True)
+    (tmp_path / "sys/kernel/pid_max").write_text("32768\n")
+    assert pid_max(tmp_path) == 32768
+    assert pid_max(tmp_path / "missing") == 4_194_304
+
+
+def test_psutil_resolver_real_process_and_gone_pid() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        resolver = PsutilResolver()
+        infos = resolver.resolve([child.pid, os.getpid()])
+        name, user, rss = infos[child.pid]
+        assert name == psutil.Process(child.pid).name()
+        assert user == getpass.getuser()
+        assert rss is not None and rss > 0
+        own_rss = infos[os.getpid()][2]
+        assert own_rss is not None and own_rss > 10_000_000  # this pytest process: tens of MB
+        # cached entry is reused while the process lives, and dropped when it is gone
+        assert resolver.resolve([child.pid])[child.pid][0] == name
+    finally:
+        child.kill()
+        child.wait()
+    assert resolver.resolve([child.pid]) == {child.pid: UNKNOWN}
+
+
+def test_process_dicts_is_the_pipe_encoding() -> None:
+    class Fixed:
+        def resolve(self, pids: list[int]) -> dict[int, tuple[str | None, str | None, int | None]]:
+            return {p: ("python", "alice", 2048) for p in pids if p == 1}
+
+    out = process_dicts([(1, "compute", 100), (2, "graphics", None)], Fixed())
+    assert out == [
+        {"pid": 1, "kind": "compute", "used_memory_bytes": 100, "name": "python", "user": "alice",
+         "host_rss_bytes": 2048},
+        {"pid": 2, "kind": "graphics", "used_memory_bytes": None, "name": None, "user": None, "host_rss_bytes": None},
+    ]
+
+
+def test_make_resolver_picks_sim_under_the_stand_in(tmp_path: Path) -> None:
+    assert isinstance(make_resolver({}), PsutilResolver)
+    sim = make_resolver({"GPUWATCHD_SIM_STATE": str(tmp_path / "state")})
+    assert type(sim).__name__ == "SimResolver"

@@ -1,0 +1,69 @@
+"""sysfs PCIe link parsing and the NVIDIA device watch set, against hand-made sysfs trees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuwatchd.model import LinkSample
+from gpuwatchd.sources.sysfs_pcie import nvidia_devices, parse_speed, parse_width, read_links, sysfs_bus_id
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
+
+
+def test_nvidia_devices_lists_display_functions_only() -> None:
+    # the HDMI audio function (class 0x0403) and the Intel bridge are not GPUs
+    assert nvidia_devices(FIXTURES / "two-gpus") == {"0000:0c:00.0", "0000:05:00.0"}
+    assert nvidia_devices(FIXTURES / "one-gpu") == {"0000:0c:00.0"}
+
+
+def test_nvidia_devices_missing_root_is_empty(tmp_path: Path) -> None:
+    assert nvidia_devices(tmp_path / "nope") == set()
+
+
+def test_read_links_takes_nvml_bus_ids_and_reports_degraded_link() -> None:
+    links = read_links(FIXTURES / "two-gpus", ["00000000:0C:00.0", "0000:05:00.0"])
+    assert links == [
+        LinkSample("0000:0c:00.0", current_generation=1, max_generation=4, current_width=8, max_width=16),
+        LinkSample("0000:05:00.0", current_generation=3, max_generation=4, current_width=4, max_width=16),
+    ]
+
+
+def test_unplugged_device_is_not_present() -> None:
+    [link] = read_links(FIXTURES / "one-gpu", ["00000000:05:00.0"])
+    assert link == LinkSample("0000:05:00.0", present=False)
+
+
+def test_dead_link_reads_as_not_present_without_bogus_values() -> None:
+    [link] = read_links(FIXTURES / "dead-link", ["0000:05:00.0"])
+    assert link.present is False
+    assert (link.current_generation, link.current_width, link.max_width) == (None, None, None)
+
+
+def test_old_kernel_speed_format() -> None:
+    [link] = read_links(FIXTURES / "old-kernel", ["0000:0c:00.0"])
+    assert (link.current_generation, link.current_width, link.present) == (3, 16, True)
+
+
+@pytest.mark.parametrize(
+    ("text", "gen"),
+    [("2.5 GT/s PCIe", 1), ("5.0 GT/s PCIe", 2), ("16.0 GT/s PCIe", 4), ("32.0 GT/s PCIe", 5), ("64.0 GT/s PCIe", 6),
+     ("8 GT/s", 3), ("Unknown", None), ("", None), (None, None), ("7.5 GT/s", None)],
+)
+def test_parse_speed(text: str | None, gen: int | None) -> None:
+    assert parse_speed(text) == gen
+
+
+@pytest.mark.parametrize(("text", "width"), [("16", 16), ("1", 1), ("63", None), ("0", None), ("x", None), (None, None)])
+def test_parse_width(text: str | None, width: int | None) -> None:
+    assert parse_width(text) == width
+
+
+@pytest.mark.parametrize(
+    ("bus_id", "bdf"),
+    [("00000000:0C:00.0", "0000:0c:00.0"), ("0000:0c:00.0", "0000:0c:00.0"), ("0000:0C:00", "0000:0c:00.0"),
+     ("00000001:81:00.0", "0001:81:00.0")],
+)
+def test_sysfs_bus_id(bus_id: str, bdf: str) -> None:
+    assert sysfs_bus_id(bus_id) == bdf
