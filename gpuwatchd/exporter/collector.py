@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from gpuwatchd.exporter import gpu_families as gf
 from gpuwatchd.exporter import runtime_families as rf
-from gpuwatchd.exporter.families import spec
+from gpuwatchd.exporter.families import Spec, spec
 from gpuwatchd.model import GpuSample
 from gpuwatchd.store import Store
 
@@ -32,6 +32,12 @@ COLLECT_ERRORS = spec(
 )
 
 Group = Callable[[Store], Iterable[Metric]]
+
+
+def store_specs() -> list[Spec]:
+    """Every family the store collector can export."""
+    found = [v for mod in (rf, gf) for v in vars(mod).values() if isinstance(v, Spec)]
+    return [*found, COLLECT_ERRORS]
 
 
 def present_gpus(store: Store) -> list[GpuSample]:
@@ -72,8 +78,9 @@ class StoreCollector(Collector):
         self._last_logged: dict[str, float] = {}
 
     def describe(self) -> Iterable[Metric]:
-        # Families depend on the data; describing them would mean collecting before the first poll.
-        return []
+        # Empty families for every name this collector may export: the registry then catches name clashes with
+        # other subsystems' collectors at registration, and ``?name[]=`` filtering finds us, without collecting.
+        return [s.new() for s in store_specs()]
 
     def collect(self) -> Iterable[Metric]:
         for name, group in self.groups.items():

@@ -1,0 +1,85 @@
+"""The ``/api/v1/status`` JSON snapshot of the store (no I/O; JSON-ready types only)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gpuwatchd.clock_reasons import decode
+from gpuwatchd.model import GpuSample, ProcessSample
+from gpuwatchd.store import Store
+
+STATUS_VERSION = 1  # bump when a key changes meaning; adding keys does not bump it
+
+# Fields of GpuSample shown under "identity" or in their own keys rather than under "readings".
+_NOT_READINGS = frozenset({"uuid", "index", "name", "pci_bus_id", "serial", "processes", "errors"})
+
+
+def _process(p: ProcessSample) -> dict[str, Any]:
+    return dataclasses.asdict(p)
+
+
+def _readings(g: GpuSample) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(g):
+        if f.name in _NOT_READINGS:
+            continue
+        value = getattr(g, f.name)
+        if value is None or value == {}:
+            continue  # no reading: leave it out rather than show a null that reads like a value
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    if g.clocks_event_reasons is not None:
+        out["clocks_event_reasons_active"] = decode(g.clocks_event_reasons)
+    return out
+
+
+def status_from_store(store: Store) -> dict[str, Any]:
+    """NVML status, GPUs (presence, identity, readings, processes), links, sources and Xid counts."""
+    snap = store.latest
+    samples = {g.uuid: g for g in snap.gpus} if snap is not None else {}
+    gpus = []
+    for uuid, pres in sorted(store.presence.items(), key=lambda kv: (kv[1].identity.index, kv[0])):
+        ident = pres.identity
+        sample = samples.get(uuid) if pres.state == "present" else None
+        gpus.append(
+            {
+                "uuid": uuid,
+                "index": ident.index,
+                "name": ident.name,
+                "pci_bus_id": ident.pci_bus_id,
+                "state": pres.state,
+                "since": pres.since,
+                "last_seen": pres.last_seen,
+                "readings": _readings(sample) if sample is not None else None,
+                "processes": [_process(p) for p in sample.processes] if sample is not None else [],
+                "processes_total": sample.processes_total if sample is not None else None,
+                "errors": dict(sample.errors) if sample is not None else {},
+            }
+        )
+    return {
+        "version": STATUS_VERSION,
+        "nvml": {
+            "ok": snap.nvml_ok if snap is not None else None,
+            "error": snap.nvml_error if snap is not None else None,
+            "stale": store.stale,
+            "driver_version": snap.driver_version if snap is not None else None,
+            "nvml_version": snap.nvml_version if snap is not None else None,
+            "cuda_driver_version": snap.cuda_driver_version if snap is not None else None,
+            "device_count": snap.device_count if snap is not None else None,
+            "last_poll_timestamp": snap.timestamp if snap is not None else None,
+            "poll_duration_seconds": snap.poll_duration_seconds if snap is not None else None,
+            "worker_restarts": store.nvml_worker_restarts,
+            "lost": [dataclasses.asdict(x) for x in snap.lost] if snap is not None else [],
+        },
+        "gpus": gpus,
+        "links": [dataclasses.asdict(link) for _, link in sorted(store.links.items())],
+        "sources": {name: dataclasses.asdict(s) for name, s in sorted(store.sources.items())},
+        "xid_counts": [
+            {"uuid": uuid, "xid": xid, "count": count} for (uuid, xid), count in sorted(store.xid_counts.items())
+        ],
+        "recent_xids": [dataclasses.asdict(ev) for ev in store.recent_xids],
+        "config": {
+            "last_reload_successful": store.config_reload_success,
+            "last_reload_success_timestamp": store.config_reload_timestamp,
+        },
+    }

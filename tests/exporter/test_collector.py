@@ -1,0 +1,256 @@
+"""StoreCollector over hand-built stores: contract names, types, labels, None handling, lost GPUs, failures."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwatchd.exporter.collector import StoreCollector
+from gpuwatchd.model import GpuSample, LinkSample, ProcessSample, Snapshot
+from gpuwatchd.store import Store
+
+from .conftest import BUILD, UUID_A, UUID_B, UUID_C, UUID_D, exposition, registry_for, samples
+
+# The public contract (docs/metrics.md, /work/shared/design/contracts.md): name -> (type, label names).
+CONTRACT = {
+    "gpuwatchd_nvml_up": ("gauge", set()),
+    "gpuwatchd_nvml_worker_restarts_total": ("counter", set()),
+    "gpuwatchd_gpu_info": ("gauge", {"uuid", "index", "name", "pci_bus_id", "driver_version"}),
+    "gpuwatchd_gpu_present": ("gauge", {"uuid"}),
+    "gpuwatchd_gpu_last_seen_timestamp_seconds": ("gauge", {"uuid"}),
+    "gpuwatchd_gpu_memory_total_bytes": ("gauge", {"uuid"}),
+    "gpuwatchd_gpu_memory_used_bytes": ("gauge", {"uuid"}),
+    "gpuwatchd_gpu_utilization_ratio": ("gauge", {"uuid"}),
+    "gpuwatchd_gpu_temperature_celsius": ("gauge", {"uuid"}),
+    "gpuwatchd_gpu_power_watts": ("gauge", {"uuid"}),
+    "gpuwatchd_gpu_energy_joules_total": ("counter", {"uuid"}),
+    "gpuwatchd_gpu_clock_hertz": ("gauge", {"uuid", "clock"}),
+    "gpuwatchd_gpu_clocks_event_active": ("gauge", {"uuid", "reason"}),
+    "gpuwatchd_gpu_pcie_link_generation": ("gauge", {"uuid"}),
+    "gpuwatchd_gpu_pcie_link_max_generation": ("gauge", {"uuid"}),
+    "gpuwatchd_gpu_pcie_link_width": ("gauge", {"uuid"}),
+    "gpuwatchd_gpu_pcie_link_max_width": ("gauge", {"uuid"}),
+    "gpuwatchd_gpu_process_memory_used_bytes": ("gauge", {"uuid", "pid", "process"}),
+    "gpuwatchd_gpu_xid_errors_total": ("counter", {"uuid", "xid"}),
+    "gpuwatchd_source_success": ("gauge", {"source"}),
+    "gpuwatchd_source_duration_seconds": ("gauge", {"source"}),
+    "gpuwatchd_build_info": ("gauge", {"version", "python", "pynvml"}),
+    "gpuwatchd_config_last_reload_successful": ("gauge", set()),
+    "gpuwatchd_config_last_reload_success_timestamp_seconds": ("gauge", set()),
+    "gpuwatchd_gpus": ("gauge", set()),
+    "gpuwatchd_nvml_stale": ("gauge", set()),
+}
+
+
+def value(text: str, metric: str, /, **labels: str) -> float | None:
+    found = [
+        s.value for s in samples(text) if s.name == metric and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+    assert len(found) <= 1, f"{metric}{labels} matched {len(found)} samples"
+    return found[0] if found else None
+
+
+def test_every_contract_name_has_its_type_and_labels(mixed_store: Store) -> None:
+    text = exposition(mixed_store)
+    fams = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            fams.setdefault(s.name, (fam.type, set()))[1].update(s.labels)
+    for name, (kind, labels) in CONTRACT.items():
+        assert name in fams, f"{name} missing from the exposition"
+        assert fams[name] == (kind, labels), f"{name}: got {fams[name]}"
+
+
+def test_units_are_base_units(mixed_store: Store) -> None:
+    text = exposition(mixed_store)
+    assert value(text, "gpuwatchd_gpu_clock_hertz", uuid=UUID_A, clock="sm") == 1.98e9
+    assert value(text, "gpuwatchd_gpu_utilization_ratio", uuid=UUID_A) == 0.97
+    assert value(text, "gpuwatchd_gpu_memory_total_bytes", uuid=UUID_A) == 85520809984
+    for s in samples(text):
+        if s.name.endswith("_ratio"):
+            assert 0.0 <= s.value <= 1.0, s
+
+
+def test_missing_reading_exports_no_sample(mixed_store: Store) -> None:
+    text = exposition(mixed_store)
+    # GPU B (GeForce) has no ECC, no reserved memory, no power min/max, no replay counter: no samples, not zeros.
+    for name in (
+        "gpuwatchd_gpu_ecc_enabled",
+        "gpuwatchd_gpu_ecc_errors_aggregate_total",
+        "gpuwatchd_gpu_memory_reserved_bytes",
+        "gpuwatchd_gpu_power_max_limit_watts",
+        "gpuwatchd_gpu_pcie_replays_total",
+        "gpuwatchd_gpu_remapped_rows",
+    ):
+        assert not [s for s in samples(text) if s.name == name and s.labels.get("uuid") == UUID_B], name
+        assert [s for s in samples(text) if s.name == name and s.labels.get("uuid") == UUID_A], name
+    # ... and the failed read is explained instead
+    assert value(text, "gpuwatchd_gpu_field_error_info", uuid=UUID_B, field="power_max_limit_watts") == 1.0
+    # Xorg's memory is not attributable (None): no process memory sample, but the process count still says 1.
+    assert value(text, "gpuwatchd_gpu_process_memory_used_bytes", uuid=UUID_B, pid="777") is None
+    assert value(text, "gpuwatchd_gpu_processes", uuid=UUID_B) == 1.0
+
+
+def test_lost_and_removed_gpus_export_only_presence_identity_and_last_seen(mixed_store: Store) -> None:
+    text = exposition(mixed_store)
+    allowed = {"gpuwatchd_gpu_present", "gpuwatchd_gpu_info", "gpuwatchd_gpu_last_seen_timestamp_seconds"}
+    for uuid in (UUID_C, UUID_D):
+        names = {s.name for s in samples(text) if s.labels.get("uuid") == uuid}
+        assert names == allowed, uuid
+        assert value(text, "gpuwatchd_gpu_present", uuid=uuid) == 0.0
+    assert value(text, "gpuwatchd_gpu_present", uuid=UUID_A) == 1.0
+    assert value(text, "gpuwatchd_gpus") == 2.0
+    # last seen is the last poll with readings (the first snapshot), not the poll that found it gone
+    assert value(text, "gpuwatchd_gpu_last_seen_timestamp_seconds", uuid=UUID_C) == 1_700_000_000.0
+    assert value(text, "gpuwatchd_gpu_info", uuid=UUID_D, name="NVIDIA RTX A4000", index="3") == 1.0
+
+
+def test_a_gpu_that_comes_back_exports_values_again(mixed_store: Store) -> None:
+    assert mixed_store.latest is not None
+    gone = GpuSample(uuid=UUID_D, index=2, name="NVIDIA RTX A4000", memory_used_bytes=99)
+    mixed_store.apply(replace(mixed_store.latest, timestamp=1_700_000_100.0, gpus=(*mixed_store.latest.gpus, gone)))
+    text = exposition(mixed_store)
+    assert value(text, "gpuwatchd_gpu_present", uuid=UUID_D) == 1.0
+    assert value(text, "gpuwatchd_gpu_memory_used_bytes", uuid=UUID_D) == 99.0
+
+
+def test_xid_counters_per_code(mixed_store: Store) -> None:
+    text = exposition(mixed_store)
+    assert value(text, "gpuwatchd_gpu_xid_errors_total", uuid=UUID_A, xid="13") == 2.0
+    assert value(text, "gpuwatchd_gpu_xid_errors_total", uuid="unknown", xid="48") == 1.0
+    # The lost GPU's Xid 79 is counted in the store but not exported once the GPU is gone.
+    assert mixed_store.xid_counts[(UUID_C, 79)] == 1
+    assert value(text, "gpuwatchd_gpu_xid_errors_total", uuid=UUID_C, xid="79") is None
+
+
+def test_clock_event_reasons_one_series_per_supported_reason(mixed_store: Store) -> None:
+    text = exposition(mixed_store)
+    a = {s.labels["reason"]: s.value for s in samples(text)
+         if s.name == "gpuwatchd_gpu_clocks_event_active" and s.labels["uuid"] == UUID_A}
+    # A supports 0x7FF plus an undocumented bit 12; mask 0x0C = sw_power_cap + hw_slowdown
+    assert len(a) == 12
+    assert a["bit_12"] == 0.0
+    assert {r for r, v in a.items() if v == 1.0} == {"sw_power_cap", "hw_slowdown"}
+    b = {s.labels["reason"] for s in samples(text)
+         if s.name == "gpuwatchd_gpu_clocks_event_active" and s.labels["uuid"] == UUID_B}
+    assert "board_limit" not in b  # B's supported mask is 0x1FF
+    assert "gpu_idle" in b
+
+
+def test_clock_event_reasons_with_unknown_supported_mask_show_only_active() -> None:
+    store = Store()
+    g = GpuSample(uuid="GPU-x", index=0, clocks_event_reasons=0x40, clocks_event_reasons_supported=None)
+    store.apply(Snapshot(timestamp=1.0, nvml_ok=True, gpus=(g,)))
+    got = [(s.labels["reason"], s.value) for s in samples(exposition(store))
+           if s.name == "gpuwatchd_gpu_clocks_event_active"]
+    assert got == [("hw_thermal", 1.0)]
+
+
+def test_duplicate_process_entries_give_one_series(mixed_store: Store) -> None:
+    text = exposition(mixed_store)
+    rows = [
+        s for s in samples(text) if s.name == "gpuwatchd_gpu_process_memory_used_bytes" and s.labels["pid"] == "4242"
+    ]
+    assert len(rows) == 1
+    assert rows[0].labels == {"uuid": UUID_A, "pid": "4242", "process": "python3"}
+    assert value(text, "gpuwatchd_gpu_process_host_rss_bytes", pid="4242") == 8e9
+
+
+def test_before_the_first_poll_nvml_status_is_unknown_not_down() -> None:
+    text = exposition(Store())
+    names = {s.name for s in samples(text)}
+    assert "gpuwatchd_nvml_up" not in names
+    assert "gpuwatchd_gpus" not in names
+    assert value(text, "gpuwatchd_nvml_worker_restarts_total") == 0.0
+    assert value(text, "gpuwatchd_build_info") == 1.0
+
+
+def test_nvml_down_exports_reason_and_no_gpu_values(mixed_store: Store) -> None:
+    mixed_store.apply(Snapshot(timestamp=1_700_000_060.0, nvml_ok=False, nvml_error="driver_not_loaded"))
+    text = exposition(mixed_store)
+    assert value(text, "gpuwatchd_nvml_up") == 0.0
+    assert value(text, "gpuwatchd_nvml_error_info", reason="driver_not_loaded") == 1.0
+    assert value(text, "gpuwatchd_gpu_memory_used_bytes", uuid=UUID_A) is None
+    assert value(text, "gpuwatchd_gpu_info", uuid=UUID_A) == 1.0
+
+
+def test_error_info_absent_while_up(mixed_store: Store) -> None:
+    text = exposition(mixed_store)
+    assert value(text, "gpuwatchd_nvml_up") == 1.0
+    assert "gpuwatchd_nvml_error_info" not in {s.name for s in samples(text)}
+
+
+def test_stale_poll_keeps_values_and_says_so(mixed_store: Store) -> None:
+    assert value(exposition(mixed_store), "gpuwatchd_nvml_stale") == 0.0
+    mixed_store.mark_stale()
+    text = exposition(mixed_store)
+    assert value(text, "gpuwatchd_nvml_stale") == 1.0
+    assert value(text, "gpuwatchd_gpu_memory_used_bytes", uuid=UUID_A) == 42949672960
+
+
+def test_sysfs_links_in_nvml_bus_id_form(mixed_store: Store) -> None:
+    text = exposition(mixed_store)
+    assert value(text, "gpuwatchd_sysfs_pcie_link_max_generation", pci_bus_id="00000000:0C:00.0") == 4.0
+    assert value(text, "gpuwatchd_sysfs_pcie_device_present", pci_bus_id="00000000:40:00.0") == 0.0
+    assert value(text, "gpuwatchd_sysfs_pcie_link_width", pci_bus_id="00000000:40:00.0") is None
+    mixed_store.set_links([LinkSample(pci_bus_id="weird")])
+    assert value(exposition(mixed_store), "gpuwatchd_sysfs_pcie_device_present", pci_bus_id="weird") == 1.0
+
+
+def test_self_metrics(mixed_store: Store) -> None:
+    text = exposition(mixed_store)
+    assert value(text, "gpuwatchd_source_success", source="kmsg") == 0.0
+    assert value(text, "gpuwatchd_source_success", source="nvml") == 1.0
+    assert value(text, "gpuwatchd_source_duration_seconds", source="sysfs") == 0.0012
+    assert value(text, "gpuwatchd_config_last_reload_successful") == 0.0
+    assert value(text, "gpuwatchd_nvml_worker_restarts_total") == 2.0
+    assert value(text, "gpuwatchd_build_info", version="0.0.0-test") == 1.0
+
+
+def test_failing_group_is_left_out_counted_and_logged_once_per_interval(
+    mixed_store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [100.0]
+    collector = StoreCollector(mixed_store, build=BUILD, monotonic=lambda: now[0])
+    # Corrupt the data only the clocks group reads: a clock value that is not a number makes that group raise.
+    assert mixed_store.latest is not None
+    a = mixed_store.latest.gpus[0]
+    broken = replace(a, clocks_hz={"sm": "fast"})  # type: ignore[dict-item]
+    mixed_store.apply(replace(mixed_store.latest, gpus=(broken, *mixed_store.latest.gpus[1:])))
+    reg = registry_for(mixed_store, collector)
+    with caplog.at_level(logging.ERROR, logger="gpuwatchd.exporter.collector"):
+        text = generate_latest(reg).decode()
+        generate_latest(reg)
+        now[0] += 61.0
+        text = generate_latest(reg).decode()
+    assert value(text, "gpuwatchd_exporter_collect_errors_total", group="clocks") == 3.0
+    assert value(text, "gpuwatchd_exporter_collect_errors_total", group="gpu") == 0.0
+    assert "gpuwatchd_gpu_clock_hertz" not in {s.name for s in samples(text)}
+    # other groups are intact, including the broken GPU's other readings
+    assert value(text, "gpuwatchd_gpu_memory_used_bytes", uuid=UUID_A) == 42949672960
+    records = [r for r in caplog.records if "'clocks'" in r.getMessage()]
+    assert len(records) == 2  # three failures, one log line per 60 s window
+    assert records[0].exc_info is not None
+
+
+def test_families_are_built_fresh_each_scrape(mixed_store: Store) -> None:
+    reg = registry_for(mixed_store)
+    before = generate_latest(reg).decode()
+    assert mixed_store.latest is not None
+    mixed_store.apply(replace(mixed_store.latest, timestamp=1_700_000_200.0, gpus=mixed_store.latest.gpus[:1]))
+    after = generate_latest(reg).decode()
+    assert value(before, "gpuwatchd_gpu_memory_used_bytes", uuid=UUID_B) is not None
+    assert value(after, "gpuwatchd_gpu_memory_used_bytes", uuid=UUID_B) is None
+    assert value(after, "gpuwatchd_gpu_present", uuid=UUID_B) == 0.0
+
+
+def test_process_without_name_has_empty_process_label() -> None:
+    store = Store()
+    g = GpuSample(uuid="GPU-x", index=0, processes=(ProcessSample(pid=9, used_memory_bytes=1),), processes_total=1)
+    store.apply(Snapshot(timestamp=1.0, nvml_ok=True, gpus=(g,)))
+    text = exposition(store)
+    assert value(text, "gpuwatchd_gpu_process_memory_used_bytes", pid="9") == 1.0

@@ -1,0 +1,59 @@
+"""The /metrics name set is a public contract: a fixed store must give exactly the golden exposition.
+
+Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/exporter/test_golden.py`` and review the
+diff: a renamed or dropped line breaks dashboards, rules and users.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from prometheus_client import generate_latest
+
+from gpuwatchd.exporter.collector import StoreCollector
+from gpuwatchd.exporter.runtime_families import BuildInfo
+from gpuwatchd.store import Store
+
+from .conftest import GOLDEN, promtool_check, registry_for
+
+GOLDEN_FILE = GOLDEN / "metrics.prom"
+
+# Volatile values: build versions (which Python, which gpuwatchd) and timestamps are not part of the contract.
+_BUILD = re.compile(r'^(gpuwatchd_build_info)\{.*\} (.*)$', re.MULTILINE)
+_TIMESTAMP = re.compile(r"^(gpuwatchd_\w*timestamp_seconds(?:\{[^}]*\})?) \S+$", re.MULTILINE)
+
+
+def normalise(text: str) -> str:
+    text = _BUILD.sub(r'\1{pynvml="X",python="X",version="X"} \2', text)
+    return _TIMESTAMP.sub(r"\1 T", text)
+
+
+def test_exposition_matches_golden(mixed_store: Store) -> None:
+    # The real build info (not a test double) so the normalisation itself is exercised.
+    reg = registry_for(mixed_store, StoreCollector(mixed_store, build=BuildInfo.detect()))
+    got = normalise(generate_latest(reg).decode())
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN_FILE.write_text(got)
+    want = GOLDEN_FILE.read_text()
+    assert got == want, "exposition changed; if intended, regenerate with UPDATE_GOLDEN=1 and review the diff"
+
+
+def test_golden_file_itself_passes_promtool() -> None:
+    # Normalised timestamps (T) are not numbers; put a number back before linting.
+    text = GOLDEN_FILE.read_text().replace(" T\n", " 1700000000\n")
+    result = promtool_check(text)
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_normalise_only_touches_volatile_lines() -> None:
+    text = (
+        'gpuwatchd_build_info{pynvml="1",python="3.12.1",version="9"} 1.0\n'
+        'gpuwatchd_gpu_last_seen_timestamp_seconds{uuid="u"} 1.7e+09\n'
+        'gpuwatchd_gpu_power_watts{uuid="u"} 300.0\n'
+    )
+    assert normalise(text) == (
+        'gpuwatchd_build_info{pynvml="X",python="X",version="X"} 1.0\n'
+        'gpuwatchd_gpu_last_seen_timestamp_seconds{uuid="u"} T\n'
+        'gpuwatchd_gpu_power_watts{uuid="u"} 300.0\n'
+    )

@@ -1,0 +1,177 @@
+"""The aiohttp app on a real socket (127.0.0.1, ephemeral port) driven by a real aiohttp client."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gpuwatchd.exporter.collector import StoreCollector
+from gpuwatchd.exporter.http import NOT_READY_REASON, make_app, ready_from_store
+from gpuwatchd.exporter.status import status_from_store
+from gpuwatchd.model import Snapshot
+from gpuwatchd.store import Store
+
+from .conftest import BUILD, UUID_A, registry_for, store_from_fixture
+
+Serve = Callable[[Store], "asyncio.Future[str]"]
+
+
+async def _start(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Callable[..., Any]]:
+    runners: list[web.AppRunner] = []
+
+    async def serve(store: Store, **kw: Any) -> str:
+        app = make_app(
+            registry=registry_for(store, StoreCollector(store, build=BUILD)),
+            status=lambda: status_from_store(store),
+            ready=lambda: ready_from_store(store),
+            **kw,
+        )
+        runner, url = await _start(app)
+        runners.append(runner)
+        return url
+
+    yield serve
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        yield session
+
+
+async def test_metrics_text_format_by_default(served: Any, client: aiohttp.ClientSession) -> None:
+    url = await served(store_from_fixture("store_mixed.json"))
+    async with client.get(url + "/metrics") as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = await r.text()
+    assert f'gpuwatchd_gpu_present{{uuid="{UUID_A}"}} 1.0' in text
+    assert "# EOF" not in text
+
+
+async def test_metrics_openmetrics_when_asked(served: Any, client: aiohttp.ClientSession) -> None:
+    url = await served(store_from_fixture("store_mixed.json"))
+    accept = "application/openmetrics-text;version=1.0.0;q=0.9,text/plain;version=0.0.4;q=0.5"
+    async with client.get(url + "/metrics", headers={"Accept": accept}) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+        text = await r.text()
+    assert text.endswith("# EOF\n")
+    assert "# TYPE gpuwatchd_nvml_worker_restarts counter" in text
+    assert "gpuwatchd_nvml_worker_restarts_total 2.0" in text
+
+
+async def test_metrics_gzip_when_accepted(served: Any, client: aiohttp.ClientSession) -> None:
+    url = await served(store_from_fixture("store_mixed.json"))
+    async with client.get(url + "/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False) as r:
+        assert r.headers.get("Content-Encoding") == "gzip"
+        body = gzip.decompress(await r.read()).decode()
+    assert "gpuwatchd_gpus 2.0" in body
+
+
+async def test_metrics_name_filter(served: Any, client: aiohttp.ClientSession) -> None:
+    url = await served(store_from_fixture("store_mixed.json"))
+    async with client.get(url + "/metrics", params=[("name[]", "gpuwatchd_gpus")]) as r:
+        text = await r.text()
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert samples == ["gpuwatchd_gpus 2.0"]
+
+
+async def test_readyz_before_and_after_first_snapshot(served: Any, client: aiohttp.ClientSession) -> None:
+    store = Store()
+    url = await served(store)
+    async with client.get(url + "/readyz") as r:
+        assert r.status == 503
+        assert await r.json() == {"ready": False, "reason": NOT_READY_REASON}
+    # a definitive NVML failure is an answer too: the daemon is ready to report it
+    store.apply(Snapshot(timestamp=1.0, nvml_ok=False, nvml_error="library_not_found"))
+    async with client.get(url + "/readyz") as r:
+        assert r.status == 200
+        assert await r.json() == {"ready": True}
+    async with client.get(url + "/healthz") as r:
+        assert (r.status, await r.text()) == (200, "ok\n")
+
+
+async def test_status_json_shape(served: Any, client: aiohttp.ClientSession) -> None:
+    url = await served(store_from_fixture("store_mixed.json"))
+    async with client.get(url + "/api/v1/status") as r:
+        assert r.status == 200
+        assert r.content_type == "application/json"
+        data = await r.json()
+    assert set(data) >= {"nvml", "gpus", "links", "sources", "xid_counts", "recent_xids", "config", "version"}
+    assert data["nvml"]["ok"] is True
+    states = {g["uuid"][:12]: g["state"] for g in data["gpus"]}
+    assert states == {"GPU-aaaaaaaa": "present", "GPU-bbbbbbbb": "present", "GPU-cccccccc": "lost",
+                      "GPU-dddddddd": "removed"}
+    assert data["gpus"][0]["readings"]["memory_used_bytes"] == 42949672960
+
+
+async def test_index_links_every_page_and_extra_routes(served: Any, client: aiohttp.ClientSession) -> None:
+    async def alerts(request: web.Request) -> web.Response:
+        return web.json_response([])
+
+    url = await served(Store(), extra_routes=[web.get("/api/v1/alerts", alerts)])
+    async with client.get(url + "/") as r:
+        assert r.content_type == "text/html"
+        page = await r.text()
+    for path in ("/metrics", "/healthz", "/readyz", "/api/v1/status", "/api/v1/alerts"):
+        assert f'href="{path}"' in page
+    async with client.get(url + "/api/v1/alerts") as r:
+        assert await r.json() == []
+
+
+async def test_scrape_never_waits_on_a_hung_worker(served: Any, client: aiohttp.ClientSession) -> None:
+    # A real hung child (like a worker blocked in an NVML call) and a supervisor task waiting on it, as the
+    # daemon does; the store is marked stale. Scrapes must complete while the wait is still pending: if the
+    # scrape path awaited the worker, these requests would time out (client timeout 10 s, worker sleeps 60 s).
+    store = store_from_fixture("store_mixed.json")
+    url = await served(store)
+    worker = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+    supervisor = asyncio.ensure_future(worker.wait())
+    try:
+        store.mark_stale()
+        for _ in range(10):
+            async with client.get(url + "/metrics") as r:
+                assert r.status == 200
+                text = await r.text()
+            assert "gpuwatchd_nvml_stale 1.0" in text
+            assert f'gpuwatchd_gpu_memory_used_bytes{{uuid="{UUID_A}"}}' in text
+        assert not supervisor.done()
+    finally:
+        worker.kill()
+        await supervisor
+
+
+async def test_status_with_a_non_json_value_still_answers(client: aiohttp.ClientSession) -> None:
+    from pathlib import Path
+
+    app = make_app(
+        registry=registry_for(Store()),
+        status=lambda: {"state_dir": Path("/var/lib/gpuwatchd")},
+        ready=lambda: True,
+    )
+    runner, url = await _start(app)
+    try:
+        async with client.get(url + "/api/v1/status") as r:
+            assert await r.json() == {"state_dir": "/var/lib/gpuwatchd"}
+    finally:
+        await runner.cleanup()
