@@ -1,9 +1,175 @@
-"""Config of notification delivery (``notify:`` in the YAML file)."""
+"""Config of notification delivery (``notify:`` in the YAML file).
+
+Shape follows Alertmanager (route timings, receivers, inhibit rules) but the route tree is a flat ordered list:
+first match wins unless ``continue: true``; alerts no route takes go to ``default_receiver``.
+Webhook URLs, HMAC secrets and header values are ``SecretStr``: their repr/str is ``**********``.
+"""
 
 from __future__ import annotations
 
-from gpuwatchd.configtypes import Section
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from gpuwatchd.configtypes import Duration, Section
+from gpuwatchd.notify.matchers import Matcher, parse_matcher
+
+ReceiverType = Literal["slack", "discord", "teams", "mattermost", "webhook", "alertmanager"]
+
+# One incident per GPU and alert kind: a host has few GPUs (<= 8-16), so per-GPU messages stay few, each message
+# names one GPU (actionable), and inhibition is per GPU as well. Host-wide failures raise their own alert
+# (GpuCountLow), so grouping across GPUs would only merge unrelated incidents. Alertmanager's own example is
+# [alertname, cluster]; the ops reference suggests [alertname, host] — we add uuid for the reasons above.
+DEFAULT_GROUP_BY = ("alertname", "host", "uuid")
+# Alertmanager's defaults (dispatch/route.go: GroupWait 30s, GroupInterval 5m, RepeatInterval 4h).
+DEFAULT_GROUP_WAIT = 30.0
+DEFAULT_GROUP_INTERVAL = 300.0
+DEFAULT_REPEAT_INTERVAL = 4 * 3600.0
+# Prometheus' --rules.alert.resend-delay default: how often firing alerts are re-posted to an Alertmanager.
+DEFAULT_ALERTMANAGER_RESEND = 60.0
+# A notification older than this is dropped (failure counted): a day-old "firing" message misleads more than it
+# helps, and repeat_interval re-sends what is still firing anyway.
+DEFAULT_MAX_RETRY_AGE = 24 * 3600.0
+# Slack asks for <= 1 message per second per webhook (api.slack.com/docs/rate-limits); 60/min is a fair default
+# for every chat service (Teams throttles above 4/s, Google Chat at 60/min per space).
+DEFAULT_RATE_LIMIT_PER_MINUTE = 60.0
+
+
+def _matchers(values: list[str]) -> tuple[Matcher, ...]:
+    return tuple(parse_matcher(v) for v in values)
+
+
+class ReceiverConfig(Section):
+    """One destination: a chat webhook, a generic JSON webhook or an Alertmanager."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    type: ReceiverType
+    url: SecretStr
+    # Generic webhook only: HMAC-SHA256 of the body with this key in the ``X-Gpuwatchd-Signature`` header.
+    hmac_secret: SecretStr | None = None
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    rate_limit_per_minute: float = Field(default=DEFAULT_RATE_LIMIT_PER_MINUTE, gt=0)
+    timeout: Duration = 10.0
+    send_resolved: bool = True
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: SecretStr) -> SecretStr:
+        # The message never echoes the URL: it is a secret.
+        parts = urlsplit(v.get_secret_value())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("not an http(s) URL")
+        return v
+
+    @property
+    def endpoint(self) -> str:
+        """Redacted name used in logs, metrics and errors, e.g. ``slack:team-alerts``."""
+        return f"{self.type}:{self.name}"
+
+
+class RouteConfig(Section):
+    """Alerts matching all ``matchers`` go to ``receiver`` (default receiver if unset), with optional timings."""
+
+    matchers: tuple[Matcher, ...] = ()
+    receiver: str | None = None
+    continue_: bool = Field(default=False, alias="continue")
+    group_by: tuple[str, ...] | None = None
+    group_wait: Duration | None = None
+    group_interval: Duration | None = None
+    repeat_interval: Duration | None = None
+
+    @field_validator("matchers", mode="before")
+    @classmethod
+    def _parse(cls, v: object) -> object:
+        if isinstance(v, list | tuple) and all(isinstance(x, str) for x in v):
+            return _matchers(list(v))
+        return v
+
+
+class InhibitRuleConfig(Section):
+    """While a firing alert matches ``source_matchers``, ``target_matchers`` alerts with equal labels are muted."""
+
+    source_matchers: tuple[Matcher, ...]
+    target_matchers: tuple[Matcher, ...] = ()
+    equal: tuple[str, ...] = ()
+
+    @field_validator("source_matchers", "target_matchers", mode="before")
+    @classmethod
+    def _parse(cls, v: object) -> object:
+        if isinstance(v, list | tuple) and all(isinstance(x, str) for x in v):
+            return _matchers(list(v))
+        return v
+
+
+def _default_inhibit_rules() -> tuple[InhibitRuleConfig, ...]:
+    # A lost or removed GPU makes every other alert about it noise (its throttling, leak, link...): one message
+    # about the loss is what the operator needs. Loss and removal do not mute each other.
+    targets = (parse_matcher('alertname!~"GpuLost|GpuRemoved"'),)
+    return tuple(
+        InhibitRuleConfig(
+            source_matchers=(parse_matcher(f'alertname="{name}"'),), target_matchers=targets, equal=("host", "uuid")
+        )
+        for name in ("GpuLost", "GpuRemoved")
+    )
+
+
+def _default_routes() -> tuple[RouteConfig, ...]:
+    # Critical alerts (GPU lost, uncorrectable ECC) skip group_wait: there is nothing to wait for.
+    return (RouteConfig(matchers=(parse_matcher('severity="critical"'),), group_wait=0.0),)
 
 
 class NotifyConfig(Section):
-    """Placeholder until the notification issue lands: no receivers yet."""
+    """Everything about alert delivery; with no receivers nothing is sent."""
+
+    group_by: tuple[str, ...] = DEFAULT_GROUP_BY
+    group_wait: Duration = DEFAULT_GROUP_WAIT
+    group_interval: Duration = Field(default=DEFAULT_GROUP_INTERVAL)
+    repeat_interval: Duration = DEFAULT_REPEAT_INTERVAL
+    receivers: tuple[ReceiverConfig, ...] = ()
+    default_receiver: str | None = None
+    routes: tuple[RouteConfig, ...] = Field(default_factory=_default_routes)
+    inhibit_rules: tuple[InhibitRuleConfig, ...] = Field(default_factory=_default_inhibit_rules)
+    max_retry_age: Duration = DEFAULT_MAX_RETRY_AGE
+    # Backoff of retried sends: exponential from initial to max, +-50 % jitter (Alertmanager: 500 ms x1.5, 60 s).
+    retry_initial: Duration = 0.5
+    retry_max: Duration = 60.0
+    alertmanager_resend: Duration = DEFAULT_ALERTMANAGER_RESEND
+    # Shown in messages and in the webhook's externalURL (e.g. this host's /api/v1/alerts); empty: omitted.
+    external_url: str = ""
+
+    @field_validator("group_interval", "repeat_interval", "alertmanager_resend")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be > 0")
+        return v
+
+    @model_validator(mode="after")
+    def _references(self) -> NotifyConfig:
+        names = [r.name for r in self.receivers]
+        seen: set[str] = set()
+        for i, n in enumerate(names):
+            if n in seen:
+                raise ValueError(f"receivers[{i}].name: duplicate receiver name {n!r}")
+            seen.add(n)
+        if self.default_receiver is not None and self.default_receiver not in seen:
+            raise ValueError(f"default_receiver: unknown receiver {self.default_receiver!r}")
+        for i, r in enumerate(self.routes):
+            if r.receiver is not None and r.receiver not in seen:
+                raise ValueError(f"routes[{i}].receiver: unknown receiver {r.receiver!r}")
+        return self
+
+    def receiver(self, name: str) -> ReceiverConfig:
+        """The receiver called ``name`` (KeyError if none)."""
+        for r in self.receivers:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    @property
+    def fallback_receiver(self) -> str | None:
+        """Where unmatched alerts go: ``default_receiver``, else the first receiver, else nowhere."""
+        if self.default_receiver is not None:
+            return self.default_receiver
+        return self.receivers[0].name if self.receivers else None

@@ -1,0 +1,49 @@
+"""Alertmanager API v2 client: ``POST /api/v2/alerts`` with every firing alert, so fleets route through their own
+Alertmanager (which does the grouping, silencing and routing; we do not group for it).
+
+Like Prometheus (``--rules.alert.resend-delay`` 1m, ``rules/alerting.go``): firing alerts are re-posted every
+``alertmanager_resend`` with ``endsAt = now + 4 * resend`` so Alertmanager does not resolve them between posts;
+resolved ones are posted with ``endsAt`` = their resolution time for ``RESOLVED_RESEND_SECONDS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from gpuwatchd.model import Alert
+from gpuwatchd.notify.grouping import alert_annotations
+from gpuwatchd.notify.webhook import generator_url, rfc3339, starts_at
+
+# Prometheus keeps sending a resolved alert for 15 min (rules/alerting.go resolvedRetention).
+RESOLVED_RESEND_SECONDS = 15 * 60.0
+# endsAt = now + 4 x resend delay, Prometheus' choice: three posts may be lost before Alertmanager resolves.
+ENDS_AT_RESENDS = 4
+API_PATH = "/api/v2/alerts"
+
+
+def alerts_url(base: str) -> str:
+    """The receiver URL is the Alertmanager base URL; the API path is appended unless already there."""
+    parts = urlsplit(base)
+    path = parts.path.rstrip("/")
+    if not path.endswith(API_PATH):
+        path += API_PATH
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def render(alerts: Sequence[Alert], now: float, resend: float, external_url: str = "") -> list[dict[str, Any]]:
+    """The POST body: postable alerts (labels, annotations, startsAt, endsAt, generatorURL)."""
+    out = []
+    for a in alerts:
+        ends = a.resolved_at if a.state == "resolved" and a.resolved_at is not None else now + ENDS_AT_RESENDS * resend
+        out.append(
+            {
+                "labels": dict(sorted(a.labels.items())),
+                "annotations": alert_annotations(a),
+                "startsAt": rfc3339(starts_at(a)),
+                "endsAt": rfc3339(ends),
+                "generatorURL": generator_url(external_url),
+            }
+        )
+    return out

@@ -1,0 +1,181 @@
+"""Delivery workers: one per receiver, draining its outbox rows strictly in order.
+
+Each attempt: wait for ``next_attempt`` and a rate-limit token, POST, classify (``retry.classify_status``), then
+mark the row delivered (with the notification log, atomically), schedule a retry, or give up. A row older than
+``max_retry_age`` is given up. The head row blocks the ones behind it, so a receiver sees messages in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from gpuwatchd.clock import Clock
+from gpuwatchd.notify import alertmanager, webhook
+from gpuwatchd.notify.config import NotifyConfig, ReceiverConfig
+from gpuwatchd.notify.metrics import NotifyMetrics
+from gpuwatchd.notify.outbox import Outbox, OutboxRow
+from gpuwatchd.notify.redaction import describe_error, redact, secret_fragments
+from gpuwatchd.notify.retry import TokenBucket, Verdict, backoff, classify_status
+
+log = logging.getLogger(__name__)
+
+# Longest real-time nap of a waiting worker: bounds how late it notices a clock that jumps (ManualClock, tests).
+MAX_NAP_SECONDS = 0.5
+# Error bodies are logged for diagnosis, but short: a 5xx page can be megabytes of HTML.
+ERROR_BODY_LOG_CHARS = 200
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+USER_AGENT = "gpuwatchd"
+# Keep the notification log entry for two repeat intervals, like Alertmanager (notify/set_notifies_stage.go).
+LOG_RETENTION_FACTOR = 2
+
+
+def receiver_secrets(rc: ReceiverConfig) -> list[str]:
+    """Every secret string of one receiver (URL, HMAC key, header values)."""
+    out = [rc.url.get_secret_value()]
+    if rc.hmac_secret is not None:
+        out.append(rc.hmac_secret.get_secret_value())
+    out.extend(v.get_secret_value() for v in rc.headers.values())
+    return out
+
+
+async def nap(clock: Clock, until: float, wake: asyncio.Event) -> None:
+    """Sleep until clock time ``until`` (at most ``MAX_NAP_SECONDS`` real) or until ``wake`` is set."""
+    real = max(0.0, until - clock.now()) / clock.speed
+    if real <= 0:
+        await asyncio.sleep(0)
+        return
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(wake.wait(), timeout=min(real, MAX_NAP_SECONDS))
+    wake.clear()
+
+
+class Worker:
+    """Delivers one receiver's outbox."""
+
+    def __init__(
+        self,
+        rc: ReceiverConfig,
+        config: NotifyConfig,
+        *,
+        outbox: Outbox,
+        clock: Clock,
+        metrics: NotifyMetrics,
+        session: aiohttp.ClientSession,
+        on_change: Callable[[OutboxRow, str], None],
+    ) -> None:
+        self.rc = rc
+        self.config = config
+        self._outbox = outbox
+        self._clock = clock
+        self._metrics = metrics
+        self._session = session
+        self._on_change = on_change  # (row, new status) -> dispatcher bookkeeping
+        self._secrets = secret_fragments(receiver_secrets(rc))
+        per_second = rc.rate_limit_per_minute / 60.0
+        # Burst: a handful of messages at once is fine for every service (Slack: "bursts allowed").
+        self._bucket = TokenBucket(per_second, burst=min(5.0, rc.rate_limit_per_minute), now=clock.now())
+        self._rng = random.Random()
+        self.wake = asyncio.Event()
+        self.stopping = False
+        self.in_flight: int | None = None
+        self.last_error: str | None = None
+
+    async def run(self) -> None:
+        """Loop until cancelled or ``stopping``."""
+        while not self.stopping:
+            row = self._outbox.next_pending(self.rc.name)
+            now = self._clock.now()
+            if row is None:
+                await nap(self._clock, now + 3600, self.wake)
+                continue
+            if now - row.created > self.config.max_retry_age:
+                self._give_up(row, "expired", f"not delivered within max_retry_age after {row.attempts} attempts")
+                continue
+            if row.next_attempt > now:
+                await nap(self._clock, row.next_attempt, self.wake)
+                continue
+            wait = self._bucket.wait_time(now)
+            if wait > 0:
+                await nap(self._clock, now + wait, asyncio.Event())
+                continue
+            self._bucket.take(now)
+            self.in_flight = row.id
+            try:
+                verdict = await self._attempt(row)
+            finally:
+                self.in_flight = None
+            self._settle(row, verdict)
+
+    async def _attempt(self, row: OutboxRow) -> Verdict:
+        body = row.payload.encode()
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            IDEMPOTENCY_HEADER: row.idempotency_key,
+        }
+        headers.update({k: v.get_secret_value() for k, v in self.rc.headers.items()})
+        if self.rc.type == "webhook" and self.rc.hmac_secret is not None:
+            headers[webhook.SIGNATURE_HEADER] = webhook.signature(body, self.rc.hmac_secret.get_secret_value())
+        url = self.rc.url.get_secret_value()
+        if self.rc.type == "alertmanager":
+            url = alertmanager.alerts_url(url)
+        t0 = time.monotonic()
+        try:
+            async with self._session.post(
+                url,
+                data=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self.rc.timeout),
+                allow_redirects=False,
+            ) as resp:
+                text = await resp.read()
+                verdict = classify_status(resp.status, dict(resp.headers), text, self._clock.now())
+                if verdict.outcome != "success":
+                    snippet = redact(text[:ERROR_BODY_LOG_CHARS].decode(errors="replace"), self._secrets)
+                    self.last_error = f"{self.rc.endpoint}: HTTP {resp.status}: {snippet}"
+        except asyncio.TimeoutError:
+            self.last_error = f"{self.rc.endpoint}: timed out after {self.rc.timeout:g}s"
+            verdict = Verdict("retry", "timeout")
+        except (aiohttp.ClientError, OSError, ValueError) as e:
+            # aiohttp puts the URL in many of these texts: redact before it reaches a log or the API.
+            self.last_error = f"{self.rc.endpoint}: {describe_error(e, self._secrets)}"
+            verdict = Verdict("retry", "connection")
+        finally:
+            self._metrics.latency.labels(self.rc.name, self.rc.type).observe(time.monotonic() - t0)
+        return verdict
+
+    def _settle(self, row: OutboxRow, verdict: Verdict) -> None:
+        now = self._clock.now()
+        if verdict.outcome == "success":
+            # Alertmanager pushes are state syncs, not grouped notifications: nothing to log.
+            log_it = self.rc.type != "alertmanager"
+            expires = now + LOG_RETENTION_FACTOR * self.config.repeat_interval
+            self._outbox.mark_delivered(row, now, expires, log=log_it)
+            self._metrics.outcome(self.rc.name, self.rc.type, "success")
+            self.last_error = None
+            log.debug("%s: delivered notification %d (%s)", self.rc.endpoint, row.id, row.group_key)
+            self._on_change(row, "delivered")
+            return
+        if verdict.outcome == "permanent":
+            self._give_up(row, verdict.reason, self.last_error or verdict.reason)
+            return
+        attempt = row.attempts + 1
+        delay = verdict.delay
+        if delay is None:
+            delay = backoff(attempt, self.config.retry_initial, self.config.retry_max, self._rng)
+        self._outbox.mark_retry(row.id, now + delay, self.last_error or verdict.reason)
+        self._metrics.outcome(self.rc.name, self.rc.type, "retry", verdict.reason)
+        log.warning("%s (attempt %d, retry in %.1fs)", self.last_error or verdict.reason, attempt, delay)
+
+    def _give_up(self, row: OutboxRow, reason: str, error: str) -> None:
+        self._outbox.mark_failed(row.id, self._clock.now(), error)
+        self._metrics.outcome(self.rc.name, self.rc.type, "failure", reason)
+        log.error("%s: notification %d dropped: %s", self.rc.endpoint, row.id, error)
+        self._on_change(row, "failed")

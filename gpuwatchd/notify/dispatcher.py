@@ -1,0 +1,401 @@
+"""The dispatcher: Alertmanager's grouping and timing in front of a durable outbox.
+
+``update(alerts)`` (every rule evaluation) sorts firing and resolved alerts into aggregation groups keyed by route
+and ``group_by`` values. A group is flushed ``group_wait`` after it appears, then every ``group_interval``; a flush
+drops muted alerts (silences, inhibition), asks :func:`grouping.needs_update` whether the receiver must hear about
+it, and if so renders the message and writes it to the outbox. Delivery workers (``delivery.py``) send it.
+Alertmanager receivers bypass grouping: they get every firing alert re-posted every ``alertmanager_resend``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client.registry import Collector
+
+from gpuwatchd.clock import Clock
+from gpuwatchd.model import Alert
+from gpuwatchd.notify import alertmanager, discord, mattermost, slack, teams, webhook
+from gpuwatchd.notify.config import NotifyConfig, ReceiverConfig
+from gpuwatchd.notify.delivery import Worker, nap
+from gpuwatchd.notify.grouping import (
+    LogEntry,
+    Notification,
+    Route,
+    group_key,
+    group_labels,
+    inhibited_by,
+    needs_update,
+    routes_for,
+    sort_alerts,
+)
+from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
+from gpuwatchd.notify.outbox import Outbox, OutboxRow
+from gpuwatchd.notify.silences import Silences
+
+log = logging.getLogger(__name__)
+
+RENDERERS: dict[str, Callable[[Notification], Any]] = {
+    "slack": slack.render,
+    "discord": discord.render,
+    "teams": teams.render,
+    "mattermost": mattermost.render,
+    "webhook": webhook.render,
+}
+# stop(): how long an in-flight request may finish before it is cancelled (its row stays pending, re-sent later).
+STOP_GRACE_SECONDS = 2.0
+# Housekeeping of the database (finished rows, expired log entries), in clock seconds.
+GC_INTERVAL_SECONDS = 3600.0
+FINISHED_ROW_RETENTION_SECONDS = 7 * 86400.0
+# Scheduler nap when no group is due: new alerts wake it anyway.
+IDLE_NAP_SECONDS = 60.0
+
+
+@dataclass
+class Group:
+    """One aggregation group (route x group label values) for one receiver."""
+
+    route: Route
+    key: str
+    labels: dict[str, str]
+    next_flush: float
+    alerts: dict[str, Alert] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Muting:
+    """Why an alert is not notified right now."""
+
+    silenced_by: tuple[str, ...] = ()
+    inhibited_by: tuple[str, ...] = ()
+
+    @property
+    def muted(self) -> bool:
+        return bool(self.silenced_by or self.inhibited_by)
+
+
+class Dispatcher:
+    """Groups, dedups, mutes and queues notifications; owns the delivery workers. See module docstring."""
+
+    def __init__(self, config: NotifyConfig, *, state_dir: Path, clock: Clock, host: str) -> None:
+        self.config = config
+        self.host = host
+        self._clock = clock
+        self.outbox = Outbox(state_dir)
+        self.silences = Silences(self.outbox)
+        self._metrics = NotifyMetrics(self._gauge_state)
+        self._groups: dict[tuple[str, str], Group] = {}
+        self._sent: dict[tuple[str, str], LogEntry] = self.outbox.effective_entries()
+        self._depths: dict[str, int] = self.outbox.depths()
+        self._alerts: dict[str, Alert] = {}  # latest firing/resolved alerts by fingerprint
+        self._firing: list[Alert] = []
+        self._muted_counts = (0, 0)
+        self._am_next: dict[str, float] = {}
+        self._am_sent: dict[str, frozenset[str]] = {}
+        self._workers: dict[str, Worker] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._bg: set[asyncio.Task[None]] = set()
+        self._scheduler: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        self._next_gc = clock.now()
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the scheduler and one delivery worker per receiver (undelivered rows from before resume now)."""
+        self._session = aiohttp.ClientSession()
+        for rc in self.config.receivers:
+            self._start_worker(rc)
+        self._abandon_orphans()
+        self._scheduler = asyncio.create_task(self._schedule(), name="notify-scheduler")
+
+    async def stop(self) -> None:
+        """Stop scheduling, let in-flight requests finish briefly, close. Pending rows stay in the outbox."""
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scheduler
+            self._scheduler = None
+        if self._bg:
+            await asyncio.gather(*self._bg, return_exceptions=True)
+        await self._stop_workers(list(self._workers))
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        self.outbox.close()
+
+    def reconfigure(self, config: NotifyConfig) -> None:
+        """Apply a new config: changed receivers get new workers, groups are rebuilt (dedup keeps them quiet)."""
+        old = {rc.name: rc for rc in self.config.receivers}
+        self.config = config
+        changed = [n for n in old if n not in {rc.name for rc in config.receivers} or old[n] != config.receiver(n)]
+        if self._session is not None:
+            stopping = [n for n in changed if n in self._workers]
+            for n in stopping:
+                self._workers[n].stopping = True
+                self._workers[n].wake.set()
+            for w in self._workers.values():
+                w.config = config
+            task = asyncio.get_running_loop().create_task(self._restart_workers(stopping))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+        self._groups.clear()
+        self._am_next.clear()
+        self.update(list(self._alerts.values()), _keep_missing=True)
+
+    async def _restart_workers(self, names: list[str]) -> None:
+        await self._stop_workers(names)
+        for rc in self.config.receivers:
+            if rc.name not in self._workers:
+                self._start_worker(rc)
+        self._abandon_orphans()
+
+    def _start_worker(self, rc: ReceiverConfig) -> None:
+        assert self._session is not None
+        w = Worker(
+            rc,
+            self.config,
+            outbox=self.outbox,
+            clock=self._clock,
+            metrics=self._metrics,
+            session=self._session,
+            on_change=self._row_changed,
+        )
+        self._workers[rc.name] = w
+        self._tasks[rc.name] = asyncio.create_task(w.run(), name=f"notify-{rc.endpoint}")
+
+    async def _stop_workers(self, names: list[str]) -> None:
+        for n in names:
+            self._workers[n].stopping = True
+            self._workers[n].wake.set()
+        tasks = [self._tasks.pop(n) for n in names if n in self._tasks]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=STOP_GRACE_SECONDS / max(1.0, self._clock.speed) + 0.5)
+            for t in late:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+        for n in names:
+            self._workers.pop(n, None)
+
+    def _abandon_orphans(self) -> None:
+        """Rows queued for receivers no longer configured can never be sent: fail them, loudly."""
+        names = {rc.name for rc in self.config.receivers}
+        now = self._clock.now()
+        for name in [r for r in self.outbox.depths() if r not in names]:
+            for row in self.outbox.rows(name):
+                if row.status == "pending":
+                    self.outbox.mark_failed(row.id, now, "receiver no longer configured")
+            log.error("receiver %r is no longer configured: its undelivered notifications were dropped", name)
+        self._depths = self.outbox.depths()
+
+    # -- input ----------------------------------------------------------------------------------------------------
+    def update(self, alerts: Sequence[Alert], *, _keep_missing: bool = False) -> None:
+        """Take the rules engine's current alerts (pending ones are ignored); queues whatever is due now."""
+        now = self._clock.now()
+        current = {a.fingerprint: a for a in alerts if a.state != "pending"}
+        if not _keep_missing:
+            # An alert that was firing and vanished without a "resolved" (rule removed, engine restarted) is over.
+            for fp, old in self._alerts.items():
+                if fp not in current and old.state == "firing":
+                    current[fp] = replace(old, state="resolved", resolved_at=now)
+        self._alerts = current
+        self._firing = [a for a in current.values() if a.state == "firing"]
+        for a in current.values():
+            for route in routes_for(a.labels, self.config):
+                if self._receiver_type(route.receiver) == "alertmanager":
+                    continue
+                self._place(a, route, now)
+        self.flush_due()
+        self._wake.set()
+
+    def _receiver_type(self, name: str) -> str | None:
+        for rc in self.config.receivers:
+            if rc.name == name:
+                return rc.type
+        return None
+
+    def _place(self, a: Alert, route: Route, now: float) -> None:
+        glabels = group_labels(a.labels, route.group_by)
+        key = group_key(route, glabels)
+        gid = (route.receiver, key)
+        g = self._groups.get(gid)
+        if a.state == "resolved":
+            # A resolution is news only to a group that holds the alert or a receiver that was told it fired.
+            entry = self._sent.get(gid)
+            known = g is not None and a.fingerprint in g.alerts
+            if not known and (entry is None or a.fingerprint not in entry.firing):
+                return
+        if g is None:
+            start = a.fired_at if a.fired_at is not None else now
+            # Alertmanager: an alert older than group_wait (e.g. after a restart) flushes its new group at once.
+            due = now if start + route.group_wait < now else now + route.group_wait
+            g = self._groups[gid] = Group(route, key, glabels, due)
+        g.alerts[a.fingerprint] = a
+
+    # -- flushing -------------------------------------------------------------------------------------------------
+    def flush_due(self) -> None:
+        """Flush every group whose timer has run out, and push to Alertmanagers that are due. Synchronous."""
+        now = self._clock.now()
+        muted = inhibited = 0
+        for a in self._firing:
+            m = self.muting(a, now)
+            inhibited += bool(m.inhibited_by)
+            muted += bool(m.silenced_by)
+        self._muted_counts = (muted, inhibited)
+        for gid, g in list(self._groups.items()):
+            if g.next_flush <= now:
+                self._flush(gid, g, now)
+                nxt = g.next_flush + g.route.group_interval
+                g.next_flush = nxt if nxt > now else now + g.route.group_interval
+                if not g.alerts:
+                    del self._groups[gid]
+        for rc in self.config.receivers:
+            if rc.type == "alertmanager":
+                self._push_alertmanager(rc, now)
+        if now >= self._next_gc:
+            self._next_gc = now + GC_INTERVAL_SECONDS
+            self.outbox.gc(now, FINISHED_ROW_RETENTION_SECONDS)
+            self.silences.listing(now)
+
+    def muting(self, a: Alert, now: float) -> Muting:
+        """Silences and inhibitions applying to ``a`` now."""
+        sil: tuple[str, ...] = tuple(self.silences.muted_by(a.labels, now))
+        inh = inhibited_by(a, self._firing, self.config.inhibit_rules)
+        return Muting(sil, (inh,) if inh else ())
+
+    def _flush(self, gid: tuple[str, str], g: Group, now: float) -> None:
+        rc = self.config.receiver(g.route.receiver)
+        alerts = [a for a in g.alerts.values() if not self.muting(a, now).muted]
+        firing = frozenset(a.fingerprint for a in alerts if a.state == "firing")
+        resolved = frozenset(a.fingerprint for a in alerts if a.state == "resolved")
+        reason = needs_update(
+            self._sent.get(gid),
+            firing,
+            resolved,
+            send_resolved=rc.send_resolved,
+            repeat_interval=g.route.repeat_interval,
+            now=now,
+        )
+        if reason is not None:
+            shown = [a for a in alerts if a.state == "firing" or rc.send_resolved]
+            expires = now + 2 * g.route.repeat_interval
+            if not shown:
+                # All resolved but the receiver does not want resolutions: log it so the firing set is forgotten.
+                self.outbox.write_log(rc.name, g.key, firing=firing, resolved=resolved, now=now, expires=expires)
+            else:
+                n = Notification(
+                    receiver=rc.name,
+                    group_key=g.key,
+                    group_labels=g.labels,
+                    alerts=sort_alerts(shown),
+                    host=self.host,
+                    now=now,
+                    reason=reason,
+                    external_url=self.config.external_url,
+                )
+                payload = json.dumps(RENDERERS[rc.type](n), ensure_ascii=False, separators=(",", ":"))
+                self.outbox.enqueue(rc.name, g.key, payload, firing=firing, resolved=resolved, now=now)
+                self._depths[rc.name] = self._depths.get(rc.name, 0) + 1
+                log.info("%s: queued %s for %s (%s)", rc.endpoint, n.status, g.key, reason)
+                if rc.name in self._workers:
+                    self._workers[rc.name].wake.set()
+            self._sent[gid] = LogEntry(firing, resolved, now)
+        # Like Alertmanager, resolved alerts leave the group once a flush has considered them.
+        for fp in [fp for fp, a in g.alerts.items() if a.state == "resolved"]:
+            del g.alerts[fp]
+
+    def _push_alertmanager(self, rc: ReceiverConfig, now: float) -> None:
+        alerts = []
+        for a in self._alerts.values():
+            if self.muting(a, now).muted or rc.name not in {r.receiver for r in routes_for(a.labels, self.config)}:
+                continue
+            if a.state == "resolved" and (a.resolved_at or now) < now - alertmanager.RESOLVED_RESEND_SECONDS:
+                continue
+            if a.state == "resolved" and not rc.send_resolved:
+                continue
+            alerts.append(a)
+        state = frozenset(f"{a.fingerprint}:{a.state}" for a in alerts)
+        due = now >= self._am_next.get(rc.name, now)
+        if not alerts or (not due and state == self._am_sent.get(rc.name)):
+            return
+        body = alertmanager.render(sort_alerts(alerts), now, self.config.alertmanager_resend, self.config.external_url)
+        row = self.outbox.enqueue(
+            rc.name, "alertmanager", json.dumps(body, separators=(",", ":")), firing=(), resolved=(), now=now
+        )
+        # Each push carries the full current state, so an older one still queued (outage) is pointless.
+        self.outbox.supersede(rc.name, row.id, now)
+        self._depths = self.outbox.depths()
+        self._am_sent[rc.name] = state
+        self._am_next[rc.name] = now + self.config.alertmanager_resend
+        if rc.name in self._workers:
+            self._workers[rc.name].wake.set()
+
+    def _row_changed(self, row: OutboxRow, status: str) -> None:
+        self._depths[row.receiver] = max(0, self._depths.get(row.receiver, 0) - 1)
+        gid = (row.receiver, row.group_key)
+        if status == "failed" and row.group_key != "alertmanager":
+            # Given up: dedup falls back to what was delivered, so the next group_interval tries again.
+            entry = self.outbox.effective_entry(*gid)
+            if entry is None:
+                self._sent.pop(gid, None)
+            else:
+                self._sent[gid] = entry
+
+    async def _schedule(self) -> None:
+        while True:
+            self.flush_due()
+            now = self._clock.now()
+            due = min(
+                [g.next_flush for g in self._groups.values()] + list(self._am_next.values()),
+                default=now + IDLE_NAP_SECONDS,
+            )
+            await nap(self._clock, due, self._wake)
+
+    # -- views ----------------------------------------------------------------------------------------------------
+    def _gauge_state(self) -> GaugeState:
+        now = self._clock.now()
+        return GaugeState(
+            depths=dict(self._depths),
+            silences=self.silences.counts(now),
+            silenced=self._muted_counts[0],
+            inhibited=self._muted_counts[1],
+            groups=len(self._groups),
+        )
+
+    def collector(self) -> Collector:
+        """Prometheus collector of the delivery self-metrics (reads memory only)."""
+        return self._metrics.collector()
+
+    def routes(self, alerts_provider: Callable[[], Sequence[Alert]]) -> list[web.RouteDef]:
+        """``/api/v1/alerts`` and the silences API."""
+        from gpuwatchd.notify.api import build_routes
+
+        return build_routes(self, alerts_provider)
+
+    def receivers_for(self, a: Alert) -> list[str]:
+        """Receiver names an alert is routed to."""
+        return [r.receiver for r in routes_for(a.labels, self.config)]
+
+    def now(self) -> float:
+        return self._clock.now()
+
+    def wake(self) -> None:
+        """Let the scheduler and workers re-check the clock now (tests moving a ManualClock)."""
+        self._wake.set()
+        for w in self._workers.values():
+            w.wake.set()
+
+    def last_errors(self) -> dict[str, str | None]:
+        """Latest delivery error per receiver (already redacted)."""
+        return {n: w.last_error for n, w in self._workers.items()}
