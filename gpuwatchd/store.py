@@ -118,6 +118,9 @@ class Store:
         self.nvml_worker_restarts = 0
         self.config_reload_success = True
         self.config_reload_timestamp: float | None = None
+        # Bumped by every writer method, so readers (the /metrics cache) can tell "nothing changed" cheaply.
+        # The runtime facts above are plain attributes: readers that cache include them in their key.
+        self.version = 0
 
     # -- writers (called by the daemon when data arrives) ------------------------------------------------------
 
@@ -125,6 +128,7 @@ class Store:
         """Take a fresh snapshot: update presence, history and Xid counters."""
         self.latest = snap
         self.stale = False
+        self.version += 1
         t = snap.timestamp
         seen: set[str] = set()
         for g in snap.gpus:
@@ -162,16 +166,20 @@ class Store:
         key = (ev.uuid or "unknown", ev.xid)
         self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
         self.recent_xids.append(ev)
+        self.version += 1
 
     def mark_stale(self) -> None:
         """The NVML worker missed its deadline: keep serving the last values, flagged as stale."""
         self.stale = True
+        self.version += 1
 
     def set_source_status(self, status: SourceStatus) -> None:
         self._sources[status.name] = status
+        self.version += 1
 
     def set_links(self, links: Iterable[LinkSample]) -> None:
         self._links = {link.pci_bus_id: link for link in links}
+        self.version += 1
 
     def _expire(self, now: float) -> None:
         horizon = now - self.retention_seconds
