@@ -1,0 +1,166 @@
+"""``gpuwatchd sim``: the real daemon against the stand-in NVML driver, driven by a scenario or a captured XML.
+
+Builds (or reuses) the stand-in ``libnvidia-ml.so.1``, writes the first state, starts the :class:`Player` and the
+:class:`~gpuwatchd.daemon.Daemon` on one shared :class:`~gpuwatchd.clock.ScaledClock`, so with ``--speed X``
+scenario time and the daemon's time are the same number; then serves until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import TextIO
+
+from gpuwatchd.clock import ScaledClock
+from gpuwatchd.config import Config, load_config
+from gpuwatchd.sim.player import Player
+from gpuwatchd.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_names
+
+log = logging.getLogger(__name__)
+
+STATE_ENV = "GPUWATCHD_SIM_STATE"  # the stand-in reads its state file from here (docs/sim-state.md)
+EXIT_OK = 0
+EXIT_USAGE = 2  # same meaning as gpuwatchd.cli.EXIT_USAGE: a bad scenario, XML file or option
+
+
+def list_scenarios() -> list[tuple[str, str]]:
+    """(name, what the user should see) of every built-in scenario, sorted by name."""
+    return [(name, load_scenario(name).description) for name in scenario_names()]
+
+
+async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | None, speed: float,
+                  listen: str | None, config_path: Path | None, state_dir: Path | None,
+                  out: TextIO | None = None) -> int:
+    """Run the simulation until SIGINT/SIGTERM; returns the process exit code.
+
+    ``ConfigError`` from a bad ``--config`` propagates (the CLI owns that exit code); scenario, XML and option
+    problems are printed to stderr and return ``EXIT_USAGE``; daemon start-up failures return their exit code.
+    """
+    from gpuwatchd.daemon import Daemon, DaemonError
+
+    out = out or sys.stdout
+    problem = _check_options(scenario, from_xml, speed, gpus)
+    if problem:
+        print(f"gpuwatchd sim: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    config = load_config(config_path, required=True) if config_path is not None else Config()
+    try:
+        scen = _load(scenario, gpus) if scenario is not None else None
+    except ScenarioError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_USAGE
+    clock = ScaledClock(speed=speed)
+    with tempfile.TemporaryDirectory(prefix="gpuwatchd-sim-") as tmp_name:
+        tmp = Path(tmp_name)
+        state_path = tmp / "state"
+        player: Player | None = None
+        if scen is not None:
+            player = Player(scen, state_path, clock)
+            player.write_initial()
+            title, expect = f"scenario {scen.name!r}", scen.description
+        else:
+            assert from_xml is not None
+            try:
+                title, expect = _write_capture(from_xml, state_path)
+            except (OSError, ValueError) as e:
+                print(f"gpuwatchd sim: --from-xml {from_xml}: {e}", file=sys.stderr)
+                return EXIT_USAGE
+        try:
+            libdir = _library_dir(scen, tmp)
+        except (OSError, RuntimeError) as e:
+            print(f"gpuwatchd sim: cannot build the stand-in NVML driver: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        config = _sim_config(config, libdir, state_dir or (tmp / "state-dir"), state_dir is not None)
+        daemon = Daemon(config, config_path=config_path, clock=clock, listen=listen,
+                        worker_env={**os.environ, STATE_ENV: str(state_path)})
+        try:
+            await daemon.start()
+        except DaemonError as e:
+            print(f"gpuwatchd sim: {e}", file=sys.stderr)
+            return e.exit_code
+        print(banner(title, expect, daemon.url, scen=scen, speed=speed, state_path=state_path), file=out, flush=True)
+        task = asyncio.create_task(player.run(), name="scenario player") if player is not None else None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, daemon.request_stop)
+        try:
+            await daemon.wait_closed()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await daemon.stop()
+        return EXIT_OK if daemon.failure is None else DaemonError.exit_code
+
+
+def _check_options(scenario: str | None, from_xml: Path | None, speed: float, gpus: int | None) -> str | None:
+    if (scenario is None) == (from_xml is None):
+        return "give exactly one of --scenario NAME or --from-xml FILE"
+    if not speed > 0:
+        return f"--speed {speed}: must be > 0"
+    if gpus is not None and gpus < 0:
+        return f"--gpus {gpus}: must be >= 0"
+    if gpus is not None and from_xml is not None:
+        return "--gpus applies to --scenario only (a capture has the GPUs it has)"
+    return None
+
+
+def _load(name: str, gpus: int | None) -> Scenario:
+    scen = load_scenario(name)
+    return scen.with_gpus(gpus) if gpus is not None else scen
+
+
+def _write_capture(path: Path, state_path: Path) -> tuple[str, str]:
+    from gpuwatchd.sim.capture import describe_capture, state_from_xml
+    from gpuwatchd.sim.state import write_state
+
+    write_state(state_path, state_from_xml(path))
+    return f"capture {path.name}", describe_capture(path)
+
+
+def _library_dir(scen: Scenario | None, tmp: Path) -> Path:
+    if scen is not None and scen.library == "absent":
+        empty = tmp / "no-driver"  # a directory without libnvidia-ml.so.1: NVML init fails with LibraryNotFound
+        empty.mkdir()
+        return empty
+    from gpuwatchd.sim.build import build_standin
+
+    return build_standin()
+
+
+def _sim_config(config: Config, libdir: Path, state_dir: Path, explicit: bool) -> Config:
+    nvml = config.nvml.model_copy(update={"library_path": libdir})
+    update: dict[str, object] = {"nvml": nvml}
+    # A simulation keeps its alert state and outbox away from a real daemon's, unless told where.
+    if explicit or "state_dir" not in config.model_fields_set:
+        update["state_dir"] = state_dir
+    return config.model_copy(update=update)
+
+
+def banner(title: str, expect: str, url: str, *, scen: Scenario | None, speed: float, state_path: Path) -> str:
+    """What ``gpuwatchd sim`` prints once the daemon is serving."""
+    head = f"gpuwatchd sim: {title}"
+    if scen is not None:
+        head += f", {scen.gpus} GPU(s)" + (f", looping every {scen.duration:g} s" if scen.loop else "")
+    if speed != 1:
+        head += f", {speed:g}x speed"
+    lines = [head]
+    lines += [f"  {line}" for line in _wrap(expect, 100)]
+    lines += [f"  metrics: {url}/metrics", f"  status:  {url}/api/v1/status", f"  alerts:  {url}/api/v1/alerts",
+              f"  stand-in state file: {state_path}", "  Ctrl-C to stop."]
+    return "\n".join(lines)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width) or [""]

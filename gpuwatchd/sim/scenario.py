@@ -1,0 +1,555 @@
+"""Scenario files: a small, typed, validated timeline language that drives the stand-in NVML driver.
+
+A scenario is data (YAML), never code. It names a fleet of GPUs, optional per-GPU overrides of the stand-in's
+device defaults (``gpuwatchd.sim.state.make_device``), and a timeline of steps at scenario times (seconds from
+the start). :func:`gpuwatchd.sim.player.state_at` turns a scenario and a time into a stand-in state dict
+(``docs/sim-state.md``); the :class:`~gpuwatchd.sim.player.Player` writes it while time runs. The full format,
+with examples, is in ``docs/scenarios.md``; in short::
+
+    name: leak
+    description: What the user should see.
+    gpus: 1                      # default GPU count (``gpuwatchd sim --gpus N`` overrides it)
+    loop: false                  # at the end of the timeline: hold the last state (false) or restart (true)
+    duration: 1800               # optional cycle length for loop (default: when the last step ends)
+    library: present             # "absent": the runner points the daemon at a directory without libnvidia-ml
+    system: {driver_version: "550.54.14"}        # top-level state overrides
+    devices:                     # per-GPU overrides: "all" (every GPU) then a GPU's slot number
+      all: {name: NVIDIA RTX A5000, memory: {total: 24GiB}}
+      0: {pci: {bus: 0x41}}
+    processes:                   # optional generated population (fleet): stable pids, mild churn
+      per_gpu: 256
+    timeline:
+      - at: 10
+        set: {devices[0].temperature: 81, "devices[*].clocks_event_reasons": 0x20}
+      - at: 10
+        ramp: {path: devices[0].processes.compute[pid=4242].used_memory, from: 1GiB, to: 22GiB, over: 1800}
+      - at: 0
+        add_process: {gpu: 0, pid: 4242, name: python, user: alice, used_memory: 1GiB}
+
+Devices are addressed by **slot** (``devices[1]`` is the scenario's second GPU), which keeps its identity (UUID)
+when it is removed and re-inserted at another NVML index. Validation errors name the file and the step:
+``leak.yml: timeline[3].set: unknown field 'devices[0].memroy.used'``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from gpuwatchd.config import format_validation_error
+
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\s*$")
+_SIZE_UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+              "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+class ScenarioError(Exception):
+    """A scenario that cannot be used; ``str`` is one ``file: where: message`` line per problem."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+
+
+def parse_quantity(value: Any) -> Any:
+    """``"22GiB"`` / ``"1.5 GB"`` -> bytes as int; other values pass through unchanged."""
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m:
+            return int(float(m.group(1)) * _SIZE_UNIT[m.group(2)])
+    return value
+
+
+def _number(value: Any) -> Any:
+    value = parse_quantity(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number or a size like 4GiB, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number)]
+
+
+# --- dotted paths ------------------------------------------------------------------------------------------------
+
+_SEGMENT = re.compile(r"([^.\[\]]+)|\[(\d+|\*|pid=\d+)\]|(\.)")
+
+Segment = str | int | tuple[str, int]  # key, list index, ("pid", n) selector into a process list
+
+
+@dataclass(frozen=True)
+class FieldPath:
+    """A parsed dotted path: ``devices[0].memory.used`` -> slot 0, keys ("memory", "used")."""
+
+    text: str
+    slot: int | Literal["*"] | None  # None: a top-level state key
+    keys: tuple[Segment, ...]
+
+    @property
+    def leaf(self) -> str:
+        last = [k for k in self.keys if isinstance(k, str)]
+        return last[-1] if last else ""
+
+
+def parse_path(text: str) -> FieldPath:
+    """Parse a dotted path; raises ``ValueError`` naming what is wrong."""
+    segments: list[Segment] = []
+    pos = 0
+    expect_key = True
+    while pos < len(text):
+        m = _SEGMENT.match(text, pos)
+        if not m:
+            raise ValueError(f"cannot parse field path {text!r} at {text[pos:]!r}")
+        key, index, dot = m.groups()
+        if dot:
+            expect_key = True
+        elif key is not None:
+            if not expect_key:
+                raise ValueError(f"cannot parse field path {text!r}: missing '.' before {key!r}")
+            segments.append(key)
+            expect_key = False
+        elif index == "*":
+            segments.append("*")
+        elif index.startswith("pid="):
+            segments.append(("pid", int(index[4:])))
+        else:
+            segments.append(int(index))
+        pos = m.end()
+    if not segments or not isinstance(segments[0], str):
+        raise ValueError(f"empty or malformed field path {text!r}")
+    if segments[0] != "devices":
+        if len(segments) != 1:
+            raise ValueError(f"unknown field {text!r}")
+        return FieldPath(text, None, (segments[0],))
+    if len(segments) < 3 or not (isinstance(segments[1], int) or segments[1] == "*"):
+        raise ValueError(f"a device field needs devices[N] or devices[*] and a field name, got {text!r}")
+    slot: int | Literal["*"] = segments[1] if isinstance(segments[1], int) else "*"
+    return FieldPath(text, slot, tuple(segments[2:]))
+
+
+# --- the format ----------------------------------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class RampSpec(_Model):
+    """Linear from ``from`` to ``to`` over ``over`` seconds, then hold ``to``."""
+
+    path: str
+    from_: Number = Field(alias="from")
+    to: Number
+    over: float = Field(gt=0)
+
+
+class PlateauSpec(_Model):
+    """PyTorch caching-allocator shape: saturating warm-up growth to ``peak``, then flat with periodic spikes.
+
+    The spikes (evaluation passes) go ``spike`` above the plateau for ``spike_len`` seconds every ``every``
+    seconds and come back down, so the series is bounded: a leak detector must not fire on it.
+    """
+
+    path: str
+    base: Number
+    peak: Number
+    warmup: float = Field(gt=0)
+    spike: Number = 0
+    every: float = Field(default=300.0, gt=0)
+    spike_len: float = Field(default=20.0, ge=0)
+
+
+class WaveSpec(_Model):
+    """``mean + amplitude * sin(2 pi t / period)``: load that breathes, deterministic in t."""
+
+    path: str
+    mean: Number
+    amplitude: Number
+    period: float = Field(gt=0)
+
+
+class ProcessSpec(_Model):
+    gpu: int = Field(ge=0)
+    pid: int = Field(gt=0, le=4_194_304)  # Linux pid_max upper bound on 64-bit
+    kind: Literal["compute", "graphics"] = "compute"
+    name: str = "python"
+    user: str = "root"
+    used_memory: Annotated[int | None, BeforeValidator(parse_quantity)] = None
+    host_rss: Annotated[int | None, BeforeValidator(parse_quantity)] = None
+
+
+class RemoveProcessSpec(_Model):
+    gpu: int = Field(ge=0)
+    pid: int = Field(gt=0)
+
+
+class InsertSpec(_Model):
+    gpu: int = Field(ge=0)
+    index: int = Field(ge=0)  # NVML enumeration position after insertion (clamped to the list length)
+
+
+class EventSpec(_Model):
+    gpu: int = Field(ge=0)
+    type: Literal["xid", "sbe", "dbe", "pstate", "clock", "power_source"] = "xid"
+    data: int = 0
+
+
+class XidSpec(_Model):
+    gpu: int = Field(ge=0)
+    code: int = Field(ge=0)
+
+
+class PopulationSpec(_Model):
+    """A generated process population per GPU with stable pids and round-robin churn (fleet scenarios)."""
+
+    per_gpu: int = Field(ge=1, le=4096)
+    pid_start: int = Field(default=100_000, gt=1)
+    churn_every: float = Field(default=30.0, gt=0)  # seconds between churn ticks
+    churn_count: int = Field(default=2, ge=0)  # processes replaced per GPU per tick
+    names: tuple[str, ...] = ("python",)
+    users: tuple[str, ...] = ("root",)
+    memory_min: Annotated[int, BeforeValidator(parse_quantity)] = 64 << 20
+    memory_max: Annotated[int, BeforeValidator(parse_quantity)] = 256 << 20
+
+
+class ScenarioDoc(_Model):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    description: str = Field(min_length=1)
+    gpus: int = Field(default=1, ge=0, le=256)
+    loop: bool = False
+    duration: float | None = Field(default=None, gt=0)
+    library: Literal["present", "absent"] = "present"
+    system: dict[str, Any] = Field(default_factory=dict)
+    devices: dict[str | int, dict[str, Any]] = Field(default_factory=dict)
+    processes: PopulationSpec | None = None
+    timeline: list[dict[str, Any]] = Field(default_factory=list)
+
+
+# --- the validated, immutable scenario -----------------------------------------------------------------------------
+
+Action = Literal["set", "ramp", "plateau", "wave", "add_process", "remove_process", "lose", "remove", "insert",
+                 "event", "xid"]
+ACTIONS: tuple[str, ...] = Action.__args__  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One timeline entry, validated; ``order`` is its position in the file (ties at one time keep file order)."""
+
+    at: float
+    order: int
+    action: Action
+    values: tuple[tuple[FieldPath, Any], ...] = ()  # set
+    path: FieldPath | None = None  # ramp / plateau / wave
+    spec: Any = None  # the action's typed payload
+    gpu: int | None = None  # device-scoped actions
+
+    @property
+    def end(self) -> float:
+        """When the step's effect stops changing."""
+        if isinstance(self.spec, RampSpec):
+            return self.at + self.spec.over
+        if isinstance(self.spec, PlateauSpec):
+            return self.at + self.spec.warmup
+        return self.at
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    gpus: int
+    loop: bool
+    duration: float  # cycle length (loop) / time after which nothing changes (hold)
+    library: Literal["present", "absent"]
+    system: dict[str, Any]
+    devices: dict[str | int, dict[str, Any]]
+    population: PopulationSpec | None
+    steps: tuple[Step, ...]
+    source: str = "<scenario>"
+    referenced_slots: frozenset[int] = field(default_factory=frozenset)
+
+    def with_gpus(self, n: int) -> Scenario:
+        """The same scenario on ``n`` GPUs (``--gpus``); the timeline must not address a GPU past ``n``."""
+        if n < 0:
+            raise ScenarioError(self.source, [f"--gpus {n}: must be >= 0"])
+        missing = sorted(s for s in self.referenced_slots if s >= n)
+        if missing:
+            raise ScenarioError(self.source, [
+                f"--gpus {n}: scenario {self.name!r} drives devices[{missing[-1]}], so it needs at least "
+                f"{missing[-1] + 1} GPUs"])
+        return replace(self, gpus=n)
+
+
+def _device_schema() -> dict[str, Any]:
+    from gpuwatchd.sim.state import make_device
+
+    schema = make_device(0)
+    # Keys the defaults may leave out, from docs/sim-state.md: open maps and flags the scenario may set.
+    schema.setdefault("lost", False)
+    schema.setdefault("errors", {})
+    schema.setdefault("delays_ms", {})
+    schema.setdefault("processes", {"compute": [], "graphics": []})
+    schema.setdefault("supported_event_types", 0)
+    return schema
+
+
+_TOP_LEVEL = {"driver_version": str, "nvml_version": str, "cuda_driver_version": int, "init_error": str}
+_OPEN_MAPS = {"errors": str, "delays_ms": int}  # keyed by C symbol name or "*"
+_PROCESS_FIELDS: dict[str, Any] = {"pid": int, "used_memory": int, "name": str, "user": str, "host_rss": int}
+
+
+def _check_type(expected: Any, value: Any, what: str) -> None:
+    if value is None or expected is None:
+        return  # null = NOT_SUPPORTED for any reading; a None default takes anything
+    if expected is bool:
+        ok = isinstance(value, bool)
+    elif expected in (int, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, expected)
+    if not ok:
+        raise ValueError(f"{what}: expected {expected.__name__}, got {value!r}")
+
+
+def _type_of(default: Any) -> Any:
+    return None if default is None else type(default)
+
+
+def check_field(path: FieldPath, value: Any, schema: dict[str, Any], *, numeric: bool = False) -> Any:
+    """Validate ``path`` (and ``value``) against the stand-in's device schema; returns the normalised value."""
+    value = parse_quantity(value)
+    keys = path.keys
+    expected: Any
+    if path.slot is None:
+        if keys[0] not in _TOP_LEVEL:
+            raise ValueError(f"unknown field {path.text!r}")
+        expected = _TOP_LEVEL[str(keys[0])]
+    elif keys[0] in _OPEN_MAPS:
+        kind = _OPEN_MAPS[str(keys[0])]
+        if len(keys) == 1:
+            if not isinstance(value, dict):
+                raise ValueError(f"{path.text}: expected a mapping of NVML call name -> value")
+            for sym, v in value.items():
+                _check_symbol(str(sym), path.text)
+                _check_type(kind, v, f"{path.text}.{sym}")
+            return value
+        if len(keys) != 2 or not isinstance(keys[1], str):
+            raise ValueError(f"unknown field {path.text!r}")
+        _check_symbol(keys[1], path.text)
+        expected = kind
+    elif keys[0] == "processes":
+        if len(keys) > 1 and keys[1] not in ("compute", "graphics"):
+            raise ValueError(f"unknown field {path.text!r}")
+        if len(keys) == 4 and not isinstance(keys[2], str) and keys[3] in _PROCESS_FIELDS:
+            expected = _PROCESS_FIELDS[str(keys[3])]
+        elif len(keys) == 3 and not isinstance(keys[2], str):
+            expected = dict
+        elif len(keys) <= 2:
+            expected = list if len(keys) == 2 else dict
+        else:
+            raise ValueError(f"unknown field {path.text!r}")
+    else:
+        node: Any = schema
+        for k in keys:
+            if isinstance(node, dict) and isinstance(k, str) and k in node:
+                node = node[k]
+            elif isinstance(node, list) and isinstance(k, int):
+                node = node[0] if node else None
+            elif isinstance(k, tuple):
+                raise ValueError(f"{path.text}: [pid=N] selects a process in processes.compute/graphics only")
+            else:
+                raise ValueError(f"unknown field {path.text!r}")
+        expected = _type_of(node)
+    if numeric:
+        if expected not in (int, float, None):
+            raise ValueError(f"{path.text}: not a numeric field")
+        return value
+    _check_type(expected, value, path.text)
+    return value
+
+
+def _check_symbol(sym: str, where: str) -> None:
+    if sym != "*" and not re.fullmatch(r"nvml[A-Za-z0-9_]+", sym):
+        raise ValueError(f"{where}: {sym!r} is not an NVML call name (nvmlDevice...) or '*'")
+
+
+def _step(i: int, raw: Any, schema: dict[str, Any]) -> Step:
+    if not isinstance(raw, dict):
+        raise ValueError("expected a mapping with 'at' and one action")
+    if "at" not in raw:
+        raise ValueError("missing 'at' (seconds from the start)")
+    at = raw["at"]
+    if isinstance(at, bool) or not isinstance(at, int | float) or at < 0 or not math.isfinite(at):
+        raise ValueError(f"at: expected seconds >= 0, got {at!r}")
+    actions = [k for k in raw if k != "at"]
+    unknown = [k for k in actions if k not in ACTIONS]
+    if unknown:
+        raise ValueError(f"unknown action {unknown[0]!r} (one of: {', '.join(ACTIONS)})")
+    if len(actions) != 1:
+        raise ValueError(f"expected exactly one action, got {actions or 'none'}")
+    action: Action = actions[0]
+    body = raw[action]
+    base = functools.partial(Step, float(at), i, action)
+    if action == "set":
+        if not isinstance(body, dict) or not body:
+            raise ValueError("set: expected a mapping of field path -> value")
+        values = []
+        for text, value in body.items():
+            try:
+                fp = parse_path(str(text))
+                values.append((fp, check_field(fp, value, schema)))
+            except ValueError as e:
+                raise ValueError(f"set: {e}") from None
+        return base(values=tuple(values))
+    if action in ("lose", "remove"):
+        if isinstance(body, bool) or not isinstance(body, int) or body < 0:
+            raise ValueError(f"{action}: expected a GPU slot number, got {body!r}")
+        return base(gpu=body)
+    models: dict[str, type[_Model]] = {
+        "ramp": RampSpec, "plateau": PlateauSpec, "wave": WaveSpec, "add_process": ProcessSpec,
+        "remove_process": RemoveProcessSpec, "insert": InsertSpec, "event": EventSpec, "xid": XidSpec,
+    }
+    model = models[action]
+    try:
+        spec = model.model_validate(body)
+    except ValidationError as e:
+        raise ValueError("; ".join(f"{action}.{line}" for line in format_validation_error(e))) from None
+    if isinstance(spec, RampSpec | PlateauSpec | WaveSpec):
+        try:
+            fp = parse_path(spec.path)
+            check_field(fp, 0, schema, numeric=True)
+        except ValueError as e:
+            raise ValueError(f"{action}.path: {e}") from None
+        return base(path=fp, spec=spec)
+    gpu = getattr(spec, "gpu", None)
+    return base(spec=spec, gpu=gpu)
+
+
+def _slots_of(step: Step) -> set[int]:
+    out = {step.gpu} if step.gpu is not None else set()
+    paths = [fp for fp, _ in step.values] + ([step.path] if step.path else [])
+    out.update(fp.slot for fp in paths if isinstance(fp.slot, int))
+    return out
+
+
+def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
+    """Validate a parsed YAML document into a :class:`Scenario`."""
+    if not isinstance(data, dict):
+        raise ScenarioError(source, ["(top level): expected a mapping"])
+    try:
+        doc = ScenarioDoc.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(source, format_validation_error(e)) from None
+    schema = _device_schema()
+    problems: list[str] = []
+    steps: list[Step] = []
+    for i, raw in enumerate(doc.timeline):
+        try:
+            steps.append(_step(i, raw, schema))
+        except ValueError as e:
+            problems.append(f"timeline[{i}].{e}" if str(e).split(":")[0] in ACTIONS else f"timeline[{i}]: {e}")
+    for key, value in doc.system.items():
+        try:
+            check_field(FieldPath(key, None, (key,)), value, schema)
+        except ValueError as e:
+            problems.append(f"system: {e}")
+    for slot, overrides in doc.devices.items():
+        if slot != "all" and not (isinstance(slot, int) and slot >= 0):
+            problems.append(f"devices: key {slot!r} must be 'all' or a GPU slot number")
+            continue
+        problems.extend(_check_overrides(f"devices.{slot}", overrides, schema))
+    if problems:
+        raise ScenarioError(source, problems)
+    slots: set[int] = set()
+    for s in steps:
+        slots |= _slots_of(s)
+    slots.update(k for k in doc.devices if isinstance(k, int))
+    ends = [s.end for s in steps]
+    if doc.processes is not None:
+        ends.append(doc.processes.churn_every)
+    duration = doc.duration or max(ends, default=0.0)
+    if doc.loop and duration <= 0:
+        raise ScenarioError(source, ["loop: true needs a duration > 0 (or a timeline that spans time)"])
+    scen = Scenario(
+        name=doc.name, description=" ".join(doc.description.split()), gpus=doc.gpus, loop=doc.loop,
+        duration=duration, library=doc.library, system=dict(doc.system),
+        devices={k: _normalise(v) for k, v in doc.devices.items()}, population=doc.processes,
+        steps=tuple(sorted(steps, key=lambda s: (s.at, s.order))), source=source, referenced_slots=frozenset(slots),
+    )
+    missing = sorted(s for s in slots if s >= doc.gpus)
+    if missing:
+        raise ScenarioError(source, [f"gpus: {doc.gpus}, but the scenario drives devices[{missing[-1]}]"])
+    return scen
+
+
+def _normalise(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _normalise(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalise(v) for v in value]
+    return parse_quantity(value)
+
+
+def _check_overrides(where: str, overrides: Any, schema: dict[str, Any], prefix: str = "") -> list[str]:
+    if not isinstance(overrides, dict):
+        return [f"{where}: expected a mapping of device fields"]
+    problems = []
+    for key, value in overrides.items():
+        text = f"{prefix}{key}"
+        node: Any = schema
+        for part in text.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(value, dict) and key not in _OPEN_MAPS and key != "processes":
+            problems.extend(_check_overrides(where, value, schema, prefix=f"{text}."))
+            continue
+        try:
+            check_field(parse_path(f"devices[0].{text}"), _normalise(value), schema)
+        except ValueError as e:
+            problems.append(f"{where}: {str(e).replace('devices[0].', '')}")
+    return problems
+
+
+def load_scenario_file(path: Path) -> Scenario:
+    """Load and validate one scenario file."""
+    src = path.name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ScenarioError(src, [f"cannot read: {e.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ScenarioError(src, [f"{where}invalid YAML: {getattr(e, 'problem', None) or e}"]) from None
+    return scenario_from_dict(data, src)
+
+
+def scenario_names() -> list[str]:
+    """Names of the built-in scenarios, sorted."""
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yml"))
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    """A built-in scenario by name (``leak``) or a scenario file by path."""
+    p = Path(name_or_path)
+    if p.suffix in (".yml", ".yaml") or p.exists():
+        return load_scenario_file(p)
+    builtin = SCENARIO_DIR / f"{name_or_path}.yml"
+    if not builtin.is_file():
+        known = ", ".join(scenario_names())
+        raise ScenarioError(str(name_or_path), [f"no such scenario (built-in: {known})"])
+    return load_scenario_file(builtin)
