@@ -1,0 +1,1378 @@
+/*
+ * Stand-in libnvidia-ml.so.1: serves NVML calls from a state file so gpuwatchd can be tested without a GPU.
+ *
+ * Compiled on demand by gpuwatchd/sim/build.py against NVIDIA's real nvml.h (pinned nvidia-nvml-dev wheel), so
+ * every struct layout is NVIDIA's. The state file (path in $GPUWATCHD_SIM_STATE, read at nvmlInit) is written by
+ * gpuwatchd/sim/state.py; its line format is documented there and in docs/sim-state.md.
+ *
+ * Design points:
+ *  - Per-call cost is the floor the daemon's polling cost is compared against, so the hot path is: one mutex,
+ *    one CLOCK_MONOTONIC read (a stat() of the state file at most every RELOAD_CHECK_NS), array lookups.
+ *  - Every exported function is wrapped in #ifndef OMIT_<name> so a build can leave symbols out, which pynvml
+ *    surfaces as NVMLError_FunctionNotFound (old-driver fallbacks).
+ *  - The state is swapped under the mutex; all reads of it happen under the mutex, so the old one can be freed.
+ *  - Delays sleep without the mutex; a delay of -1 (hung driver) sleeps in slices and ends only when the state
+ *    stops asking for it, so the process stays killable and a scenario can "un-hang" the driver.
+ */
+#define _GNU_SOURCE
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include <nvml.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* Upper bound on enumerated devices; a large HGX node has 8-16, "fleet" scenarios stay far below this. */
+#define MAX_DEVICES 1024
+/* How often a call may stat() the state file: cheap enough for the hot path, fast enough for a 10 Hz player. */
+#define RELOAD_CHECK_NS 2000000LL
+/* A file younger than this is re-read even if its stat signature looks unchanged: inode numbers are reused and
+ * filesystem timestamps are jiffy-grained, so two quick atomic replaces can look identical to stat(). */
+#define YOUNG_FILE_NS 50000000LL
+/* Sleep slice for hung calls and event waits: short enough that a test's state change is seen promptly. */
+#define SLICE_NS 2000000LL
+#define UNSET LLONG_MIN
+#define STATE_MAGIC "GWSIM 1"
+#define EVSET_MAGIC 0x47575345u
+
+/* Every symbol whose return code / delay can be overridden by name; the order defines the F_ ids. */
+#define FUNCS(X) \
+    X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetHandleByPciBusId_v2) \
+    X(nvmlDeviceGetIndex) X(nvmlDeviceGetUUID) X(nvmlDeviceGetName) X(nvmlDeviceGetSerial) \
+    X(nvmlDeviceGetMinorNumber) X(nvmlDeviceGetPciInfo_v3) X(nvmlDeviceGetMemoryInfo) \
+    X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetUtilizationRates) X(nvmlDeviceGetTemperature) \
+    X(nvmlDeviceGetTemperatureV) X(nvmlDeviceGetTemperatureThreshold) X(nvmlDeviceGetPowerUsage) \
+    X(nvmlDeviceGetEnforcedPowerLimit) X(nvmlDeviceGetPowerManagementLimit) \
+    X(nvmlDeviceGetPowerManagementLimitConstraints) X(nvmlDeviceGetTotalEnergyConsumption) \
+    X(nvmlDeviceGetClockInfo) X(nvmlDeviceGetMaxClockInfo) X(nvmlDeviceGetCurrentClocksEventReasons) \
+    X(nvmlDeviceGetSupportedClocksEventReasons) X(nvmlDeviceGetCurrentClocksThrottleReasons) \
+    X(nvmlDeviceGetSupportedClocksThrottleReasons) X(nvmlDeviceGetViolationStatus) \
+    X(nvmlDeviceGetPerformanceState) X(nvmlDeviceGetPowerState) X(nvmlDeviceGetNumFans) \
+    X(nvmlDeviceGetFanSpeed_v2) X(nvmlDeviceGetFanSpeed) X(nvmlDeviceGetEccMode) X(nvmlDeviceGetTotalEccErrors) \
+    X(nvmlDeviceGetMemoryErrorCounter) X(nvmlDeviceGetRetiredPages) X(nvmlDeviceGetRetiredPages_v2) \
+    X(nvmlDeviceGetRetiredPagesPendingStatus) X(nvmlDeviceGetRemappedRows) \
+    X(nvmlDeviceGetCurrPcieLinkGeneration) X(nvmlDeviceGetCurrPcieLinkWidth) \
+    X(nvmlDeviceGetMaxPcieLinkGeneration) X(nvmlDeviceGetMaxPcieLinkWidth) \
+    X(nvmlDeviceGetGpuMaxPcieLinkGeneration) X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetPcieReplayCounter) \
+    X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetMigMode) X(nvmlDeviceGetComputeRunningProcesses_v3) \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetSupportedEventTypes) X(nvmlDeviceRegisterEvents)
+
+#define AS_ENUM(n) F_##n,
+#define AS_NAME(n) #n,
+enum { FUNCS(AS_ENUM) NFUNCS };
+static const char *const func_names[NFUNCS] = { FUNCS(AS_NAME) };
+
+typedef struct {
+    unsigned int pid;
+    long long used; /* UNSET -> NVML_VALUE_NOT_AVAILABLE */
+} sproc;
+
+typedef struct {
+    int n; /* -1: not supported */
+    long long *v;
+} slist;
+
+typedef struct {
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    char serial[NVML_DEVICE_SERIAL_BUFFER_SIZE];
+    int has_serial;
+    long long minor;
+    long long pci[5]; /* domain, bus, device, pciDeviceId, pciSubSystemId */
+    long long mem[3]; /* total, reserved, used */
+    long long util[2];
+    long long temp;
+    long long tthr[4]; /* shutdown, slowdown, mem_max, gpu_max = nvmlTemperatureThresholds_t 0..3 */
+    long long power, plimit, pcons[2], energy;
+    long long clk[4], maxclk[4]; /* nvmlClockType_t order: graphics, sm, mem, video */
+    long long cer, scer;
+    long long viol[NVML_PERF_POLICY_COUNT];
+    long long pstate;
+    slist fans, nvlink, rp[2];
+    long long rp_pending;
+    long long ecc_mode[2];
+    long long ecc[4]; /* corrected volatile, uncorrected volatile, corrected aggregate, uncorrected aggregate */
+    long long remap[4];
+    long long pcie[8]; /* gen, max_gen, gpu_max_gen, width, max_width, tx_kbps, rx_kbps, replay */
+    long long mig[2];
+    long long evtypes;
+    int nproc[2]; /* compute, graphics; -1: not supported */
+    sproc *proc[2];
+    int lost;
+    int has_overrides;
+    int err[NFUNCS], err_all;
+    int delay[NFUNCS], delay_all; /* 0 none, >0 ms, -1 forever */
+} sdev;
+
+typedef struct {
+    unsigned long long seq, type, data;
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+} sevent;
+
+typedef struct {
+    char driver[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
+    char nvml[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE];
+    long long cuda;
+    int init_error;
+    double clock;
+    int ndev, cap_dev;
+    sdev *devs;
+    int nev, cap_ev;
+    sevent *evs;
+    unsigned long long max_seq;
+} sstate;
+
+struct nvmlDevice_st {
+    int slot;
+    unsigned long long gen; /* state generation didx was resolved against */
+    int didx;               /* index into state->devs, -1 when the UUID is gone from the state */
+};
+
+struct nvmlEventSet_st {
+    unsigned int magic;
+    unsigned long long last_seq;
+    unsigned long long mask[MAX_DEVICES];
+    unsigned long long reg_seq[MAX_DEVICES]; /* events up to this seq predate registration: never delivered */
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int refcount;
+static char state_path[4096];
+static sstate *st;
+static unsigned long long gen = 1;
+static struct {
+    dev_t dev;
+    ino_t ino;
+    long long size, mtime_ns, ctime_ns;
+} sig;
+static long long last_check_ns;
+static int enum_n;
+static char enum_uuid[MAX_DEVICES][NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+static struct nvmlDevice_st handles[MAX_DEVICES];
+
+/* ------------------------------------------------------------------------------------------------ state */
+
+static long long mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void sleep_ns(long long ns) {
+    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static void free_state(sstate *s) {
+    if (!s) return;
+    for (int i = 0; i < s->ndev; i++) {
+        sdev *d = &s->devs[i];
+        free(d->fans.v);
+        free(d->nvlink.v);
+        free(d->rp[0].v);
+        free(d->rp[1].v);
+        free(d->proc[0]);
+        free(d->proc[1]);
+    }
+    free(s->devs);
+    free(s->evs);
+    free(s);
+}
+
+static void dev_defaults(sdev *d) {
+    memset(d, 0, sizeof(*d));
+    long long *unset[] = {&d->minor, &d->temp, &d->power, &d->plimit, &d->energy, &d->cer, &d->scer,
+                          &d->pstate, &d->rp_pending};
+    for (size_t i = 0; i < sizeof(unset) / sizeof(unset[0]); i++) *unset[i] = UNSET;
+    long long *arrs[] = {d->pci, d->mem, d->util, d->tthr, d->pcons, d->clk, d->maxclk, d->viol, d->ecc_mode,
+                         d->ecc, d->remap, d->pcie, d->mig};
+    size_t lens[] = {5, 3, 2, 4, 2, 4, 4, NVML_PERF_POLICY_COUNT, 2, 4, 4, 8, 2};
+    for (size_t a = 0; a < sizeof(arrs) / sizeof(arrs[0]); a++)
+        for (size_t i = 0; i < lens[a]; i++) arrs[a][i] = UNSET;
+    d->fans.n = d->nvlink.n = d->rp[0].n = d->rp[1].n = -1;
+    d->nproc[0] = d->nproc[1] = -1;
+    d->evtypes = (long long)nvmlEventTypeAll; /* docs/sim-state.md: default is every event bit */
+}
+
+/* Parse whitespace-separated integers ("-" = unset) from s. Returns the count, or -1 on garbage. */
+static int parse_nums(char *s, long long *out, int max) {
+    int n = 0;
+    while (*s) {
+        while (*s == ' ') s++;
+        if (!*s) break;
+        if (n >= max) return -1;
+        if (s[0] == '-' && (s[1] == ' ' || s[1] == 0)) {
+            out[n++] = UNSET;
+            s++;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || errno || (*end != ' ' && *end != 0)) return -1;
+        out[n++] = v;
+        s = end;
+    }
+    return n;
+}
+
+static int count_tokens(const char *s) {
+    int n = 0, in = 0;
+    for (; *s; s++) {
+        if (*s == ' ') in = 0;
+        else if (!in) { in = 1; n++; }
+    }
+    return n;
+}
+
+/* A list line: "key v1 v2 ..." (possibly empty). Replaces any previous list. */
+static int parse_list(char *s, slist *l) {
+    int cap = count_tokens(s);
+    long long *v = malloc(sizeof(long long) * (size_t)(cap ? cap : 1));
+    if (!v) return -1;
+    int n = parse_nums(s, v, cap);
+    if (n < 0) { free(v); return -1; }
+    for (int i = 0; i < n; i++)
+        if (v[i] == UNSET) { free(v); return -1; }
+    free(l->v);
+    l->v = v;
+    l->n = n;
+    return 0;
+}
+
+static int parse_fixed(char *s, long long *out, int want) {
+    long long tmp[16];
+    if (parse_nums(s, tmp, 16) != want) return -1;
+    memcpy(out, tmp, sizeof(long long) * (size_t)want);
+    return 0;
+}
+
+static int parse_procs(char *s, sdev *d, int kind) {
+    int ntok = count_tokens(s);
+    if (ntok % 2) return -1;
+    long long *v = malloc(sizeof(long long) * (size_t)(ntok ? ntok : 1));
+    if (!v) return -1;
+    if (parse_nums(s, v, ntok) != ntok) { free(v); return -1; }
+    sproc *p = malloc(sizeof(sproc) * (size_t)(ntok ? ntok / 2 : 1));
+    if (!p) { free(v); return -1; }
+    for (int i = 0; i < ntok / 2; i++) {
+        if (v[2 * i] == UNSET || v[2 * i] < 0) { free(v); free(p); return -1; }
+        p[i].pid = (unsigned int)v[2 * i];
+        p[i].used = v[2 * i + 1];
+    }
+    free(v);
+    free(d->proc[kind]);
+    d->proc[kind] = p;
+    d->nproc[kind] = ntok / 2;
+    return 0;
+}
+
+static int func_id(const char *name) {
+    for (int i = 0; i < NFUNCS; i++)
+        if (strcmp(func_names[i], name) == 0) return i;
+    return -1;
+}
+
+/* "error <symbol|*> <code>" / "delay <symbol|*> <ms>"; unknown symbols are ignored (written by a newer writer). */
+static int parse_override(char *s, sdev *d, int is_delay) {
+    char *sp = strchr(s, ' ');
+    if (!sp) return -1;
+    *sp = 0;
+    long long v;
+    if (parse_nums(sp + 1, &v, 1) != 1 || v == UNSET) return -1;
+    d->has_overrides = 1;
+    if (strcmp(s, "*") == 0) {
+        if (is_delay) d->delay_all = (int)v;
+        else d->err_all = (int)v;
+        return 0;
+    }
+    int id = func_id(s);
+    if (id >= 0) {
+        if (is_delay) d->delay[id] = (int)v;
+        else d->err[id] = (int)v;
+    }
+    return 0;
+}
+
+static void copy_str(char *dst, size_t cap, const char *src) {
+    snprintf(dst, cap, "%s", src);
+}
+
+static int parse_device_line(sdev *d, const char *key, char *a) {
+    if (!strcmp(key, "uuid")) copy_str(d->uuid, sizeof d->uuid, a);
+    else if (!strcmp(key, "name")) copy_str(d->name, sizeof d->name, a);
+    else if (!strcmp(key, "serial")) { copy_str(d->serial, sizeof d->serial, a); d->has_serial = 1; }
+    else if (!strcmp(key, "minor")) return parse_fixed(a, &d->minor, 1);
+    else if (!strcmp(key, "pci")) return parse_fixed(a, d->pci, 5);
+    else if (!strcmp(key, "memory")) return parse_fixed(a, d->mem, 3);
+    else if (!strcmp(key, "utilization")) return parse_fixed(a, d->util, 2);
+    else if (!strcmp(key, "temperature")) return parse_fixed(a, &d->temp, 1);
+    else if (!strcmp(key, "temperature_thresholds")) return parse_fixed(a, d->tthr, 4);
+    else if (!strcmp(key, "power_usage")) return parse_fixed(a, &d->power, 1);
+    else if (!strcmp(key, "power_limit")) return parse_fixed(a, &d->plimit, 1);
+    else if (!strcmp(key, "power_constraints")) return parse_fixed(a, d->pcons, 2);
+    else if (!strcmp(key, "energy")) return parse_fixed(a, &d->energy, 1);
+    else if (!strcmp(key, "clocks")) return parse_fixed(a, d->clk, 4);
+    else if (!strcmp(key, "max_clocks")) return parse_fixed(a, d->maxclk, 4);
+    else if (!strcmp(key, "clocks_event_reasons")) return parse_fixed(a, &d->cer, 1);
+    else if (!strcmp(key, "supported_clocks_event_reasons")) return parse_fixed(a, &d->scer, 1);
+    else if (!strcmp(key, "violation")) {
+        /* power thermal sync_boost board_limit low_utilization reliability total_app total_base */
+        long long v[8];
+        if (parse_fixed(a, v, 8)) return -1;
+        for (int i = 0; i < 6; i++) d->viol[i] = v[i];
+        d->viol[NVML_PERF_POLICY_TOTAL_APP_CLOCKS] = v[6];
+        d->viol[NVML_PERF_POLICY_TOTAL_BASE_CLOCKS] = v[7];
+    } else if (!strcmp(key, "pstate")) return parse_fixed(a, &d->pstate, 1);
+    else if (!strcmp(key, "fans")) return parse_list(a, &d->fans);
+    else if (!strcmp(key, "ecc_mode")) return parse_fixed(a, d->ecc_mode, 2);
+    else if (!strcmp(key, "ecc_errors")) return parse_fixed(a, d->ecc, 4);
+    else if (!strcmp(key, "retired_pending")) return parse_fixed(a, &d->rp_pending, 1);
+    else if (!strcmp(key, "retired_sbe")) return parse_list(a, &d->rp[0]);
+    else if (!strcmp(key, "retired_dbe")) return parse_list(a, &d->rp[1]);
+    else if (!strcmp(key, "remapped_rows")) return parse_fixed(a, d->remap, 4);
+    else if (!strcmp(key, "pcie")) return parse_fixed(a, d->pcie, 8);
+    else if (!strcmp(key, "nvlink")) return parse_list(a, &d->nvlink);
+    else if (!strcmp(key, "mig_mode")) return parse_fixed(a, d->mig, 2);
+    else if (!strcmp(key, "supported_event_types")) return parse_fixed(a, &d->evtypes, 1);
+    else if (!strcmp(key, "processes_compute")) return parse_procs(a, d, 0);
+    else if (!strcmp(key, "processes_graphics")) return parse_procs(a, d, 1);
+    else if (!strcmp(key, "lost")) { long long v; if (parse_fixed(a, &v, 1)) return -1; d->lost = v == 1; }
+    else if (!strcmp(key, "error")) return parse_override(a, d, 0);
+    else if (!strcmp(key, "delay")) return parse_override(a, d, 1);
+    /* unknown keys: ignored, so an older stand-in tolerates a newer writer */
+    return 0;
+}
+
+static int parse_event(sstate *s, char *a) {
+    /* "event <seq> <type bits> <data> <uuid>" */
+    char *p = a;
+    long long v[3];
+    for (int i = 0; i < 3; i++) {
+        char *sp = strchr(p, ' ');
+        if (!sp) return -1;
+        *sp = 0;
+        if (parse_nums(p, &v[i], 1) != 1 || v[i] == UNSET || v[i] < 0) return -1;
+        p = sp + 1;
+    }
+    if (s->nev == s->cap_ev) {
+        int cap = s->cap_ev ? s->cap_ev * 2 : 16;
+        sevent *e = realloc(s->evs, sizeof(sevent) * (size_t)cap);
+        if (!e) return -1;
+        s->evs = e;
+        s->cap_ev = cap;
+    }
+    sevent *e = &s->evs[s->nev++];
+    e->seq = (unsigned long long)v[0];
+    e->type = (unsigned long long)v[1];
+    e->data = (unsigned long long)v[2];
+    copy_str(e->uuid, sizeof e->uuid, p);
+    if (e->seq > s->max_seq) s->max_seq = e->seq;
+    return 0;
+}
+
+/* Parse a whole state file; NULL when it is missing, truncated (no END line) or malformed. */
+static sstate *parse_state(const char *path) {
+    FILE *f = fopen(path, "re");
+    if (!f) return NULL;
+    sstate *s = calloc(1, sizeof(sstate));
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int ok = 0, first = 1, in_dev = 0;
+    if (!s) goto out;
+    s->cuda = UNSET;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        if (len && line[len - 1] == '\n') line[--len] = 0;
+        if (first) {
+            if (strcmp(line, STATE_MAGIC) != 0) goto out;
+            first = 0;
+            continue;
+        }
+        if (!strcmp(line, "END")) { ok = !in_dev; break; }
+        if (line[0] == '#' || line[0] == 0) continue;
+        char *a = strchr(line, ' ');
+        if (a) *a++ = 0;
+        else a = line + len; /* key without arguments: empty string */
+        if (!strcmp(line, "device")) {
+            if (in_dev || s->ndev >= MAX_DEVICES) goto out;
+            if (s->ndev == s->cap_dev) {
+                int c = s->cap_dev ? s->cap_dev * 2 : 8;
+                sdev *d = realloc(s->devs, sizeof(sdev) * (size_t)c);
+                if (!d) goto out;
+                s->devs = d;
+                s->cap_dev = c;
+            }
+            dev_defaults(&s->devs[s->ndev++]);
+            in_dev = 1;
+        } else if (!strcmp(line, "end_device")) {
+            if (!in_dev || !s->devs[s->ndev - 1].uuid[0]) goto out;
+            in_dev = 0;
+        } else if (in_dev) {
+            if (parse_device_line(&s->devs[s->ndev - 1], line, a)) goto out;
+        } else if (!strcmp(line, "driver_version")) copy_str(s->driver, sizeof s->driver, a);
+        else if (!strcmp(line, "nvml_version")) copy_str(s->nvml, sizeof s->nvml, a);
+        else if (!strcmp(line, "cuda_driver_version")) { if (parse_fixed(a, &s->cuda, 1)) goto out; }
+        else if (!strcmp(line, "init_error")) {
+            long long v;
+            if (parse_fixed(a, &v, 1) || v == UNSET) goto out;
+            s->init_error = (int)v;
+        } else if (!strcmp(line, "clock")) s->clock = strtod(a, NULL);
+        else if (!strcmp(line, "event")) { if (parse_event(s, a)) goto out; }
+    }
+out:
+    free(line);
+    fclose(f);
+    if (!ok) {
+        free_state(s);
+        return NULL;
+    }
+    return s;
+}
+
+static long long ts_ns(struct timespec t) { return (long long)t.tv_sec * 1000000000LL + t.tv_nsec; }
+
+/* Called with mu held. Re-reads the state file when it was replaced; a bad file keeps the old state. */
+static void maybe_reload(int force) {
+    long long now = mono_ns();
+    if (!force && now - last_check_ns < RELOAD_CHECK_NS) return;
+    last_check_ns = now;
+    struct stat sb;
+    if (stat(state_path, &sb) != 0) return;
+    long long mt = ts_ns(sb.st_mtim), ct = ts_ns(sb.st_ctim);
+    int same = sig.dev == sb.st_dev && sig.ino == sb.st_ino && sig.size == (long long)sb.st_size &&
+               sig.mtime_ns == mt && sig.ctime_ns == ct;
+    if (same && !force) {
+        struct timespec rt;
+        clock_gettime(CLOCK_REALTIME, &rt);
+        if (ts_ns(rt) - mt > YOUNG_FILE_NS) return;
+    }
+    sig.dev = sb.st_dev;
+    sig.ino = sb.st_ino;
+    sig.size = (long long)sb.st_size;
+    sig.mtime_ns = mt;
+    sig.ctime_ns = ct;
+    sstate *n = parse_state(state_path);
+    if (!n) return;
+    free_state(st);
+    st = n;
+    gen++;
+}
+
+static int find_dev(const char *uuid) {
+    for (int i = 0; i < st->ndev; i++)
+        if (strcmp(st->devs[i].uuid, uuid) == 0) return i;
+    return -1;
+}
+
+/* With mu held: the state's device behind a handle, or NULL if its UUID left the state (surprise removal). */
+static sdev *lookup(struct nvmlDevice_st *h) {
+    if (h->gen != gen) {
+        h->didx = find_dev(enum_uuid[h->slot]);
+        h->gen = gen;
+    }
+    return h->didx >= 0 ? &st->devs[h->didx] : NULL;
+}
+
+static int valid_handle(nvmlDevice_t h) {
+    return h >= &handles[0] && h < &handles[enum_n];
+}
+
+static int delay_for(const sdev *d, int fid) {
+    if (!d->has_overrides) return 0;
+    return d->delay[fid] ? d->delay[fid] : d->delay_all;
+}
+
+static int err_for(const sdev *d, int fid, int wildcard) {
+    if (!d->has_overrides) return 0;
+    return d->err[fid] ? d->err[fid] : (wildcard ? d->err_all : 0);
+}
+
+/* Sleep for a per-call delay with mu released; returns with mu held again. -1 blocks until the state drops it. */
+static void run_delay(int fid, int slot, int ms) {
+    pthread_mutex_unlock(&mu);
+    if (ms > 0) {
+        sleep_ns((long long)ms * 1000000LL);
+        pthread_mutex_lock(&mu);
+        return;
+    }
+    for (;;) {
+        sleep_ns(SLICE_NS);
+        pthread_mutex_lock(&mu);
+        if (!refcount || slot >= enum_n) return;
+        maybe_reload(0);
+        sdev *d = lookup(&handles[slot]);
+        if (!d || delay_for(d, fid) != -1) return;
+        pthread_mutex_unlock(&mu);
+    }
+}
+
+/*
+ * Common prologue of every per-device call: init check, argument check, state refresh, delay, lost, override.
+ * On NVML_SUCCESS it returns with mu held and *out set; the caller must call leave().
+ */
+static nvmlReturn_t enter_dev(int fid, nvmlDevice_t h, int args_ok, sdev **out) {
+    pthread_mutex_lock(&mu);
+    if (!refcount) goto uninit;
+    if (!valid_handle(h) || !args_ok) {
+        pthread_mutex_unlock(&mu);
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    maybe_reload(0);
+    sdev *d = lookup(h);
+    if (d) {
+        int ms = delay_for(d, fid);
+        if (ms) {
+            run_delay(fid, h->slot, ms);
+            if (!refcount) goto uninit;
+            d = lookup(h);
+        }
+    }
+    if (!d || d->lost) {
+        pthread_mutex_unlock(&mu);
+        return NVML_ERROR_GPU_IS_LOST;
+    }
+    int e = err_for(d, fid, 1);
+    if (e) {
+        pthread_mutex_unlock(&mu);
+        return (nvmlReturn_t)e;
+    }
+    *out = d;
+    return NVML_SUCCESS;
+uninit:
+    pthread_mutex_unlock(&mu);
+    return NVML_ERROR_UNINITIALIZED;
+}
+
+static nvmlReturn_t leave(nvmlReturn_t r) {
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static nvmlReturn_t put_uint(long long v, unsigned int *out) {
+    if (v == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *out = (unsigned int)v;
+    return leave(NVML_SUCCESS);
+}
+
+static nvmlReturn_t put_ull(long long v, unsigned long long *out) {
+    if (v == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *out = (unsigned long long)v;
+    return leave(NVML_SUCCESS);
+}
+
+static nvmlReturn_t put_str(const char *s, char *buf, unsigned int len) {
+    if (strlen(s) + 1 > len) return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    memcpy(buf, s, strlen(s) + 1);
+    return leave(NVML_SUCCESS);
+}
+
+/* A getter whose whole body is "return one scalar field". */
+#define GET_UINT(fn, field)                                                      \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t device, unsigned int *out) {             \
+        sdev *d;                                                                 \
+        nvmlReturn_t r = enter_dev(F_##fn, device, out != NULL, &d);             \
+        return r ? r : put_uint(d->field, out);                                  \
+    }
+#define GET_ULL(fn, field)                                                       \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t device, unsigned long long *out) {       \
+        sdev *d;                                                                 \
+        nvmlReturn_t r = enter_dev(F_##fn, device, out != NULL, &d);             \
+        return r ? r : put_ull(d->field, out);                                   \
+    }
+
+/* ------------------------------------------------------------------------------------------------ init */
+
+static nvmlReturn_t do_init(unsigned int flags) {
+    pthread_mutex_lock(&mu);
+    if (refcount > 0) {
+        refcount++;
+        return leave(NVML_SUCCESS);
+    }
+    /* Read at init, not at load: in-process tests switch state files between sessions. */
+    const char *p = getenv("GPUWATCHD_SIM_STATE");
+    if (!p || !*p || strlen(p) >= sizeof state_path) return leave(NVML_ERROR_DRIVER_NOT_LOADED);
+    copy_str(state_path, sizeof state_path, p);
+    free_state(st);
+    st = NULL;
+    memset(&sig, 0, sizeof sig);
+    maybe_reload(1);
+    if (!st) return leave(NVML_ERROR_DRIVER_NOT_LOADED);
+    if (st->init_error) return leave((nvmlReturn_t)st->init_error);
+    if (st->ndev == 0 && !(flags & NVML_INIT_FLAG_NO_GPUS)) return leave(NVML_ERROR_GPU_NOT_FOUND);
+    /* Enumeration is fixed here, as in a long-lived real session. */
+    enum_n = st->ndev;
+    for (int i = 0; i < enum_n; i++) {
+        copy_str(enum_uuid[i], sizeof enum_uuid[i], st->devs[i].uuid);
+        handles[i].slot = i;
+        handles[i].gen = 0;
+        handles[i].didx = -1;
+    }
+    refcount = 1;
+    return leave(NVML_SUCCESS);
+}
+
+#ifndef OMIT_nvmlInitWithFlags
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) { return do_init(flags); }
+#endif
+
+#ifndef OMIT_nvmlInit_v2
+EXPORT nvmlReturn_t nvmlInit_v2(void) { return do_init(0); }
+#endif
+
+#ifndef OMIT_nvmlShutdown
+EXPORT nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&mu);
+    if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
+    if (--refcount == 0) enum_n = 0;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlErrorString
+EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
+    /* Same texts as pynvml's table (which mirrors the real library) so messages read alike. */
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_INSUFFICIENT_POWER: return "Insufficient External Power";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_IRQ_ISSUE: return "Interrupt Request Issue";
+    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_CORRUPTED_INFOROM: return "Corrupted infoROM";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
+    case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request.";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_MEMORY: return "Insufficient Memory";
+    case NVML_ERROR_NO_DATA: return "No data";
+    case NVML_ERROR_VGPU_ECC_NOT_SUPPORTED: return "The requested vgpu operation is not available on target device, because ECC is enabled";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient Resources";
+    case NVML_ERROR_FREQ_NOT_SUPPORTED: return "Frequency not supported";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    case NVML_ERROR_DEPRECATED: return "Deprecated";
+    case NVML_ERROR_NOT_READY: return "System is not in ready state";
+    case NVML_ERROR_GPU_NOT_FOUND: return "No GPUs were found";
+    case NVML_ERROR_INVALID_STATE: return "Resource not in correct state";
+    case NVML_ERROR_RESET_TYPE_NOT_SUPPORTED: return "Reset type not supported";
+    case NVML_ERROR_UNKNOWN: return "Unknown Error";
+    default: return "Unknown Error";
+    }
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------ system */
+
+static nvmlReturn_t enter_sys(void) {
+    pthread_mutex_lock(&mu);
+    if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
+    maybe_reload(0);
+    return NVML_SUCCESS;
+}
+
+#ifndef OMIT_nvmlSystemGetDriverVersion
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_sys();
+    return r ? r : (st->driver[0] ? put_str(st->driver, version, length) : leave(NVML_ERROR_NOT_SUPPORTED));
+}
+#endif
+
+#ifndef OMIT_nvmlSystemGetNVMLVersion
+EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_sys();
+    return r ? r : (st->nvml[0] ? put_str(st->nvml, version, length) : leave(NVML_ERROR_NOT_SUPPORTED));
+}
+#endif
+
+#ifndef OMIT_nvmlSystemGetCudaDriverVersion
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_sys();
+    if (r) return r;
+    if (st->cuda == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *v = (int)st->cuda;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlSystemGetCudaDriverVersion_v2
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) {
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_sys();
+    if (r) return r;
+    /* _v2 asks libcuda; no CUDA version in the state stands for "libcuda.so.1 absent" (nvml.h). */
+    if (st->cuda == UNSET) return leave(NVML_ERROR_LIBRARY_NOT_FOUND);
+    *v = (int)st->cuda;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------ handles */
+
+#ifndef OMIT_nvmlDeviceGetCount_v2
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mu);
+    if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
+    *count = (unsigned int)enum_n;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* Shared tail of the three handle lookups: delay, lost, explicit override (never "*", see docs/sim-state.md). */
+static nvmlReturn_t hand_out(int fid, int slot, nvmlDevice_t *device) {
+    sdev *d = lookup(&handles[slot]);
+    if (d) {
+        int ms = d->has_overrides ? d->delay[fid] : 0;
+        if (ms) {
+            run_delay(fid, slot, ms);
+            if (!refcount || slot >= enum_n) return leave(NVML_ERROR_UNINITIALIZED);
+            d = lookup(&handles[slot]);
+        }
+    }
+    if (!d || d->lost) return leave(NVML_ERROR_GPU_IS_LOST);
+    int e = err_for(d, fid, 0);
+    if (e) return leave((nvmlReturn_t)e);
+    *device = &handles[slot];
+    return leave(NVML_SUCCESS);
+}
+
+#ifndef OMIT_nvmlDeviceGetHandleByIndex_v2
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    pthread_mutex_lock(&mu);
+    if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
+    if (!device || index >= (unsigned int)enum_n) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    maybe_reload(0);
+    return hand_out(F_nvmlDeviceGetHandleByIndex_v2, (int)index, device);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetHandleByUUID
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    pthread_mutex_lock(&mu);
+    if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
+    if (!uuid || !device) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    maybe_reload(0);
+    /* nvml.h: GPU_IS_LOST "if any GPU has fallen off the bus", even when looking up a healthy one. */
+    int slot = -1;
+    for (int i = 0; i < enum_n; i++) {
+        sdev *d = lookup(&handles[i]);
+        if (!d || d->lost) return leave(NVML_ERROR_GPU_IS_LOST);
+        if (strcmp(enum_uuid[i], uuid) == 0) slot = i;
+    }
+    if (slot < 0) return leave(NVML_ERROR_NOT_FOUND);
+    return hand_out(F_nvmlDeviceGetHandleByUUID, slot, device);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetHandleByPciBusId_v2
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *busId, nvmlDevice_t *device) {
+    if (!busId || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    /* nvml.h accepts "%x:%x:%x.%x", "%x:%x:%x" and "%x:%x.%x" (domain 0). */
+    unsigned int dom = 0, bus = 0, dv = 0, fnc = 0;
+    char tail;
+    if (sscanf(busId, "%x:%x:%x.%x%c", &dom, &bus, &dv, &fnc, &tail) == 4) {
+    } else if (sscanf(busId, "%x:%x:%x%c", &dom, &bus, &dv, &tail) == 3) {
+    } else if (sscanf(busId, "%x:%x.%x%c", &bus, &dv, &fnc, &tail) == 3) {
+        dom = 0;
+    } else {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&mu);
+    if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
+    maybe_reload(0);
+    for (int i = 0; i < enum_n; i++) {
+        sdev *d = lookup(&handles[i]);
+        if (d && d->pci[0] == dom && d->pci[1] == bus && d->pci[2] == dv)
+            return hand_out(F_nvmlDeviceGetHandleByPciBusId_v2, i, device);
+    }
+    return leave(NVML_ERROR_NOT_FOUND);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------ identity */
+
+#ifndef OMIT_nvmlDeviceGetIndex
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetIndex, device, index != NULL, &d);
+    if (r) return r;
+    *index = (unsigned int)device->slot;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetUUID
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetUUID, device, uuid != NULL, &d);
+    return r ? r : put_str(d->uuid, uuid, length);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetName
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetName, device, name != NULL, &d);
+    return r ? r : put_str(d->name, name, length);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetSerial
+EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetSerial, device, serial != NULL, &d);
+    if (r) return r;
+    return d->has_serial ? put_str(d->serial, serial, length) : leave(NVML_ERROR_NOT_SUPPORTED);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetMinorNumber
+GET_UINT(nvmlDeviceGetMinorNumber, minor)
+#endif
+
+#ifndef OMIT_nvmlDeviceGetPciInfo_v3
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetPciInfo_v3, device, pci != NULL, &d);
+    if (r) return r;
+    if (d->pci[0] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    memset(pci, 0, sizeof(*pci));
+    pci->domain = (unsigned int)d->pci[0];
+    pci->bus = (unsigned int)d->pci[1];
+    pci->device = (unsigned int)d->pci[2];
+    pci->pciDeviceId = (unsigned int)d->pci[3];
+    pci->pciSubSystemId = (unsigned int)d->pci[4];
+    snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_FMT, pci->domain, pci->bus, pci->device);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT, pci->domain & 0xFFFF,
+             pci->bus, pci->device);
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------ memory, activity */
+
+#ifndef OMIT_nvmlDeviceGetMemoryInfo
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetMemoryInfo, device, memory != NULL, &d);
+    if (r) return r;
+    if (d->mem[0] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    /* v1 "used" is the sum of reserved and allocated (nvml.h nvmlMemory_t) */
+    memory->total = (unsigned long long)d->mem[0];
+    memory->used = (unsigned long long)(d->mem[1] + d->mem[2]);
+    memory->free = (unsigned long long)(d->mem[0] - d->mem[1] - d->mem[2]);
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetMemoryInfo_v2
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    if (memory && memory->version != nvmlMemory_v2) {
+        pthread_mutex_lock(&mu);
+        return leave(refcount ? NVML_ERROR_ARGUMENT_VERSION_MISMATCH : NVML_ERROR_UNINITIALIZED);
+    }
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetMemoryInfo_v2, device, memory != NULL, &d);
+    if (r) return r;
+    if (d->mem[0] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    memory->total = (unsigned long long)d->mem[0];
+    memory->reserved = (unsigned long long)d->mem[1];
+    memory->used = (unsigned long long)d->mem[2];
+    memory->free = (unsigned long long)(d->mem[0] - d->mem[1] - d->mem[2]);
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetUtilizationRates
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *u) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetUtilizationRates, device, u != NULL, &d);
+    if (r) return r;
+    if (d->util[0] == UNSET || d->util[1] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    u->gpu = (unsigned int)d->util[0];
+    u->memory = (unsigned int)d->util[1];
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetPerformanceState
+EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, nvmlPstates_t *p) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetPerformanceState, device, p != NULL, &d);
+    if (r) return r;
+    if (d->pstate == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *p = (nvmlPstates_t)d->pstate;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetPowerState
+EXPORT nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, nvmlPstates_t *p) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetPowerState, device, p != NULL, &d);
+    if (r) return r;
+    if (d->pstate == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *p = (nvmlPstates_t)d->pstate;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------ thermal, fans */
+
+#ifndef OMIT_nvmlDeviceGetTemperature
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensor,
+                                             unsigned int *temp) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetTemperature, device, temp != NULL && sensor == NVML_TEMPERATURE_GPU,
+                               &d);
+    return r ? r : put_uint(d->temp, temp);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetTemperatureV
+EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *t) {
+    if (t && t->version != nvmlTemperature_v1) {
+        pthread_mutex_lock(&mu);
+        return leave(refcount ? NVML_ERROR_ARGUMENT_VERSION_MISMATCH : NVML_ERROR_UNINITIALIZED);
+    }
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetTemperatureV, device,
+                               t != NULL && t->sensorType == NVML_TEMPERATURE_GPU, &d);
+    if (r) return r;
+    if (d->temp == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    t->temperature = (int)d->temp;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetTemperatureThreshold
+EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t type,
+                                                      unsigned int *temp) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetTemperatureThreshold, device,
+                               temp != NULL && type < NVML_TEMPERATURE_THRESHOLD_COUNT, &d);
+    if (r) return r;
+    /* acoustic / GPS thresholds are not modelled: NOT_SUPPORTED, as on most boards */
+    return put_uint(type <= NVML_TEMPERATURE_THRESHOLD_GPU_MAX ? d->tthr[type] : UNSET, temp);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetNumFans
+EXPORT nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int *n) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetNumFans, device, n != NULL, &d);
+    return r ? r : put_uint(d->fans.n < 0 ? UNSET : d->fans.n, n);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetFanSpeed_v2
+EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed_v2(nvmlDevice_t device, unsigned int fan, unsigned int *speed) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetFanSpeed_v2, device, speed != NULL, &d);
+    if (r) return r;
+    if (d->fans.n < 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (fan >= (unsigned int)d->fans.n) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    return put_uint(d->fans.v[fan], speed);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetFanSpeed
+EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetFanSpeed, device, speed != NULL, &d);
+    if (r) return r;
+    return put_uint(d->fans.n > 0 ? d->fans.v[0] : UNSET, speed);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------ power */
+
+#ifndef OMIT_nvmlDeviceGetPowerUsage
+GET_UINT(nvmlDeviceGetPowerUsage, power)
+#endif
+#ifndef OMIT_nvmlDeviceGetEnforcedPowerLimit
+GET_UINT(nvmlDeviceGetEnforcedPowerLimit, plimit)
+#endif
+#ifndef OMIT_nvmlDeviceGetPowerManagementLimit
+GET_UINT(nvmlDeviceGetPowerManagementLimit, plimit)
+#endif
+#ifndef OMIT_nvmlDeviceGetTotalEnergyConsumption
+GET_ULL(nvmlDeviceGetTotalEnergyConsumption, energy)
+#endif
+
+#ifndef OMIT_nvmlDeviceGetPowerManagementLimitConstraints
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device, unsigned int *mn,
+                                                                 unsigned int *mx) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetPowerManagementLimitConstraints, device, mn && mx, &d);
+    if (r) return r;
+    if (d->pcons[0] == UNSET || d->pcons[1] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *mn = (unsigned int)d->pcons[0];
+    *mx = (unsigned int)d->pcons[1];
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------ clocks */
+
+#ifndef OMIT_nvmlDeviceGetClockInfo
+EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetClockInfo, device, clock != NULL && type < NVML_CLOCK_COUNT, &d);
+    return r ? r : put_uint(d->clk[type], clock);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetMaxClockInfo
+EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetMaxClockInfo, device, clock != NULL && type < NVML_CLOCK_COUNT, &d);
+    return r ? r : put_uint(d->maxclk[type], clock);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetCurrentClocksEventReasons
+GET_ULL(nvmlDeviceGetCurrentClocksEventReasons, cer)
+#endif
+#ifndef OMIT_nvmlDeviceGetSupportedClocksEventReasons
+GET_ULL(nvmlDeviceGetSupportedClocksEventReasons, scer)
+#endif
+#ifndef OMIT_nvmlDeviceGetCurrentClocksThrottleReasons
+GET_ULL(nvmlDeviceGetCurrentClocksThrottleReasons, cer)
+#endif
+#ifndef OMIT_nvmlDeviceGetSupportedClocksThrottleReasons
+GET_ULL(nvmlDeviceGetSupportedClocksThrottleReasons, scer)
+#endif
+
+#ifndef OMIT_nvmlDeviceGetViolationStatus
+EXPORT nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, nvmlPerfPolicyType_t policy,
+                                                 nvmlViolationTime_t *vt) {
+    int valid = policy <= NVML_PERF_POLICY_RELIABILITY || policy == NVML_PERF_POLICY_TOTAL_APP_CLOCKS ||
+                policy == NVML_PERF_POLICY_TOTAL_BASE_CLOCKS;
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetViolationStatus, device, vt != NULL && valid, &d);
+    if (r) return r;
+    if (d->viol[policy] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    vt->violationTime = (unsigned long long)d->viol[policy];
+    vt->referenceTime = (unsigned long long)(st->clock * 1e6); /* CPU timestamp in us (nvml.h) */
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------ ECC, pages, rows */
+
+#ifndef OMIT_nvmlDeviceGetEccMode
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *cur, nvmlEnableState_t *pend) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetEccMode, device, cur && pend, &d);
+    if (r) return r;
+    if (d->ecc_mode[0] == UNSET || d->ecc_mode[1] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *cur = d->ecc_mode[0] ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    *pend = d->ecc_mode[1] ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* ECC counters "require ECC Mode to be enabled" (nvml.h): ECC off reads as NOT_SUPPORTED. */
+static long long ecc_count(const sdev *d, unsigned int type, unsigned int counter) {
+    if (d->ecc_mode[0] == 0) return UNSET;
+    return d->ecc[counter * 2 + type];
+}
+
+#ifndef OMIT_nvmlDeviceGetTotalEccErrors
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t type,
+                                                nvmlEccCounterType_t counter, unsigned long long *count) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetTotalEccErrors, device,
+                               count && type < NVML_MEMORY_ERROR_TYPE_COUNT && counter < NVML_ECC_COUNTER_TYPE_COUNT,
+                               &d);
+    return r ? r : put_ull(ecc_count(d, type, counter), count);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetMemoryErrorCounter
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, nvmlMemoryErrorType_t type,
+                                                    nvmlEccCounterType_t counter, nvmlMemoryLocation_t loc,
+                                                    unsigned long long *count) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetMemoryErrorCounter, device,
+                               count && type < NVML_MEMORY_ERROR_TYPE_COUNT &&
+                                   counter < NVML_ECC_COUNTER_TYPE_COUNT && loc < NVML_MEMORY_LOCATION_COUNT,
+                               &d);
+    if (r) return r;
+    long long v = ecc_count(d, type, counter);
+    /* The state's ECC totals are all attributed to device memory; other locations count 0. */
+    if (v != UNSET && loc != NVML_MEMORY_LOCATION_DEVICE_MEMORY) v = 0;
+    return put_ull(v, count);
+}
+#endif
+
+static nvmlReturn_t retired(int fid, nvmlDevice_t device, nvmlPageRetirementCause_t cause, unsigned int *count,
+                            unsigned long long *addrs, unsigned long long *times) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(fid, device, count && cause < NVML_PAGE_RETIREMENT_CAUSE_COUNT, &d);
+    if (r) return r;
+    const slist *l = &d->rp[cause];
+    if (d->rp_pending == UNSET || l->n < 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int n = (unsigned int)l->n;
+    if (*count < n) {
+        *count = n;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    if (n && !addrs) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    for (unsigned int i = 0; i < n; i++) {
+        addrs[i] = (unsigned long long)l->v[i];
+        if (times) times[i] = (unsigned long long)st->clock;
+    }
+    *count = n;
+    return leave(NVML_SUCCESS);
+}
+
+#ifndef OMIT_nvmlDeviceGetRetiredPages
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, nvmlPageRetirementCause_t cause,
+                                              unsigned int *pageCount, unsigned long long *addresses) {
+    return retired(F_nvmlDeviceGetRetiredPages, device, cause, pageCount, addresses, NULL);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetRetiredPages_v2
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, nvmlPageRetirementCause_t cause,
+                                                 unsigned int *pageCount, unsigned long long *addresses,
+                                                 unsigned long long *timestamps) {
+    return retired(F_nvmlDeviceGetRetiredPages_v2, device, cause, pageCount, addresses, timestamps);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetRetiredPagesPendingStatus
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *pending) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetRetiredPagesPendingStatus, device, pending != NULL, &d);
+    if (r) return r;
+    if (d->rp_pending == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *pending = d->rp_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetRemappedRows
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corr, unsigned int *unc,
+                                              unsigned int *pending, unsigned int *failure) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetRemappedRows, device, corr && unc && pending && failure, &d);
+    if (r) return r;
+    for (int i = 0; i < 4; i++)
+        if (d->remap[i] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *corr = (unsigned int)d->remap[0];
+    *unc = (unsigned int)d->remap[1];
+    *pending = (unsigned int)d->remap[2];
+    *failure = (unsigned int)d->remap[3];
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------ PCIe, NVLink, MIG */
+
+#ifndef OMIT_nvmlDeviceGetCurrPcieLinkGeneration
+GET_UINT(nvmlDeviceGetCurrPcieLinkGeneration, pcie[0])
+#endif
+#ifndef OMIT_nvmlDeviceGetMaxPcieLinkGeneration
+GET_UINT(nvmlDeviceGetMaxPcieLinkGeneration, pcie[1])
+#endif
+#ifndef OMIT_nvmlDeviceGetGpuMaxPcieLinkGeneration
+GET_UINT(nvmlDeviceGetGpuMaxPcieLinkGeneration, pcie[2])
+#endif
+#ifndef OMIT_nvmlDeviceGetCurrPcieLinkWidth
+GET_UINT(nvmlDeviceGetCurrPcieLinkWidth, pcie[3])
+#endif
+#ifndef OMIT_nvmlDeviceGetMaxPcieLinkWidth
+GET_UINT(nvmlDeviceGetMaxPcieLinkWidth, pcie[4])
+#endif
+#ifndef OMIT_nvmlDeviceGetPcieReplayCounter
+GET_UINT(nvmlDeviceGetPcieReplayCounter, pcie[7])
+#endif
+
+#ifndef OMIT_nvmlDeviceGetPcieThroughput
+EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPcieUtilCounter_t counter,
+                                                unsigned int *value) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetPcieThroughput, device, value && counter < NVML_PCIE_UTIL_COUNT, &d);
+    return r ? r : put_uint(d->pcie[5 + counter], value);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetNvLinkState
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *active) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetNvLinkState, device, active != NULL, &d);
+    if (r) return r;
+    if (d->nvlink.n < 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (link >= (unsigned int)d->nvlink.n) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *active = d->nvlink.v[link] ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetMigMode
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cur, unsigned int *pend) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetMigMode, device, cur && pend, &d);
+    if (r) return r;
+    if (d->mig[0] == UNSET || d->mig[1] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *cur = (unsigned int)d->mig[0];
+    *pend = (unsigned int)d->mig[1];
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------ processes */
+
+/* Two-pass protocol (nvml.h): a count smaller than needed (0 with NULL to ask) -> INSUFFICIENT_SIZE + count. */
+static nvmlReturn_t processes(int fid, int kind, nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(fid, device, count != NULL, &d);
+    if (r) return r;
+    if (d->nproc[kind] < 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int n = (unsigned int)d->nproc[kind];
+    if (*count < n) {
+        *count = n;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    if (n && !infos) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    for (unsigned int i = 0; i < n; i++) {
+        const sproc *p = &d->proc[kind][i];
+        infos[i].pid = p->pid;
+        infos[i].usedGpuMemory = p->used == UNSET ? (unsigned long long)NVML_VALUE_NOT_AVAILABLE
+                                                  : (unsigned long long)p->used;
+        infos[i].gpuInstanceId = 0xFFFFFFFFu; /* no MIG attribution */
+        infos[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *count = n;
+    return leave(NVML_SUCCESS);
+}
+
+#ifndef OMIT_nvmlDeviceGetComputeRunningProcesses_v3
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                            nvmlProcessInfo_t *infos) {
+    return processes(F_nvmlDeviceGetComputeRunningProcesses_v3, 0, device, infoCount, infos);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetGraphicsRunningProcesses_v3
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_t *infos) {
+    return processes(F_nvmlDeviceGetGraphicsRunningProcesses_v3, 1, device, infoCount, infos);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------ events */
+
+#ifndef OMIT_nvmlEventSetCreate
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mu);
+    if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
+    struct nvmlEventSet_st *s = calloc(1, sizeof(*s));
+    if (!s) return leave(NVML_ERROR_MEMORY);
+    s->magic = EVSET_MAGIC;
+    *set = s;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetSupportedEventTypes
+GET_ULL(nvmlDeviceGetSupportedEventTypes, evtypes)
+#endif
+
+#ifndef OMIT_nvmlDeviceRegisterEvents
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceRegisterEvents, device, set && set->magic == EVSET_MAGIC, &d);
+    if (r) return r;
+    /* nvml.h: NOT_SUPPORTED if "some of requested event types" are unsupported; then nothing is registered. */
+    if (d->evtypes == UNSET || (types & ~(unsigned long long)d->evtypes)) return leave(NVML_ERROR_NOT_SUPPORTED);
+    int slot = device->slot;
+    if (!set->mask[slot]) set->reg_seq[slot] = st->max_seq; /* events before registration are not recorded */
+    set->mask[slot] |= types;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* With mu held: find the next event for this set (lowest seq), or report a lost registered device. */
+static nvmlReturn_t poll_event(struct nvmlEventSet_st *s, nvmlEventData_t *data) {
+    for (int i = 0; i < enum_n; i++) {
+        if (!s->mask[i]) continue;
+        sdev *d = lookup(&handles[i]);
+        if (!d || d->lost) return NVML_ERROR_GPU_IS_LOST; /* for the whole set, unattributed (nvml.h) */
+    }
+    const sevent *best = NULL;
+    int best_slot = -1;
+    for (int e = 0; e < st->nev; e++) {
+        const sevent *ev = &st->evs[e];
+        if (ev->seq <= s->last_seq || (best && ev->seq >= best->seq)) continue;
+        for (int i = 0; i < enum_n; i++) {
+            if ((s->mask[i] & ev->type) && ev->seq > s->reg_seq[i] && strcmp(enum_uuid[i], ev->uuid) == 0) {
+                best = ev;
+                best_slot = i;
+                break;
+            }
+        }
+    }
+    if (!best) return NVML_ERROR_TIMEOUT;
+    s->last_seq = best->seq;
+    memset(data, 0, sizeof(*data));
+    data->device = &handles[best_slot];
+    data->eventType = best->type;
+    data->eventData = best->data;
+    data->gpuInstanceId = 0xFFFFFFFFu;
+    data->computeInstanceId = 0xFFFFFFFFu;
+    return NVML_SUCCESS;
+}
+
+#ifndef OMIT_nvmlEventSetWait_v2
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    if (!set || !data || set->magic != EVSET_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    long long deadline = mono_ns() + (long long)timeoutms * 1000000LL;
+    for (;;) {
+        pthread_mutex_lock(&mu);
+        if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
+        maybe_reload(0);
+        nvmlReturn_t r = poll_event(set, data);
+        pthread_mutex_unlock(&mu);
+        if (r != NVML_ERROR_TIMEOUT) return r;
+        long long left = deadline - mono_ns();
+        if (left <= 0) return NVML_ERROR_TIMEOUT;
+        sleep_ns(left < SLICE_NS ? left : SLICE_NS);
+    }
+}
+#endif
+
+#ifndef OMIT_nvmlEventSetFree
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    if (!set || set->magic != EVSET_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mu);
+    if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
+    set->magic = 0;
+    free(set);
+    return leave(NVML_SUCCESS);
+}
+#endif

@@ -1,0 +1,559 @@
+"""The stand-in driver's state file: validate a state dict, encode it, replace the file atomically, read it back.
+
+The schema is ``docs/sim-state.md``. The file is a line format the C side (``standin.c``) parses with ``getline``
+and ``strtoll``; one state per file::
+
+    GWSIM 1                                   magic + format version (first line; anything else: file rejected)
+    # json {...}                              the state dict as compact JSON, for read_state (C skips '#' lines)
+    driver_version 535.161.08                 <key> <args>, single space separated; strings run to end of line
+    cuda_driver_version 12020
+    init_error 9                              NVML return codes are numeric
+    clock 1700000000.0
+    device                                    one block per device, in NVML index order
+    uuid GPU-...
+    pci 0 12 0 573116638 341053662            fixed-arity numeric lines; "-" marks one missing value
+    memory 24146608128 333774848 1048576
+    fans 30 31                                list lines: any number of values ("fans" alone = empty list)
+    processes_compute 4242 1073741824 77 -    pid/used_memory pairs; "-" = NVML_VALUE_NOT_AVAILABLE
+    error nvmlDeviceGetPowerUsage 999         per-call overrides: symbol (or *) and return code / delay in ms
+    delay * -1
+    end_device
+    event 1 8 79 GPU-...                      seq, nvmlEventType bits, data, uuid
+    END                                       last line; a file without it (truncated) is rejected
+
+A key that is absent (or ``null`` in the dict) is simply not written, and the C side answers NOT_SUPPORTED for it.
+Unknown keys are ignored by the C side (forward compatibility); the writer refuses unknown dict keys (typos),
+except keys starting with ``_``, which are carried in the JSON copy only.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MAGIC = "GWSIM 1"
+# How often the stand-in may stat() the state file (standin.c RELOAD_CHECK_NS): a rewrite is seen within this.
+RELOAD_CHECK_S = 0.002
+_JSON_PREFIX = "# json "
+
+# nvml.h nvmlReturn_t (l.1520-1553), names without the NVML_ERROR_ prefix.
+ERROR_CODES: dict[str, int] = {
+    "UNINITIALIZED": 1,
+    "INVALID_ARGUMENT": 2,
+    "NOT_SUPPORTED": 3,
+    "NO_PERMISSION": 4,
+    "ALREADY_INITIALIZED": 5,
+    "NOT_FOUND": 6,
+    "INSUFFICIENT_SIZE": 7,
+    "INSUFFICIENT_POWER": 8,
+    "DRIVER_NOT_LOADED": 9,
+    "TIMEOUT": 10,
+    "IRQ_ISSUE": 11,
+    "LIBRARY_NOT_FOUND": 12,
+    "FUNCTION_NOT_FOUND": 13,
+    "CORRUPTED_INFOROM": 14,
+    "GPU_IS_LOST": 15,
+    "RESET_REQUIRED": 16,
+    "OPERATING_SYSTEM": 17,
+    "LIB_RM_VERSION_MISMATCH": 18,
+    "IN_USE": 19,
+    "MEMORY": 20,
+    "NO_DATA": 21,
+    "VGPU_ECC_NOT_SUPPORTED": 22,
+    "INSUFFICIENT_RESOURCES": 23,
+    "FREQ_NOT_SUPPORTED": 24,
+    "ARGUMENT_VERSION_MISMATCH": 25,
+    "DEPRECATED": 26,
+    "NOT_READY": 27,
+    "GPU_NOT_FOUND": 28,
+    "INVALID_STATE": 29,
+    "RESET_TYPE_NOT_SUPPORTED": 30,
+    "UNKNOWN": 999,
+}
+
+# nvml.h nvmlEventType* bits (l.3405-3461) for the event "type" names of docs/sim-state.md.
+EVENT_TYPES: dict[str, int] = {"sbe": 0x1, "dbe": 0x2, "pstate": 0x4, "xid": 0x8, "clock": 0x10, "power_source": 0x80}
+
+# Per-device symbols whose return code / delay a state can override (the C side's FUNCS list).
+OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
+    [
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetHandleByUUID",
+        "nvmlDeviceGetHandleByPciBusId_v2",
+        "nvmlDeviceGetIndex",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetSerial",
+        "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetPciInfo_v3",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetTemperatureV",
+        "nvmlDeviceGetTemperatureThreshold",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetPowerManagementLimit",
+        "nvmlDeviceGetPowerManagementLimitConstraints",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetSupportedClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetSupportedClocksThrottleReasons",
+        "nvmlDeviceGetViolationStatus",
+        "nvmlDeviceGetPerformanceState",
+        "nvmlDeviceGetPowerState",
+        "nvmlDeviceGetNumFans",
+        "nvmlDeviceGetFanSpeed_v2",
+        "nvmlDeviceGetFanSpeed",
+        "nvmlDeviceGetEccMode",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetMemoryErrorCounter",
+        "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetRetiredPages_v2",
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetCurrPcieLinkGeneration",
+        "nvmlDeviceGetCurrPcieLinkWidth",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+        "nvmlDeviceGetPcieThroughput",
+        "nvmlDeviceGetPcieReplayCounter",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlDeviceGetSupportedEventTypes",
+        "nvmlDeviceRegisterEvents",
+    ]
+)
+# Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).
+STANDIN_SYMBOLS: frozenset[str] = OVERRIDABLE_SYMBOLS | frozenset(
+    [
+        "nvmlInitWithFlags",
+        "nvmlInit_v2",
+        "nvmlShutdown",
+        "nvmlErrorString",
+        "nvmlDeviceGetCount_v2",
+        "nvmlSystemGetDriverVersion",
+        "nvmlSystemGetNVMLVersion",
+        "nvmlSystemGetCudaDriverVersion",
+        "nvmlSystemGetCudaDriverVersion_v2",
+        "nvmlEventSetCreate",
+        "nvmlEventSetWait_v2",
+        "nvmlEventSetFree",
+    ]
+)
+
+_U32 = 2**32 - 1
+_I64 = 2**63 - 1
+MAX_DEVICES = 1024  # standin.c MAX_DEVICES
+_NVLINK_MAX_LINKS = 36  # nvml.h NVML_NVLINK_MAX_LINKS
+# nvml.h buffer sizes (UUID_V2 96, NAME_V2 96, SERIAL 30, driver/NVML version 80), including the NUL
+_STR_MAX = {"uuid": 95, "name": 95, "serial": 29, "driver_version": 79, "nvml_version": 79}
+
+_TOP_KEYS = {"clock", "driver_version", "nvml_version", "cuda_driver_version", "init_error", "devices", "events"}
+_CLOCK_KEYS = ("graphics", "sm", "memory", "video")  # nvmlClockType_t order
+_THRESHOLD_KEYS = ("shutdown", "slowdown", "mem_max", "gpu_max")  # nvmlTemperatureThresholds_t 0..3
+_VIOLATION_KEYS = (
+    "power",
+    "thermal",
+    "sync_boost",
+    "board_limit",
+    "low_utilization",
+    "reliability",
+    "total_app_clocks",
+    "total_base_clocks",
+)
+_ECC_KEYS = ("corrected_volatile", "uncorrected_volatile", "corrected_aggregate", "uncorrected_aggregate")
+_PCIE_KEYS = ("gen", "max_gen", "gpu_max_gen", "width", "max_width", "tx_kbps", "rx_kbps", "replay_counter")
+
+
+class _Enc:
+    """Collects encoded lines; every check raises ValueError naming the key path."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def put(self, key: str, *args: object) -> None:
+        self.lines.append(" ".join([key, *("-" if a is None else str(a) for a in args)]))
+
+
+def _fail(path: str, msg: str) -> ValueError:
+    return ValueError(f"{path}: {msg}")
+
+
+def _int(path: str, v: object, lo: int = 0, hi: int = _I64, *, nullable: bool = False) -> int | None:
+    if v is None and nullable:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _fail(path, f"expected an integer, got {v!r}")
+    if not lo <= v <= hi:
+        raise _fail(path, f"{v} is outside {lo}..{hi}")
+    return v
+
+
+def _flag(path: str, v: object) -> int:
+    if isinstance(v, bool) or v in (0, 1):
+        return int(bool(v))
+    raise _fail(path, f"expected a boolean, got {v!r}")
+
+
+def _str(path: str, v: object, max_len: int = 4000) -> str:
+    if not isinstance(v, str):
+        raise _fail(path, f"expected a string, got {v!r}")
+    if any(c in v for c in "\n\r\0") or len(v.encode()) > max_len:
+        raise _fail(path, f"must be one line of at most {max_len} bytes")
+    return v
+
+
+def _dict(
+    path: str, v: object, keys: tuple[str, ...] | set[str] | frozenset[str], required: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise _fail(path, f"expected an object, got {type(v).__name__}")
+    for k in v:
+        if k not in keys and not str(k).startswith("_"):
+            raise _fail(f"{path}.{k}", f"unknown key (known: {', '.join(sorted(keys))})")
+    for k in required:
+        if v.get(k) is None:
+            raise _fail(f"{path}.{k}", "required")
+    return v
+
+
+def _list(path: str, v: object) -> list[Any]:
+    if not isinstance(v, list | tuple):
+        raise _fail(path, f"expected a list, got {type(v).__name__}")
+    return list(v)
+
+
+def _error_code(path: str, v: object) -> int:
+    if not isinstance(v, str) or v not in ERROR_CODES:
+        raise _fail(path, f"unknown NVML error {v!r} (use NVML_ERROR_* names without the prefix, e.g. 'GPU_IS_LOST')")
+    return ERROR_CODES[v]
+
+
+def _opt_fields(e: _Enc, path: str, d: dict[str, Any], key: str, *, names: tuple[str, ...], line: str, hi: int) -> None:
+    v = d.get(key)
+    if v is not None:
+        v = _dict(f"{path}.{key}", v, names)
+        e.put(line, *(_int(f"{path}.{key}.{n}", v.get(n), 0, hi, nullable=True) for n in names))
+
+
+_DEVICE_KEYS = {
+    "uuid",
+    "name",
+    "serial",
+    "minor_number",
+    "pci",
+    "memory",
+    "utilization",
+    "temperature",
+    "temperature_thresholds",
+    "power_usage_mw",
+    "power_limit_mw",
+    "power_constraints_mw",
+    "energy_mj",
+    "clocks_mhz",
+    "max_clocks_mhz",
+    "clocks_event_reasons",
+    "supported_clocks_event_reasons",
+    "violation_ns",
+    "pstate",
+    "fans",
+    "ecc_mode",
+    "ecc_errors",
+    "retired_pages",
+    "remapped_rows",
+    "pcie",
+    "nvlink",
+    "mig_mode",
+    "supported_event_types",
+    "processes",
+    "lost",
+    "errors",
+    "delays_ms",
+}
+
+
+def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
+    _dict(p, d, _DEVICE_KEYS, required=("uuid", "name"))
+    e.put("device")
+    uuid = _str(f"{p}.uuid", d["uuid"], _STR_MAX["uuid"])
+    if not uuid or " " in uuid:
+        raise _fail(f"{p}.uuid", "must be non-empty without spaces")
+    e.put("uuid", uuid)
+    e.put("name", _str(f"{p}.name", d["name"], _STR_MAX["name"]))
+    if d.get("serial") is not None:
+        e.put("serial", _str(f"{p}.serial", d["serial"], _STR_MAX["serial"]))
+    scalars = (
+        ("minor_number", "minor", _U32),
+        ("temperature", "temperature", 255),
+        ("power_usage_mw", "power_usage", _U32),
+        ("power_limit_mw", "power_limit", _U32),
+        ("energy_mj", "energy", _I64),
+        ("clocks_event_reasons", "clocks_event_reasons", _I64),
+        ("supported_clocks_event_reasons", "supported_clocks_event_reasons", _I64),
+    )
+    for key, line, hi in scalars:
+        if d.get(key) is not None:
+            e.put(line, _int(f"{p}.{key}", d[key], 0, hi))
+    if d.get("pstate") is not None:
+        ps = _int(f"{p}.pstate", d["pstate"], 0, 32)
+        if ps is not None and 15 < ps < 32:
+            raise _fail(f"{p}.pstate", "expected 0..15 or 32 (unknown)")
+        e.put("pstate", ps)
+    if d.get("pci") is not None:
+        pci = _dict(
+            f"{p}.pci",
+            d["pci"],
+            {"domain", "bus", "device", "pci_device_id", "pci_subsystem_id"},
+            required=("domain", "bus", "device"),
+        )
+        e.put(
+            "pci",
+            _int(f"{p}.pci.domain", pci["domain"], 0, _U32),
+            _int(f"{p}.pci.bus", pci["bus"], 0, 255),
+            _int(f"{p}.pci.device", pci["device"], 0, 31),
+            _int(f"{p}.pci.pci_device_id", pci.get("pci_device_id", 0), 0, _U32),
+            _int(f"{p}.pci.pci_subsystem_id", pci.get("pci_subsystem_id", 0), 0, _U32),
+        )
+    if d.get("memory") is not None:
+        m = _dict(f"{p}.memory", d["memory"], {"total", "reserved", "used"}, required=("total", "used"))
+        total, used = _int(f"{p}.memory.total", m["total"]), _int(f"{p}.memory.used", m["used"])
+        reserved = _int(f"{p}.memory.reserved", m.get("reserved", 0))
+        assert total is not None and used is not None and reserved is not None
+        if reserved + used > total:
+            raise _fail(f"{p}.memory.used", f"reserved + used ({reserved + used}) exceeds total ({total})")
+        e.put("memory", total, reserved, used)
+    if d.get("utilization") is not None:
+        u = _dict(f"{p}.utilization", d["utilization"], {"gpu", "memory"}, required=("gpu", "memory"))
+        e.put(
+            "utilization",
+            _int(f"{p}.utilization.gpu", u["gpu"], 0, 100),
+            _int(f"{p}.utilization.memory", u["memory"], 0, 100),
+        )
+    _opt_fields(e, p, d, "temperature_thresholds", names=_THRESHOLD_KEYS, line="temperature_thresholds", hi=255)
+    _opt_fields(e, p, d, "clocks_mhz", names=_CLOCK_KEYS, line="clocks", hi=_U32)
+    _opt_fields(e, p, d, "max_clocks_mhz", names=_CLOCK_KEYS, line="max_clocks", hi=_U32)
+    _opt_fields(e, p, d, "violation_ns", names=_VIOLATION_KEYS, line="violation", hi=_I64)
+    _opt_fields(e, p, d, "ecc_errors", names=_ECC_KEYS, line="ecc_errors", hi=_I64)
+    _opt_fields(e, p, d, "pcie", names=_PCIE_KEYS, line="pcie", hi=_U32)
+    for key, line in (
+        ("power_constraints_mw", "power_constraints"),
+        ("ecc_mode", "ecc_mode"),
+        ("mig_mode", "mig_mode"),
+    ):
+        if d.get(key) is not None:
+            pair = _list(f"{p}.{key}", d[key])
+            if len(pair) != 2:
+                raise _fail(f"{p}.{key}", "expected [current, pending] / [min, max]")
+            e.put(line, *(_int(f"{p}.{key}[{i}]", x, 0, _U32) for i, x in enumerate(pair)))
+    for key, hi, cap in (("fans", 100, 64), ("nvlink", 1, _NVLINK_MAX_LINKS)):
+        if d.get(key) is not None:
+            vals = _list(f"{p}.{key}", d[key])
+            if len(vals) > cap:
+                raise _fail(f"{p}.{key}", f"at most {cap} entries")
+            e.put(key, *(_int(f"{p}.{key}[{i}]", x, 0, hi) for i, x in enumerate(vals)))
+    if d.get("retired_pages") is not None:
+        rp = _dict(f"{p}.retired_pages", d["retired_pages"], {"sbe", "dbe", "pending"})
+        e.put("retired_pending", _flag(f"{p}.retired_pages.pending", rp.get("pending", False)))
+        for cause in ("sbe", "dbe"):
+            pages = _list(f"{p}.retired_pages.{cause}", rp.get(cause, []))
+            e.put(f"retired_{cause}", *(_int(f"{p}.retired_pages.{cause}[{i}]", a) for i, a in enumerate(pages)))
+    if d.get("remapped_rows") is not None:
+        rr = _dict(
+            f"{p}.remapped_rows",
+            d["remapped_rows"],
+            {"correctable", "uncorrectable", "pending", "failure"},
+            required=("correctable", "uncorrectable"),
+        )
+        e.put(
+            "remapped_rows",
+            _int(f"{p}.remapped_rows.correctable", rr["correctable"], 0, _U32),
+            _int(f"{p}.remapped_rows.uncorrectable", rr["uncorrectable"], 0, _U32),
+            _flag(f"{p}.remapped_rows.pending", rr.get("pending", False)),
+            _flag(f"{p}.remapped_rows.failure", rr.get("failure", False)),
+        )
+    if "supported_event_types" in d:  # absent: C default (every event bit); null: NOT_SUPPORTED
+        e.put("supported_event_types", _int(f"{p}.supported_event_types", d["supported_event_types"], nullable=True))
+    if d.get("processes") is not None:
+        procs = _dict(f"{p}.processes", d["processes"], {"compute", "graphics"})
+        for kind in ("compute", "graphics"):
+            if procs.get(kind) is None:
+                continue
+            args: list[object] = []
+            for i, pr in enumerate(_list(f"{p}.processes.{kind}", procs[kind])):
+                q = f"{p}.processes.{kind}[{i}]"
+                _dict(q, pr, {"pid", "used_memory", "name", "user", "host_rss"}, required=("pid",))
+                for k in ("name", "user"):
+                    if pr.get(k) is not None:
+                        _str(f"{q}.{k}", pr[k])
+                _int(f"{q}.host_rss", pr.get("host_rss"), nullable=True)
+                args += [
+                    _int(f"{q}.pid", pr["pid"], 1, _U32),
+                    _int(f"{q}.used_memory", pr.get("used_memory"), nullable=True),
+                ]
+            e.put(f"processes_{kind}", *args)
+    if d.get("lost") is not None:
+        e.put("lost", _flag(f"{p}.lost", d["lost"]))
+    for key, line in (("errors", "error"), ("delays_ms", "delay")):
+        for sym, val in _dict(f"{p}.{key}", d.get(key) or {}, OVERRIDABLE_SYMBOLS | {"*"}).items():
+            q = f"{p}.{key}.{sym}"
+            e.put(line, sym, _error_code(q, val) if key == "errors" else _int(q, val, -1, 2**31 - 1))
+    e.put("end_device")
+
+
+def encode_state(state: dict[str, Any]) -> str:
+    """Validate ``state`` (docs/sim-state.md) and return the file text; ValueError names the offending key path."""
+    _dict("state", state, _TOP_KEYS)
+    e = _Enc()
+    e.lines.append(MAGIC)
+    e.lines.append(_JSON_PREFIX + json.dumps(state, separators=(",", ":"), sort_keys=True))
+    for key in ("driver_version", "nvml_version"):
+        if state.get(key) is not None:
+            e.put(key, _str(key, state[key], _STR_MAX[key]))
+    if state.get("cuda_driver_version") is not None:
+        e.put("cuda_driver_version", _int("cuda_driver_version", state["cuda_driver_version"], 0, 2**31 - 1))
+    if state.get("init_error") is not None:
+        e.put("init_error", _error_code("init_error", state["init_error"]))
+    if state.get("clock") is not None:
+        c = state["clock"]
+        if isinstance(c, bool) or not isinstance(c, int | float) or c < 0:
+            raise _fail("clock", f"expected unix seconds, got {c!r}")
+        e.put("clock", repr(float(c)))
+    devices = _list("devices", state.get("devices") or [])
+    if len(devices) > MAX_DEVICES:
+        raise _fail("devices", f"at most {MAX_DEVICES} devices")
+    seen: dict[str, int] = {}
+    for i, dev in enumerate(devices):
+        _encode_device(e, f"devices[{i}]", dev)
+        if dev["uuid"] in seen:
+            raise _fail(f"devices[{i}].uuid", f"duplicate of devices[{seen[dev['uuid']]}].uuid ({dev['uuid']})")
+        seen[dev["uuid"]] = i
+    last_seq = 0
+    for i, ev in enumerate(_list("events", state.get("events") or [])):
+        q = f"events[{i}]"
+        _dict(q, ev, {"seq", "uuid", "type", "data"}, required=("seq", "uuid", "type"))
+        seq = _int(f"{q}.seq", ev["seq"], 1)
+        assert seq is not None
+        if seq <= last_seq:
+            raise _fail(f"{q}.seq", f"must strictly increase (previous {last_seq})")
+        last_seq = seq
+        if ev["type"] not in EVENT_TYPES:
+            raise _fail(f"{q}.type", f"unknown event type {ev['type']!r} (known: {', '.join(EVENT_TYPES)})")
+        uuid = _str(f"{q}.uuid", ev["uuid"], _STR_MAX["uuid"])
+        e.put("event", seq, EVENT_TYPES[ev["type"]], _int(f"{q}.data", ev.get("data", 0)), uuid)
+    e.lines.append("END")
+    return "\n".join(e.lines) + "\n"
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """Validate, encode and atomically replace ``path`` (temp file in the same directory, fsync, rename)."""
+    text = encode_state(state)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The state dict that ``write_state`` wrote to ``path`` (ValueError if the file is not a state file)."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    if len(lines) < 2 or lines[0] != MAGIC or not lines[1].startswith(_JSON_PREFIX) or lines[-1] != "END":
+        raise ValueError(f"{path}: not a complete stand-in state file (expected {MAGIC!r} ... 'END')")
+    result: dict[str, Any] = json.loads(lines[1][len(_JSON_PREFIX) :])
+    return result
+
+
+def bus_id(pci: dict[str, Any], *, legacy: bool = False) -> str:
+    """NVML's PCI bus id for a state ``pci`` dict: ``00000000:0C:00.0`` (legacy form ``0000:0C:00.0``)."""
+    fmt = "{:04X}:{:02X}:{:02X}.0" if legacy else "{:08X}:{:02X}:{:02X}.0"
+    return fmt.format(pci["domain"] & (0xFFFF if legacy else 0xFFFFFFFF), pci["bus"], pci["device"])
+
+
+def make_device(index: int, **overrides: Any) -> dict[str, Any]:
+    """A valid device dict with an idle AWS A10G's values (captures/xml04); keys in ``overrides`` replace."""
+    dev: dict[str, Any] = {
+        "uuid": f"GPU-5a3c1b2e-0000-4000-8000-{index:012x}",
+        "name": "NVIDIA A10G",
+        "serial": f"13243210{index:05d}",
+        "minor_number": index,
+        "pci": {
+            "domain": index // 200,
+            "bus": 0x0C + index % 200,
+            "device": 0,
+            "pci_device_id": 0x223710DE,
+            "pci_subsystem_id": 0x152F10DE,
+        },
+        "memory": {"total": 24146608128, "reserved": 456130560, "used": 1048576},
+        "utilization": {"gpu": 0, "memory": 0},
+        "temperature": 31,
+        "temperature_thresholds": {"shutdown": 98, "slowdown": 95, "mem_max": None, "gpu_max": 88},
+        "power_usage_mw": 25000,
+        "power_limit_mw": 300000,
+        "power_constraints_mw": [100000, 300000],
+        "energy_mj": 123456789,
+        "clocks_mhz": {"graphics": 210, "sm": 210, "memory": 405, "video": 555},
+        "max_clocks_mhz": {"graphics": 1710, "sm": 1710, "memory": 6251, "video": 1500},
+        "clocks_event_reasons": 1,
+        "supported_clocks_event_reasons": 0x1FF,
+        "violation_ns": dict.fromkeys(_VIOLATION_KEYS, 0),
+        "pstate": 8,
+        "fans": [0],
+        "ecc_mode": [1, 1],
+        "ecc_errors": dict.fromkeys(_ECC_KEYS, 0),
+        "retired_pages": {"sbe": [], "dbe": [], "pending": False},
+        "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
+        "pcie": {
+            "gen": 1,
+            "max_gen": 4,
+            "gpu_max_gen": 4,
+            "width": 8,
+            "max_width": 16,
+            "tx_kbps": 0,
+            "rx_kbps": 0,
+            "replay_counter": 0,
+        },
+        "nvlink": None,
+        "mig_mode": None,
+        "processes": {"compute": [], "graphics": []},
+        "lost": False,
+    }
+    dev.update(copy.deepcopy(overrides))
+    return dev
+
+
+def make_state(n_gpus: int, **overrides: Any) -> dict[str, Any]:
+    """A valid state with ``n_gpus`` devices from ``make_device``; top-level keys in ``overrides`` replace."""
+    state: dict[str, Any] = {
+        "clock": 1700000000.0,
+        "driver_version": "535.161.08",
+        "nvml_version": "12.535.161.08",
+        "cuda_driver_version": 12020,
+        "init_error": None,
+        "devices": [make_device(i) for i in range(n_gpus)],
+        "events": [],
+    }
+    state.update(copy.deepcopy(overrides))
+    return state
+
+
+# What the ``write_sim_state`` test fixture returns: write a state, get the state file path back.
+StateWriter = Callable[[dict[str, Any]], Path]

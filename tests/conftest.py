@@ -1,0 +1,37 @@
+"""Fixtures shared by every test package: the stand-in NVML driver and its state file."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwatchd.sim.build import build_standin
+from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
+
+
+@pytest.fixture(scope="session")
+def standin_libdir() -> Path:
+    """Directory holding the stand-in ``libnvidia-ml.so.1`` (built once per session, cached across sessions)."""
+    return build_standin()
+
+
+@pytest.fixture
+def write_sim_state(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
+    """``write(state) -> path``: write a stand-in state to ``tmp_path/sim-state``; later calls replace it.
+
+    A rewrite waits a few stand-in reload intervals, so the very next NVML call is guaranteed to see it.
+    """
+    path = tmp_path / "sim-state"
+
+    def write(state: dict[str, Any]) -> Path:
+        existed = path.exists()
+        write_state(path, state)
+        if existed:
+            time.sleep(3 * RELOAD_CHECK_S)
+        return path
+
+    return write
