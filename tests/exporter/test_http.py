@@ -175,3 +175,38 @@ async def test_status_with_a_non_json_value_still_answers(client: aiohttp.Client
             assert await r.json() == {"state_dir": "/var/lib/gpuwatchd"}
     finally:
         await runner.cleanup()
+
+
+async def test_metrics_cache_reuses_a_render_until_the_store_changes(client: aiohttp.ClientSession) -> None:
+    from gpuwatchd.exporter.http import METRICS_RENDERER, store_cache_key
+
+    store = store_from_fixture("store_mixed.json")
+    app = make_app(
+        registry=registry_for(store),
+        status=lambda: status_from_store(store),
+        ready=lambda: True,
+        cache_key=lambda: store_cache_key(store),
+    )
+    renderer = app[METRICS_RENDERER]
+    runner, url = await _start(app)
+    try:
+        bodies = []
+        for _ in range(3):
+            async with client.get(url + "/metrics", headers={"Accept-Encoding": "identity"}) as r:
+                bodies.append(await r.text())
+        assert renderer.renders == 1
+        assert bodies[0] == bodies[1] == bodies[2]
+        # another format is another render, cached on its own
+        async with client.get(url + "/metrics", headers={"Accept": "application/openmetrics-text"}) as r:
+            assert (await r.text()).endswith("# EOF\n")
+        assert renderer.renders == 2
+        # any store write invalidates: the next scrape shows the new state
+        store.mark_stale()
+        async with client.get(url + "/metrics", headers={"Accept-Encoding": "identity"}) as r:
+            assert "gpuwatchd_nvml_stale 1.0" in await r.text()
+        store.nvml_worker_restarts += 1  # a plain attribute, part of the key
+        async with client.get(url + "/metrics", headers={"Accept-Encoding": "identity"}) as r:
+            assert "gpuwatchd_nvml_worker_restarts_total 3.0" in await r.text()
+        assert renderer.renders == 4
+    finally:
+        await runner.cleanup()
