@@ -59,7 +59,7 @@ class NotifyMetrics:
     """Counters updated by the delivery workers plus gauges read from the dispatcher on scrape (no I/O)."""
 
     def __init__(self, read_state: Callable[[], GaugeState]) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry(auto_describe=False)
         self.notifications = Counter(
             "gpuwatchd_notifications",
             "Notification attempts by outcome (success, failure = given up, retry = will try again).",
