@@ -156,7 +156,10 @@ class SimResolver:
             procs = dev.get("processes") or {}
             for kind in ("compute", "graphics"):
                 for p in procs.get(kind) or ():
-                    by_pid[int(p["pid"])] = (p.get("name"), p.get("user"), p.get("host_rss"))
+                    new = (p.get("name"), p.get("user"), p.get("host_rss"))
+                    old = by_pid.get(int(p["pid"]), UNKNOWN)
+                    # one process on several GPUs / in both lists: keep what any entry knows
+                    by_pid[int(p["pid"])] = (old[0] or new[0], old[1] or new[1], old[2] or new[2])
         self._stamp, self._by_pid = stamp, by_pid
 
     def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
