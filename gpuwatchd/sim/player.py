@@ -272,35 +272,40 @@ def _is_power(fp: FieldPath | None, slot: int) -> bool:
     return fp is not None and fp.keys == ("power_usage_mw",) and (fp.slot in ("*", slot))
 
 
-def _power_at(scenario: Scenario, base_mw: float, slot: int, te: float) -> float:
-    p = base_mw
-    for s in scenario.steps:
-        if s.at > te:
-            break
-        for fp, v in s.values:
-            if _is_power(fp, slot):
-                p = float(v) if v is not None else 0.0
-        if _is_power(s.path, slot):
-            p = function_value(s.spec, te - s.at)
-    return p
+def _function_integral(spec: Any, a: float, b: float) -> float:
+    """Integral of ``function_value(spec, x)`` for x in [a, b] (closed form where there is one)."""
+    if isinstance(spec, WaveSpec):
+        w = 2 * math.pi / spec.period
+        return spec.mean * (b - a) - spec.amplitude / w * (math.cos(w * b) - math.cos(w * a))
+    if isinstance(spec, RampSpec):
+        mid = min(max(spec.over, a), b)  # linear up to `over`, flat after: both exact with the midpoint rule
+        return (function_value(spec, (a + mid) / 2) * (mid - a)) + function_value(spec, b) * (b - mid)
+    n = max(1, math.ceil((b - a) / ENERGY_STEP_S))
+    h = (b - a) / n
+    return sum(function_value(spec, a + (i + 0.5) * h) * h for i in range(n))
 
 
 def _energy_mj(scenario: Scenario, slot: int, dev: dict[str, Any], cycles: int, te: float) -> float:
     """Energy since t=0 (mW x s = mJ) of the power track, integrated piecewise; loops add whole cycles."""
     from gpuwatchd.sim.state import make_device
 
-    base = _base_device(scenario, make_device(slot), slot).get("power_usage_mw") or 0.0
+    base = float(_base_device(scenario, make_device(slot), slot).get("power_usage_mw") or 0.0)
+    steps = [s for s in scenario.steps if _is_power(s.path, slot) or any(_is_power(fp, slot) for fp, _ in s.values)]
 
     def integral(upto: float) -> float:
-        steps = [s for s in scenario.steps if _is_power(s.path, slot) or any(_is_power(fp, slot) for fp, _ in s.values)]
-        cuts = sorted({0.0, upto, *(s.at for s in steps if s.at < upto), *(s.end for s in steps if s.end < upto)})
+        # Between two step times the last step that wrote the power field decides it alone.
+        cuts = sorted({0.0, upto, *(s.at for s in steps if s.at < upto)})
         total = 0.0
         for a, b in itertools.pairwise(cuts):
-            moving = any(s.path is not None and s.at <= a and (isinstance(s.spec, WaveSpec | PlateauSpec) or s.end > a)
-                         for s in steps)
-            n = max(1, math.ceil((b - a) / ENERGY_STEP_S)) if moving else 1
-            h = (b - a) / n
-            total += sum(_power_at(scenario, base, slot, a + (i + 0.5) * h) * h for i in range(n))
+            writer = [s for s in steps if s.at <= a]
+            if not writer:
+                total += base * (b - a)
+            elif writer[-1].path is not None:
+                w = writer[-1]
+                total += _function_integral(w.spec, a - w.at, b - w.at)
+            else:
+                v = [v for fp, v in writer[-1].values if _is_power(fp, slot)][-1]
+                total += float(v or 0) * (b - a)
         return total
 
     whole = integral(scenario.duration) * cycles if cycles else 0.0

@@ -48,8 +48,17 @@ from gpuwatchd.config import format_validation_error
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\s*$")
-_SIZE_UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-              "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_SIZE_UNIT = {
+    "B": 1,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
 
 
 class ScenarioError(Exception):
@@ -239,8 +248,9 @@ class ScenarioDoc(_Model):
 
 # --- the validated, immutable scenario -----------------------------------------------------------------------------
 
-Action = Literal["set", "ramp", "plateau", "wave", "add_process", "remove_process", "lose", "remove", "insert",
-                 "event", "xid"]
+Action = Literal[
+    "set", "ramp", "plateau", "wave", "add_process", "remove_process", "lose", "remove", "insert", "event", "xid"
+]
 ACTIONS: tuple[str, ...] = Action.__args__  # type: ignore[attr-defined]
 
 
@@ -287,9 +297,13 @@ class Scenario:
             raise ScenarioError(self.source, [f"--gpus {n}: must be >= 0"])
         missing = sorted(s for s in self.referenced_slots if s >= n)
         if missing:
-            raise ScenarioError(self.source, [
-                f"--gpus {n}: scenario {self.name!r} drives devices[{missing[-1]}], so it needs at least "
-                f"{missing[-1] + 1} GPUs"])
+            raise ScenarioError(
+                self.source,
+                [
+                    f"--gpus {n}: scenario {self.name!r} drives devices[{missing[-1]}], so it needs at least "
+                    f"{missing[-1] + 1} GPUs"
+                ],
+            )
         return replace(self, gpus=n)
 
 
@@ -419,8 +433,14 @@ def _step(i: int, raw: Any, schema: dict[str, Any]) -> Step:
             raise ValueError(f"{action}: expected a GPU slot number, got {body!r}")
         return base(gpu=body)
     models: dict[str, type[_Model]] = {
-        "ramp": RampSpec, "plateau": PlateauSpec, "wave": WaveSpec, "add_process": ProcessSpec,
-        "remove_process": RemoveProcessSpec, "insert": InsertSpec, "event": EventSpec, "xid": XidSpec,
+        "ramp": RampSpec,
+        "plateau": PlateauSpec,
+        "wave": WaveSpec,
+        "add_process": ProcessSpec,
+        "remove_process": RemoveProcessSpec,
+        "insert": InsertSpec,
+        "event": EventSpec,
+        "xid": XidSpec,
     }
     model = models[action]
     try:
@@ -460,7 +480,9 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
         try:
             steps.append(_step(i, raw, schema))
         except ValueError as e:
-            problems.append(f"timeline[{i}].{e}" if str(e).split(":")[0] in ACTIONS else f"timeline[{i}]: {e}")
+            problems.append(
+                f"timeline[{i}].{e}" if str(e).split(":")[0].split(".")[0] in ACTIONS else f"timeline[{i}]: {e}"
+            )
     for key, value in doc.system.items():
         try:
             check_field(FieldPath(key, None, (key,)), value, schema)
@@ -484,10 +506,18 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
     if doc.loop and duration <= 0:
         raise ScenarioError(source, ["loop: true needs a duration > 0 (or a timeline that spans time)"])
     scen = Scenario(
-        name=doc.name, description=" ".join(doc.description.split()), gpus=doc.gpus, loop=doc.loop,
-        duration=duration, library=doc.library, system=dict(doc.system),
-        devices={k: _normalise(v) for k, v in doc.devices.items()}, population=doc.processes,
-        steps=tuple(sorted(steps, key=lambda s: (s.at, s.order))), source=source, referenced_slots=frozenset(slots),
+        name=doc.name,
+        description=" ".join(doc.description.split()),
+        gpus=doc.gpus,
+        loop=doc.loop,
+        duration=duration,
+        library=doc.library,
+        system=dict(doc.system),
+        devices={k: _normalise(v) for k, v in doc.devices.items()},
+        population=doc.processes,
+        steps=tuple(sorted(steps, key=lambda s: (s.at, s.order))),
+        source=source,
+        referenced_slots=frozenset(slots),
     )
     missing = sorted(s for s in slots if s >= doc.gpus)
     if missing:
