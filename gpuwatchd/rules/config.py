@@ -36,8 +36,9 @@ class RuleSection(Section):
 class LeakRule(RuleSection):
     """``GpuMemoryLeak``: robust trend of a process' GPU memory, unattributed GPU memory and host RSS."""
 
-    # A 2 min hold on top of a 10 min minimum span: one odd evaluation does not page anyone.
-    for_: Duration = Field(default=120.0, alias="for")
+    # A 5 min hold on top of the 10 min minimum span: an allocator pool still growing in steps 10-15 min into a
+    # job looks like a stepwise leak for a few minutes; a leak keeps looking like one. Leaks are hours from OOM.
+    for_: Duration = Field(default=300.0, alias="for")
     # A leak that stops (memory freed, job ended) resolves after 5 min; a brief plateau inside a leak does not.
     keep_firing_for: Duration = 300.0
     # The trend window. 30 min covers several checkpoint/evaluation cycles of a training loop and fits the
@@ -45,7 +46,7 @@ class LeakRule(RuleSection):
     window: Duration = 1800.0
     # Less history than this is never a leak: caching-allocator warm-up takes the first minutes of a job.
     min_span: Duration = 600.0
-    # The lower envelope is built from one median per bucket: shorter spikes/dips vanish, and Theil-Sen runs on
+    # The lower envelope is built from one floor (low quantile) per bucket: spikes vanish, and Theil-Sen runs on
     # window/bucket (30) points, so its O(n²) pairs stay cheap without numpy.
     bucket: Duration = 60.0
     # 1 MiB/min: below it a 24 GiB GPU lasts > 2 weeks, and it is under the 2 MiB block granularity of the
@@ -55,9 +56,18 @@ class LeakRule(RuleSection):
     horizon: Duration = 86400.0
     # ... or when the growth over the window is at least this share of GPU memory, whatever the projection.
     min_growth_ratio: float = Field(default=0.10, gt=0, le=1)
+    # Never on less growth than this share of GPU memory (245 MiB of 24 GiB): projecting a full GPU from a few
+    # tens of MiB is guesswork (csv04's floor creeps ~60 MiB in 10 min under steady inference).
+    floor_growth_ratio: float = Field(default=0.01, ge=0, le=1)
     # The recent half must grow at least this fraction of the whole-window rate: warm-up is concave (fast then
     # flat) and fails this; a linear or accelerating leak passes.
     min_recent_ratio: float = Field(default=0.5, gt=0, le=1)
+    # The envelope must rise in at least this many buckets of the recent half: one step is a warm-up or an
+    # epoch boundary; a leak keeps stepping.
+    min_recent_rises: int = Field(default=2, ge=1)
+    # ... and by at least this many noise sigmas (robust scatter of the bucket floors around their trend line):
+    # 3 sigma keeps the end effect of a noisy plateau's envelope from looking like growth.
+    noise_factor: float = Field(default=3.0, ge=0)
     unattributed: bool = True
     host_rss: bool = True
     # Host RSS has no "total" to project against; fire when it grew this much over the window (pinned buffers

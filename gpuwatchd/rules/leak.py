@@ -51,7 +51,13 @@ def _annotations(t: Trend, v: Verdict) -> dict[str, str]:
 
 
 def _judge(
-    points: list[tuple[float, float]], now: float, cfg: LeakRule, *, free: float | None, min_growth: float
+    points: list[tuple[float, float]],
+    now: float,
+    cfg: LeakRule,
+    *,
+    free: float | None,
+    min_growth: float,
+    floor_growth: float = 0.0,
 ) -> tuple[Trend, Verdict] | None:
     trend = measure(points, now=now, window=cfg.window, bucket=cfg.bucket)
     if trend is None:
@@ -61,9 +67,12 @@ def _judge(
         min_span=cfg.min_span,
         min_rate=cfg.min_rate_bytes_per_second,
         min_recent_ratio=cfg.min_recent_ratio,
+        min_recent_rises=cfg.min_recent_rises,
+        noise_factor=cfg.noise_factor,
         free=free,
         horizon=cfg.horizon,
         min_growth=min_growth,
+        floor_growth=floor_growth,
     )
     return trend, verdict
 
@@ -107,12 +116,13 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         free = _free(g)
         total = float(g.memory_total_bytes) if g.memory_total_bytes is not None else None
         min_growth = cfg.min_growth_ratio * total if total else float("inf")
+        floor_growth = cfg.floor_growth_ratio * total if total else 0.0
         for p in g.processes:
             hist = view.process_history(g.uuid, p.pid)
             labels = {**base, "pid": str(p.pid), "process": _process_name(p)}
             who = f"{_process_name(p)}[{p.pid}]"
             gpu_pts = [(x.t, float(x.used_memory_bytes)) for x in hist if x.used_memory_bytes is not None]
-            judged = _judge(gpu_pts, now, cfg, free=free, min_growth=min_growth)
+            judged = _judge(gpu_pts, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth)
             if judged is not None and (level := _level(judged[1])) is not None:
                 t, v = judged
                 out.append(
@@ -146,12 +156,19 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                         )
                     )
         if cfg.unattributed:
-            out.extend(_unattributed(view, now, cfg, g, free=free, min_growth=min_growth))
+            out.extend(_unattributed(view, now, cfg, g, free=free, min_growth=min_growth, floor_growth=floor_growth))
     return out
 
 
 def _unattributed(
-    view: RuleView, now: float, cfg: LeakRule, g: GpuSample, *, free: float | None, min_growth: float
+    view: RuleView,
+    now: float,
+    cfg: LeakRule,
+    g: GpuSample,
+    *,
+    free: float | None,
+    min_growth: float,
+    floor_growth: float,
 ) -> list[Condition]:
     base = gpu_labels(view, g.uuid)
     title = gpu_title(base)
@@ -163,7 +180,7 @@ def _unattributed(
         for x in view.gpu_history(g.uuid)
         if x.memory_used_bytes is not None and x.processes_memory_bytes is not None
     ]
-    judged = _judge(pts, now, cfg, free=free, min_growth=min_growth)
+    judged = _judge(pts, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth)
     if judged is None or (level := _level(judged[1])) is None:
         return []
     t, v = judged

@@ -7,16 +7,20 @@ buckets: 435 pairs), so the daemon needs no numpy.
 
 Why a lower envelope first: GPU memory of a healthy job goes *up and back down* (evaluation passes, cuDNN
 workspaces, gradient buckets) but its floor stays put, while a leak raises the floor. So each bucket becomes its
-median (drops spikes and dips shorter than half a bucket) and then the series becomes its *suffix minimum*
-(``env[i] = min(v[i:])``): a spike that later returns, however long, no longer shows, and the envelope only
-rises if the memory never came back down. A job restart (pid gone, new pid) is a new series.
+floor (a low quantile: spikes vanish, a lone bad low reading does not count) and then the series becomes its
+*suffix minimum* (``env[i] = min(v[i:])``): a spike that later returns, however long, no longer shows, and the
+envelope only rises if the memory never came back down. A job restart (pid gone, new pid) is a new series.
+The suffix minimum of a noisy plateau creeps up at its very end (fewer values left to take the minimum of);
+the "at least two rises" and "above the noise" tests below keep that from looking like growth.
 
 The decision (``assess``) asks four things, all must hold:
 (a) sustained: the slope over the window and over its recent half both >= a minimum rate, and the recent one
     >= a share of the whole (warm-up is concave: fast then flat, and fails this);
-(b) monotonic-ish: the envelope rose (by construction it only rises when the floor rose);
+(b) monotonic-ish: the envelope rose at least twice in the recent half, by more than the noise (by construction
+    it only rises when the floor rose, apart from the suffix minimum of noise creeping up at the very end);
 (c) enough span of history;
-(d) significant: projected time-to-full within a horizon, or growth over the window >= a share of capacity.
+(d) significant: growth over the window >= a small share of capacity, and either the projected time-to-full
+    (at the slower of the two slopes) within a horizon or growth >= a larger share of capacity.
 """
 
 from __future__ import annotations
@@ -39,8 +43,14 @@ def theil_sen(points: Sequence[tuple[float, float]]) -> float:
     return median(slopes) if slopes else 0.0
 
 
-def bucket_medians(points: Sequence[tuple[float, float]], bucket: float) -> list[tuple[float, float]]:
-    """One (mean time, median value) per ``bucket`` seconds, buckets aligned to the first point."""
+# Each bucket is summarised by this quantile of its samples: a floor that skips a lone bad low reading (with
+# 12 samples per minute it is the second lowest) but sees a level the series returns to in >= ~15% of samples
+# (csv04: inference that frees memory between batches swings 17.9 -> 17.4 GB about a quarter of the time).
+FLOOR_QUANTILE = 0.1
+
+
+def bucket_floors(points: Sequence[tuple[float, float]], bucket: float) -> list[tuple[float, float]]:
+    """One (mean time, low quantile of values) per ``bucket`` seconds, buckets aligned to the first point."""
     if not points:
         return []
     t0 = points[0][0]
@@ -48,16 +58,21 @@ def bucket_medians(points: Sequence[tuple[float, float]], bucket: float) -> list
     cur_key: int | None = None
     ts: list[float] = []
     vs: list[float] = []
+
+    def flush() -> None:
+        vs.sort()
+        out.append((sum(ts) / len(ts), vs[int(FLOOR_QUANTILE * len(vs))]))
+
     for t, v in points:
         key = int((t - t0) // bucket)
         if key != cur_key and ts:
-            out.append((sum(ts) / len(ts), median(vs)))
+            flush()
             ts, vs = [], []
         cur_key = key
         ts.append(t)
         vs.append(v)
     if ts:
-        out.append((sum(ts) / len(ts), median(vs)))
+        flush()
     return out
 
 
@@ -70,6 +85,20 @@ def lower_envelope(points: Sequence[tuple[float, float]]) -> list[tuple[float, f
         out.append((t, low))
     out.reverse()
     return out
+
+
+def robust_noise(points: Sequence[tuple[float, float]]) -> float:
+    """Sigma of the scatter around the series' robust line: MAD of the residuals from its Theil-Sen fit, scaled
+    to a normal sigma (x1.4826). Residuals, not first differences: a series flipping between two levels
+    (csv04) has small differences but a wide scatter."""
+    if len(points) < 3:
+        return 0.0
+    slope = theil_sen(points)
+    t0 = points[0][0]
+    intercept = median(v - slope * (t - t0) for t, v in points)
+    resid = [v - (intercept + slope * (t - t0)) for t, v in points]
+    mid = median(resid)
+    return 1.4826 * median(abs(r - mid) for r in resid)
 
 
 def sparkline(values: Sequence[float], width: int = 20) -> str:
@@ -93,19 +122,27 @@ class Trend:
     rate: float  # bytes/s over the whole window (Theil-Sen on the envelope)
     recent_rate: float  # bytes/s over the recent half
     growth: float  # envelope rise over the window, bytes
-    current: float  # latest value (bucket median), bytes
+    recent_growth: float  # envelope rise over the recent half, bytes
+    recent_rises: int  # buckets of the recent half where the envelope rose
+    noise: float  # robust sigma of the bucket floors around their trend line, bytes
+    current: float  # latest value (bucket floor), bytes
     envelope: tuple[float, ...]  # for the sparkline
 
 
+# A new floor counts once it has held this many buckets: the envelope's last buckets are the minimum of only a
+# few values (the end effect above), so they are left out of the slopes.
+CONFIRM_BUCKETS = 2
+
+
 def measure(points: Sequence[tuple[float, float]], *, now: float, window: float, bucket: float) -> Trend | None:
-    """Trend of ``(t, value)`` points over ``[now - window, now]``; None with fewer than 4 buckets."""
+    """Trend of ``(t, value)`` points over ``[now - window, now]``; None with fewer than 4 confirmed buckets."""
     pts = [(t, v) for t, v in points if now - window <= t <= now]
     if len(pts) < 2:
         return None
-    buckets = bucket_medians(pts, bucket)
-    if len(buckets) < 4:
+    buckets = bucket_floors(pts, bucket)
+    if len(buckets) < 4 + CONFIRM_BUCKETS:
         return None
-    env = lower_envelope(buckets)
+    env = lower_envelope(buckets)[:-CONFIRM_BUCKETS]
     half_t = env[-1][0] - (env[-1][0] - env[0][0]) / 2
     recent = [p for p in env if p[0] >= half_t]
     return Trend(
@@ -113,6 +150,9 @@ def measure(points: Sequence[tuple[float, float]], *, now: float, window: float,
         rate=theil_sen(env),
         recent_rate=theil_sen(recent) if len(recent) >= 2 else 0.0,
         growth=env[-1][1] - env[0][1],
+        recent_growth=recent[-1][1] - recent[0][1],
+        recent_rises=sum(1 for a, b in zip(recent, recent[1:]) if b[1] > a[1]),
+        noise=robust_noise(buckets),
         current=buckets[-1][1],
         envelope=tuple(v for _, v in env),
     )
@@ -120,11 +160,11 @@ def measure(points: Sequence[tuple[float, float]], *, now: float, window: float,
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """``leak``: all of (a)-(d) hold; ``growing``: still trending up (hysteresis: keeps a firing alert)."""
+    """``leak``: all of (a)-(d) hold; ``growing``: (a) still holds (hysteresis: keeps an active alert going)."""
 
     leak: bool
     growing: bool
-    eta_seconds: float | None  # projected time until ``capacity`` is reached, at the recent rate
+    eta_seconds: float | None  # projected time until full, at the slower of the whole and recent rates
 
 
 def assess(
@@ -133,22 +173,36 @@ def assess(
     min_span: float,
     min_rate: float,
     min_recent_ratio: float,
+    min_recent_rises: int,
+    noise_factor: float,
     free: float | None,
     horizon: float,
     min_growth: float,
+    floor_growth: float = 0.0,
 ) -> Verdict:
-    """Apply (a)-(d) to a trend. ``free``: bytes left before full (None: no projection, growth test only)."""
-    rate = max(trend.recent_rate, 0.0)
+    """Apply (a)-(d) to a trend. ``free``: bytes left before full (None: no projection, growth test only);
+    ``min_growth``: growth over the window that is significant whatever the projection; ``floor_growth``: growth
+    below which nothing is significant (a projection from a few MiB is guesswork)."""
+    # The slower of the two slopes: a short burst of floor creep in the recent half must not project an OOM.
+    rate = max(min(trend.rate, trend.recent_rate), 0.0)
     eta = free / rate if free is not None and rate > 0 else None
     if eta is not None:
         eta = max(0.0, eta)
-    growing = trend.rate >= min_rate / 2 and trend.recent_rate > 0 and trend.growth > 0
     sustained = (
         trend.rate >= min_rate
         and trend.recent_rate >= min_rate
         and trend.recent_rate >= min_recent_ratio * trend.rate
     )
-    rose = trend.growth > 0
+    growing = sustained and trend.growth > 0
+    # The floor rose more than once lately (a warm-up that slows down rises once per half at most) and by more
+    # than the noise: a noisy plateau's suffix minimum creeps up at the end by about one sigma.
+    rose = (
+        trend.growth > 0
+        and trend.recent_rises >= min_recent_rises
+        and trend.recent_growth >= noise_factor * trend.noise
+    )
     enough = trend.span >= min_span
-    significant = (eta is not None and eta <= horizon) or trend.growth >= min_growth
+    significant = trend.growth >= floor_growth and (
+        (eta is not None and eta <= horizon) or trend.growth >= min_growth
+    )
     return Verdict(leak=sustained and rose and enough and significant, growing=growing, eta_seconds=eta)
