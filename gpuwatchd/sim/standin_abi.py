@@ -1,0 +1,123 @@
+"""What the stand-in driver (``standin.c``) exports and understands: symbol names, NVML return codes, event bits.
+
+Kept apart from the state writer so the tables can be checked against the C source and pynvml in one place
+(tests/sim/test_standin_state.py).
+"""
+
+from __future__ import annotations
+
+# standin.c MAX_DEVICES: enumeration slots; a large HGX node has 8-16 GPUs, "fleet" scenarios stay far below.
+MAX_DEVICES = 1024
+
+# nvml.h nvmlReturn_t (l.1520-1553), names without the NVML_ERROR_ prefix.
+ERROR_CODES: dict[str, int] = {
+    "UNINITIALIZED": 1,
+    "INVALID_ARGUMENT": 2,
+    "NOT_SUPPORTED": 3,
+    "NO_PERMISSION": 4,
+    "ALREADY_INITIALIZED": 5,
+    "NOT_FOUND": 6,
+    "INSUFFICIENT_SIZE": 7,
+    "INSUFFICIENT_POWER": 8,
+    "DRIVER_NOT_LOADED": 9,
+    "TIMEOUT": 10,
+    "IRQ_ISSUE": 11,
+    "LIBRARY_NOT_FOUND": 12,
+    "FUNCTION_NOT_FOUND": 13,
+    "CORRUPTED_INFOROM": 14,
+    "GPU_IS_LOST": 15,
+    "RESET_REQUIRED": 16,
+    "OPERATING_SYSTEM": 17,
+    "LIB_RM_VERSION_MISMATCH": 18,
+    "IN_USE": 19,
+    "MEMORY": 20,
+    "NO_DATA": 21,
+    "VGPU_ECC_NOT_SUPPORTED": 22,
+    "INSUFFICIENT_RESOURCES": 23,
+    "FREQ_NOT_SUPPORTED": 24,
+    "ARGUMENT_VERSION_MISMATCH": 25,
+    "DEPRECATED": 26,
+    "NOT_READY": 27,
+    "GPU_NOT_FOUND": 28,
+    "INVALID_STATE": 29,
+    "RESET_TYPE_NOT_SUPPORTED": 30,
+    "UNKNOWN": 999,
+}
+
+# nvml.h nvmlEventType* bits (l.3405-3461) for the event "type" names of docs/sim-state.md.
+EVENT_TYPES: dict[str, int] = {"sbe": 0x1, "dbe": 0x2, "pstate": 0x4, "xid": 0x8, "clock": 0x10, "power_source": 0x80}
+
+# Per-device symbols whose return code / delay a state can override (the C side's FUNCS list).
+OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
+    [
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetHandleByUUID",
+        "nvmlDeviceGetHandleByPciBusId_v2",
+        "nvmlDeviceGetIndex",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetSerial",
+        "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetPciInfo_v3",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetTemperatureV",
+        "nvmlDeviceGetTemperatureThreshold",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetPowerManagementLimit",
+        "nvmlDeviceGetPowerManagementLimitConstraints",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetSupportedClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetSupportedClocksThrottleReasons",
+        "nvmlDeviceGetViolationStatus",
+        "nvmlDeviceGetPerformanceState",
+        "nvmlDeviceGetPowerState",
+        "nvmlDeviceGetNumFans",
+        "nvmlDeviceGetFanSpeed_v2",
+        "nvmlDeviceGetFanSpeed",
+        "nvmlDeviceGetEccMode",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetMemoryErrorCounter",
+        "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetRetiredPages_v2",
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetCurrPcieLinkGeneration",
+        "nvmlDeviceGetCurrPcieLinkWidth",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+        "nvmlDeviceGetPcieThroughput",
+        "nvmlDeviceGetPcieReplayCounter",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlDeviceGetSupportedEventTypes",
+        "nvmlDeviceRegisterEvents",
+    ]
+)
+# Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).
+STANDIN_SYMBOLS: frozenset[str] = OVERRIDABLE_SYMBOLS | frozenset(
+    [
+        "nvmlInitWithFlags",
+        "nvmlInit_v2",
+        "nvmlShutdown",
+        "nvmlErrorString",
+        "nvmlDeviceGetCount_v2",
+        "nvmlSystemGetDriverVersion",
+        "nvmlSystemGetNVMLVersion",
+        "nvmlSystemGetCudaDriverVersion",
+        "nvmlSystemGetCudaDriverVersion_v2",
+        "nvmlEventSetCreate",
+        "nvmlEventSetWait_v2",
+        "nvmlEventSetFree",
+    ]
+)
