@@ -66,6 +66,12 @@ GPU_PRESENT = spec(
     " enumeration, e.g. eGPU unplugged). A GPU that is not present exports no other readings.",
     ("uuid",),
 )
+GPU_LOST = spec(
+    "gpuwatchd_gpu_lost", "gauge",
+    "1 while the GPU is enumerated but answers GPU_IS_LOST (fallen off the bus), else 0; tells lost from removed"
+    " when gpuwatchd_gpu_present is 0.",
+    ("uuid",),
+)
 GPU_LAST_SEEN = spec(
     "gpuwatchd_gpu_last_seen_timestamp_seconds", "gauge", "When the GPU last answered a poll with readings.",
     ("uuid",), "seconds",
@@ -181,6 +187,7 @@ def presence_families(store: Store) -> list[Metric]:
             },
         )
         f.add(GPU_PRESENT, (uuid,), pres.state == "present")
+        f.add(GPU_LOST, (uuid,), pres.state == "lost")
         f.add(GPU_LAST_SEEN, (uuid,), pres.last_seen)
         present += pres.state == "present"
     if store.latest is not None or store.presence:

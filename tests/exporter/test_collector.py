@@ -97,12 +97,18 @@ def test_missing_reading_exports_no_sample(mixed_store: Store) -> None:
 
 def test_lost_and_removed_gpus_export_only_presence_identity_and_last_seen(mixed_store: Store) -> None:
     text = exposition(mixed_store)
-    allowed = {"gpuwatchd_gpu_present", "gpuwatchd_gpu_info", "gpuwatchd_gpu_last_seen_timestamp_seconds"}
+    allowed = {
+        "gpuwatchd_gpu_present",
+        "gpuwatchd_gpu_lost",
+        "gpuwatchd_gpu_info",
+        "gpuwatchd_gpu_last_seen_timestamp_seconds",
+    }
     for uuid in (UUID_C, UUID_D):
         names = {s.name for s in samples(text) if s.labels.get("uuid") == uuid}
         assert names == allowed, uuid
         assert value(text, "gpuwatchd_gpu_present", uuid=uuid) == 0.0
     assert value(text, "gpuwatchd_gpu_present", uuid=UUID_A) == 1.0
+    assert (value(text, "gpuwatchd_gpu_lost", uuid=UUID_C), value(text, "gpuwatchd_gpu_lost", uuid=UUID_D)) == (1, 0)
     assert value(text, "gpuwatchd_gpus") == 2.0
     # last seen is the last poll with readings (the first snapshot), not the poll that found it gone
     assert value(text, "gpuwatchd_gpu_last_seen_timestamp_seconds", uuid=UUID_C) == 1_700_000_000.0
