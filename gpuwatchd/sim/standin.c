@@ -19,6 +19,7 @@
 #include <nvml.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -33,9 +35,6 @@
 #define MAX_DEVICES 1024
 /* How often a call may stat() the state file: cheap enough for the hot path, fast enough for a 10 Hz player. */
 #define RELOAD_CHECK_NS 2000000LL
-/* A file younger than this is re-read even if its stat signature looks unchanged: inode numbers are reused and
- * filesystem timestamps are jiffy-grained, so two quick atomic replaces can look identical to stat(). */
-#define YOUNG_FILE_NS 50000000LL
 /* Sleep slice for hung calls and event waits: short enough that a test's state change is seen promptly. */
 #define SLICE_NS 2000000LL
 #define UNSET LLONG_MIN
@@ -153,6 +152,9 @@ static struct {
     long long size, mtime_ns, ctime_ns;
 } sig;
 static long long last_check_ns;
+/* The last state file seen stays open: while we hold its inode, no replacement can reuse the inode number, so a
+ * changed (st_dev, st_ino) reliably means "replaced" even when two replaces land within one timestamp tick. */
+static int held_fd = -1;
 static int enum_n;
 static char enum_uuid[MAX_DEVICES][NVML_DEVICE_UUID_V2_BUFFER_SIZE];
 static struct nvmlDevice_st handles[MAX_DEVICES];
@@ -380,9 +382,13 @@ static int parse_event(sstate *s, char *a) {
 }
 
 /* Parse a whole state file; NULL when it is missing, truncated (no END line) or malformed. */
-static sstate *parse_state(const char *path) {
-    FILE *f = fopen(path, "re");
-    if (!f) return NULL;
+static sstate *parse_state(int fd) {
+    int dupfd = dup(fd);
+    FILE *f = dupfd >= 0 ? fdopen(dupfd, "r") : NULL;
+    if (!f) {
+        if (dupfd >= 0) close(dupfd);
+        return NULL;
+    }
     sstate *s = calloc(1, sizeof(sstate));
     char *line = NULL;
     size_t cap = 0;
@@ -447,20 +453,23 @@ static void maybe_reload(int force) {
     last_check_ns = now;
     struct stat sb;
     if (stat(state_path, &sb) != 0) return;
-    long long mt = ts_ns(sb.st_mtim), ct = ts_ns(sb.st_ctim);
-    int same = sig.dev == sb.st_dev && sig.ino == sb.st_ino && sig.size == (long long)sb.st_size &&
-               sig.mtime_ns == mt && sig.ctime_ns == ct;
-    if (same && !force) {
-        struct timespec rt;
-        clock_gettime(CLOCK_REALTIME, &rt);
-        if (ts_ns(rt) - mt > YOUNG_FILE_NS) return;
+    if (!force && sig.dev == sb.st_dev && sig.ino == sb.st_ino && sig.size == (long long)sb.st_size &&
+        sig.mtime_ns == ts_ns(sb.st_mtim) && sig.ctime_ns == ts_ns(sb.st_ctim))
+        return;
+    int fd = open(state_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    if (fstat(fd, &sb) != 0) {
+        close(fd);
+        return;
     }
+    if (held_fd >= 0) close(held_fd);
+    held_fd = fd;
     sig.dev = sb.st_dev;
     sig.ino = sb.st_ino;
     sig.size = (long long)sb.st_size;
-    sig.mtime_ns = mt;
-    sig.ctime_ns = ct;
-    sstate *n = parse_state(state_path);
+    sig.mtime_ns = ts_ns(sb.st_mtim);
+    sig.ctime_ns = ts_ns(sb.st_ctim);
+    sstate *n = parse_state(fd);
     if (!n) return;
     free_state(st);
     st = n;
