@@ -1,0 +1,200 @@
+"""The alert state machine: pending -> firing after for:, keep_firing_for, hysteresis levels, resolved retention,
+identity by fingerprint, failure isolation, reconfigure, and the ALERTS-like collector."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpuwatchd.model import Alert
+from gpuwatchd.rules.condition import Condition, Level, RuleView
+from gpuwatchd.rules.config import RulesConfig
+from gpuwatchd.rules.engine import FAMILIES, FamilySpec, RulesEngine
+from gpuwatchd.rules.metrics import AlertsCollector
+from gpuwatchd.store import Store
+
+from .conftest import T0, UUID, gpu, snap
+
+
+class Switch:
+    """A rule family whose condition a test sets by hand (the engine is what is under test here)."""
+
+    def __init__(self) -> None:
+        self.level: Level | None = None
+        self.value = 1.0
+        self.calls = 0
+
+    def __call__(self, view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
+        self.calls += 1
+        if self.level is None:
+            return []
+        return [
+            Condition(
+                "GpuTemperatureHigh", "warning", {"uuid": UUID, "gpu": "0", "model": "NVIDIA A10G"},
+                f"hot {self.value}", "cool it", value=self.value, level=self.level,
+            )
+        ]
+
+
+def make(cfg: dict[str, object] | None = None) -> tuple[RulesEngine, Switch]:
+    sw = Switch()
+    fam = FamilySpec("switch", sw, {"GpuTemperatureHigh": lambda c: c.temperature})
+    return RulesEngine(RulesConfig.model_validate(cfg or {}), host="node1", families=(fam,)), sw
+
+
+def only(alerts: list[Alert]) -> Alert:
+    assert len(alerts) == 1, alerts
+    return alerts[0]
+
+
+def test_pending_then_firing_after_for_with_active_at_kept() -> None:
+    eng, sw = make({"temperature": {"for": "60s"}})
+    store = Store()
+    sw.level = "raise"
+    a0 = only(eng.evaluate(store, T0))
+    assert a0.state == "pending" and a0.active_at == T0 and a0.fired_at is None
+    a1 = only(eng.evaluate(store, T0 + 30))
+    assert a1.state == "pending" and a1.active_at == T0
+    sw.value = 2.0
+    a2 = only(eng.evaluate(store, T0 + 60))
+    assert a2.state == "firing" and a2.active_at == T0 and a2.fired_at == T0 + 60
+    assert a2.summary == "hot 2.0" and a2.value == 2.0  # content follows the condition, identity does not change
+    assert a2.fingerprint == a0.fingerprint
+    assert a2.labels == {
+        "alertname": "GpuTemperatureHigh", "severity": "warning", "host": "node1",
+        "uuid": UUID, "gpu": "0", "model": "NVIDIA A10G",
+    }
+
+
+def test_pending_that_clears_vanishes_silently() -> None:
+    eng, sw = make({"temperature": {"for": "60s"}})
+    sw.level = "raise"
+    eng.evaluate(Store(), T0)
+    sw.level = None
+    assert eng.evaluate(Store(), T0 + 30) == []
+    sw.level = "raise"
+    assert only(eng.evaluate(Store(), T0 + 40)).active_at == T0 + 40  # a new episode, a new active_at
+
+
+def test_resolved_is_kept_for_retention_then_dropped() -> None:
+    eng, sw = make({"temperature": {"for": 0}, "resolved_retention": "15m"})
+    sw.level = "raise"
+    fired = only(eng.evaluate(Store(), T0))
+    assert fired.state == "firing"  # for: 0 fires at once
+    sw.level = None
+    r = only(eng.evaluate(Store(), T0 + 10))
+    assert r.state == "resolved" and r.resolved_at == T0 + 10 and r.fired_at == T0
+    assert only(eng.evaluate(Store(), T0 + 10 + 900)).state == "resolved"
+    assert eng.evaluate(Store(), T0 + 10 + 901) == []
+
+
+def test_condition_back_after_resolution_is_a_new_alert() -> None:
+    eng, sw = make({"temperature": {"for": 0}})
+    sw.level = "raise"
+    eng.evaluate(Store(), T0)
+    sw.level = None
+    eng.evaluate(Store(), T0 + 10)
+    sw.level = "raise"
+    a = only(eng.evaluate(Store(), T0 + 20))
+    assert a.state == "firing" and a.active_at == T0 + 20 and a.resolved_at is None
+
+
+def test_keep_firing_for_bridges_flapping() -> None:
+    eng, sw = make({"temperature": {"for": 0, "keep_firing_for": "2m"}})
+    sw.level = "raise"
+    eng.evaluate(Store(), T0)
+    states = []
+    for i, lvl in enumerate([None, "raise", None, None, None, None, None]):
+        sw.level = lvl  # type: ignore[assignment]
+        states.append(only(eng.evaluate(Store(), T0 + 30 * (i + 1))).state)
+    # gaps shorter than 2 min keep it firing; 2 min after the last hold it resolves
+    assert states == ["firing", "firing", "firing", "firing", "firing", "resolved", "resolved"]
+
+
+def test_hold_level_continues_but_never_starts() -> None:
+    eng, sw = make({"temperature": {"for": "60s"}})
+    sw.level = "hold"
+    assert eng.evaluate(Store(), T0) == []
+    sw.level = "raise"
+    eng.evaluate(Store(), T0 + 10)
+    sw.level = "hold"
+    assert only(eng.evaluate(Store(), T0 + 70)).state == "firing"  # held -> the for: hold elapses
+    sw.level = None
+    assert only(eng.evaluate(Store(), T0 + 80)).state == "resolved"
+
+
+def test_temperature_hysteresis_through_a_real_family(store: Store) -> None:
+    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": 0}}), host="node1")
+    # slowdown 95 °C: raise at >= 90 (margin 5), hold above 87 (clear margin 8)
+    seq = [(80.0, None), (91.0, "firing"), (88.0, "firing"), (90.5, "firing"), (86.5, "resolved"),
+           (89.0, "resolved"), (90.0, "firing")]
+    for i, (temp, want) in enumerate(seq):
+        t = T0 + 5 * i
+        store.apply(snap(t, gpu(temperature_celsius=temp)))
+        alerts = [a for a in eng.evaluate(store, t) if a.name == "GpuTemperatureHigh"]
+        assert (alerts[0].state if alerts else None) == want, (temp, alerts)
+
+
+def test_failing_family_is_counted_and_others_still_run(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    calls = {"n": 0}
+
+    def broken(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise ZeroDivisionError("boom")
+        return [Condition("GpuThrottled", "warning", {"uuid": UUID}, "s", "d")]
+
+    fams = (FamilySpec("throttle", broken, {"GpuThrottled": lambda c: c.throttle}), *FAMILIES[1:])
+    eng = RulesEngine(RulesConfig.model_validate({"throttle": {"for": 0}}), host="h", families=fams)
+    store.apply(snap(T0, gpu(temperature_celsius=93.0)))
+    eng.evaluate(store, T0)
+    alerts = eng.evaluate(store, T0 + 120)
+    names = {a.name: a.state for a in alerts}
+    # the throttle alert keeps its state (missing data is not "all clear"); temperature still evaluated
+    assert names == {"GpuThrottled": "firing", "GpuTemperatureHigh": "firing"}
+    assert eng.stats["throttle"].failures == 1 and "ZeroDivisionError: boom" in (eng.stats["throttle"].last_error or "")
+    assert "rule family throttle failed" in caplog.text
+
+    reg = CollectorRegistry()
+    reg.register(AlertsCollector(eng))
+    text = generate_latest(reg).decode()
+    assert 'gpuwatchd_rule_evaluation_failures_total{family="throttle"} 1.0' in text
+    assert 'gpuwatchd_rule_evaluation_failures_total{family="temperature"} 0.0' in text
+    assert "gpuwatchd_rule_evaluation_duration_seconds{family=\"temperature\"}" in text
+
+
+def test_reconfigure_disabling_a_rule_resolves_its_alerts(store: Store) -> None:
+    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": 0}}), host="h")
+    store.apply(snap(T0, gpu(temperature_celsius=93.0)))
+    assert only(eng.evaluate(store, T0)).state == "firing"
+    eng.reconfigure(RulesConfig.model_validate({"temperature": {"enabled": False}}))
+    assert only(eng.evaluate(store, T0 + 5)).state == "resolved"
+
+
+def test_alerts_collector_exports_pending_and_firing_only(store: Store) -> None:
+    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": "1m"}}), host="node1")
+    store.apply(snap(T0, gpu(temperature_celsius=93.0), gpu(uuid="GPU-b", index=1, temperature_celsius=93.0)))
+    eng.evaluate(store, T0)
+    store.apply(snap(T0 + 60, gpu(temperature_celsius=93.0), gpu(uuid="GPU-b", index=1, temperature_celsius=93.0)))
+    eng.evaluate(store, T0 + 60)
+    store.apply(snap(T0 + 65, gpu(temperature_celsius=50.0), gpu(uuid="GPU-b", index=1, temperature_celsius=50.0)))
+    eng.evaluate(store, T0 + 65)  # both resolved now
+    store.apply(snap(T0 + 70, gpu(temperature_celsius=93.0), gpu(uuid="GPU-b", index=1, temperature_celsius=50.0)))
+    eng.evaluate(store, T0 + 70)
+    reg = CollectorRegistry()
+    reg.register(AlertsCollector(eng))
+    lines = [x for x in generate_latest(reg).decode().splitlines() if x.startswith("gpuwatchd_alerts{")]
+    assert len(lines) == 1  # GPU 0 pending again; the resolved ones are not series
+    assert 'alertstate="pending"' in lines[0] and 'alertname="GpuTemperatureHigh"' in lines[0]
+    assert f'uuid="{UUID}"' in lines[0] and 'host="node1"' in lines[0] and lines[0].endswith(" 1.0")
+
+
+def test_two_gpus_are_two_identities(store: Store) -> None:
+    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": 0}}), host="h")
+    g0 = gpu(temperature_celsius=93.0)
+    store.apply(snap(T0, g0, replace(g0, uuid="GPU-b", index=1)))
+    alerts = eng.evaluate(store, T0)
+    assert len({a.fingerprint for a in alerts}) == 2
+    assert sorted(a.labels["gpu"] for a in alerts) == ["0", "1"]
