@@ -64,7 +64,7 @@ class StoreCollector(Collector):
         self._monotonic = monotonic
         self.groups: dict[str, Group] = {
             "nvml": rf.nvml_families,
-            "presence": rf.presence_families,
+            "presence": self._presence,
             "gpu": lambda s: gf.value_families(present_gpus(s)),
             "clocks": lambda s: gf.clock_families(present_gpus(s)),
             "health": lambda s: gf.health_families(present_gpus(s)),
@@ -75,7 +75,13 @@ class StoreCollector(Collector):
             "self": lambda s: rf.self_families(s, self._build),
         }
         self.errors: dict[str, int] = dict.fromkeys(self.groups, 0)
+        self._driver: str | None = None
         self._last_logged: dict[str, float] = {}
+
+    def _presence(self, store: Store) -> list[Metric]:
+        if store.latest is not None and store.latest.driver_version is not None:
+            self._driver = store.latest.driver_version
+        return rf.presence_families(store, self._driver)
 
     def describe(self) -> Iterable[Metric]:
         # Empty families for every name this collector may export: the registry then catches name clashes with

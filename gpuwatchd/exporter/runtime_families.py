@@ -169,10 +169,14 @@ def nvml_families(store: Store) -> list[Metric]:
     return f.metrics()
 
 
-def presence_families(store: Store) -> list[Metric]:
-    """Identity and presence of every GPU seen since start."""
+def presence_families(store: Store, driver: str | None = None) -> list[Metric]:
+    """Identity and presence of every GPU seen since start.
+
+    ``driver``: the last driver version known, so ``gpu_info`` keeps its labels (its identity) while NVML is down.
+    """
     f = Families()
-    driver = store.latest.driver_version if store.latest is not None else None
+    if store.latest is not None and store.latest.driver_version is not None:
+        driver = store.latest.driver_version
     present = 0
     for uuid, pres in sorted(store.presence.items(), key=lambda kv: (kv[1].identity.index, kv[0])):
         ident = pres.identity

@@ -176,8 +176,12 @@ def test_before_the_first_poll_nvml_status_is_unknown_not_down() -> None:
 
 
 def test_nvml_down_exports_reason_and_no_gpu_values(mixed_store: Store) -> None:
+    reg = registry_for(mixed_store)
+    generate_latest(reg)
     mixed_store.apply(Snapshot(timestamp=1_700_000_060.0, nvml_ok=False, nvml_error="driver_not_loaded"))
-    text = exposition(mixed_store)
+    text = generate_latest(reg).decode()
+    # gpu_info keeps the last known driver version: its label set (series identity) does not flap with NVML
+    assert value(text, "gpuwatchd_gpu_info", uuid=UUID_A, driver_version="535.161.08") == 1.0
     assert value(text, "gpuwatchd_nvml_up") == 0.0
     assert value(text, "gpuwatchd_nvml_error_info", reason="driver_not_loaded") == 1.0
     assert value(text, "gpuwatchd_gpu_memory_used_bytes", uuid=UUID_A) is None

@@ -9,15 +9,21 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
 from prometheus_client import generate_latest
 
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.exporter.runtime_families import BuildInfo
-from gpuwatchd.store import Store
+from gpuwatchd.model import Snapshot
 
-from .conftest import GOLDEN, promtool_check, registry_for
+from .conftest import GOLDEN, promtool_check, registry_for, store_from_fixture
 
-GOLDEN_FILE = GOLDEN / "metrics.prom"
+# golden file -> snapshots applied after a first scrape of fixtures/store_mixed.json (the collector is long-lived
+# in the daemon, so it has seen the state before)
+CASES: dict[str, tuple[Snapshot, ...]] = {
+    "metrics.prom": (),
+    "metrics_nvml_down.prom": (Snapshot(timestamp=1_700_000_060.0, nvml_ok=False, nvml_error="driver_not_loaded"),),
+}
 
 # Volatile values: build versions (which Python, which gpuwatchd) and timestamps are not part of the contract.
 _BUILD = re.compile(r'^(gpuwatchd_build_info)\{.*\} (.*)$', re.MULTILINE)
@@ -29,19 +35,25 @@ def normalise(text: str) -> str:
     return _TIMESTAMP.sub(r"\1 T", text)
 
 
-def test_exposition_matches_golden(mixed_store: Store) -> None:
+@pytest.mark.parametrize("golden", sorted(CASES))
+def test_exposition_matches_golden(golden: str) -> None:
+    store = store_from_fixture("store_mixed.json")
     # The real build info (not a test double) so the normalisation itself is exercised.
-    reg = registry_for(mixed_store, StoreCollector(mixed_store, build=BuildInfo.detect()))
+    reg = registry_for(store, StoreCollector(store, build=BuildInfo.detect()))
+    generate_latest(reg)
+    for snap in CASES[golden]:
+        store.apply(snap)
     got = normalise(generate_latest(reg).decode())
     if os.environ.get("UPDATE_GOLDEN") == "1":
-        GOLDEN_FILE.write_text(got)
-    want = GOLDEN_FILE.read_text()
+        (GOLDEN / golden).write_text(got)
+    want = (GOLDEN / golden).read_text()
     assert got == want, "exposition changed; if intended, regenerate with UPDATE_GOLDEN=1 and review the diff"
 
 
-def test_golden_file_itself_passes_promtool() -> None:
+@pytest.mark.parametrize("golden", sorted(CASES))
+def test_golden_file_itself_passes_promtool(golden: str) -> None:
     # Normalised timestamps (T) are not numbers; put a number back before linting.
-    text = GOLDEN_FILE.read_text().replace(" T\n", " 1700000000\n")
+    text = (GOLDEN / golden).read_text().replace(" T\n", " 1700000000\n")
     result = promtool_check(text)
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
