@@ -1,0 +1,27 @@
+"""docs/metrics.md documents every family the store collector can export, with its type and labels."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpuwatchd.exporter.collector import store_specs
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+_ROW = re.compile(r"^\| `(gpuwatchd_\w+)`(?: \*\*\(contract\)\*\*)? \| (\w+) \| ([^|]*) \|", re.MULTILINE)
+
+
+def test_every_family_is_documented_with_type_and_labels() -> None:
+    rows = {m.group(1): (m.group(2), m.group(3).strip()) for m in _ROW.finditer(DOC.read_text())}
+    specs = store_specs()
+    assert len(specs) > 50
+    for s in specs:
+        assert s.name in rows, f"{s.name} missing from docs/metrics.md"
+        assert rows[s.name] == (s.kind, ", ".join(s.labels) if s.labels else "—"), s.name
+    assert set(rows) == {s.name for s in specs}, "docs list families the exporter does not have"
+
+
+def test_default_port_is_documented() -> None:
+    from gpuwatchd.config import DEFAULT_PORT
+
+    assert f":{DEFAULT_PORT}" in DOC.read_text()
