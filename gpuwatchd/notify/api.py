@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gpuwatchd.model import Alert
-from gpuwatchd.notify.grouping import alert_annotations
+from gpuwatchd.notify.grouping import alert_annotations, alert_fp
 from gpuwatchd.notify.silences import parse_matchers_json, silence_json
 from gpuwatchd.notify.webhook import rfc3339
 
@@ -50,7 +50,7 @@ def alert_json(d: Dispatcher, a: Alert, now: float) -> dict[str, Any]:
     m = d.muting(a, now)
     state = "suppressed" if m.muted and a.state == "firing" else "active"
     return {
-        "fingerprint": a.fingerprint,
+        "fingerprint": alert_fp(a),
         "labels": dict(sorted(a.labels.items())),
         "annotations": alert_annotations(a),
         "state": a.state,

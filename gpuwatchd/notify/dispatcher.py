@@ -28,12 +28,13 @@ from gpuwatchd.notify import alertmanager, discord, mattermost, slack, teams, we
 from gpuwatchd.notify.config import NotifyConfig, ReceiverConfig
 from gpuwatchd.notify.delivery import Worker, nap
 from gpuwatchd.notify.grouping import (
+    Inhibitor,
     LogEntry,
     Notification,
     Route,
+    alert_fp,
     group_key,
     group_labels,
-    inhibited_by,
     needs_update,
     routes_for,
     sort_alerts,
@@ -98,6 +99,7 @@ class Dispatcher:
         self._depths: dict[str, int] = self.outbox.depths()
         self._alerts: dict[str, Alert] = {}  # latest firing/resolved alerts by fingerprint
         self._firing: list[Alert] = []
+        self._inhibitor = Inhibitor((), config.inhibit_rules)
         self._muted_counts = (0, 0)
         self._am_next: dict[str, float] = {}
         self._am_sent: dict[str, frozenset[str]] = {}
@@ -203,7 +205,7 @@ class Dispatcher:
     def update(self, alerts: Sequence[Alert], *, _keep_missing: bool = False) -> None:
         """Take the rules engine's current alerts (pending ones are ignored); queues whatever is due now."""
         now = self._clock.now()
-        current = {a.fingerprint: a for a in alerts if a.state != "pending"}
+        current = {alert_fp(a): a for a in alerts if a.state != "pending"}
         if not _keep_missing:
             # An alert that was firing and vanished without a "resolved" (rule removed, engine restarted) is over.
             for fp, old in self._alerts.items():
@@ -211,6 +213,7 @@ class Dispatcher:
                     current[fp] = replace(old, state="resolved", resolved_at=now)
         self._alerts = current
         self._firing = [a for a in current.values() if a.state == "firing"]
+        self._inhibitor = Inhibitor(self._firing, self.config.inhibit_rules)
         for a in current.values():
             for route in routes_for(a.labels, self.config):
                 if self._receiver_type(route.receiver) == "alertmanager":
@@ -233,15 +236,15 @@ class Dispatcher:
         if a.state == "resolved":
             # A resolution is news only to a group that holds the alert or a receiver that was told it fired.
             entry = self._sent.get(gid)
-            known = g is not None and a.fingerprint in g.alerts
-            if not known and (entry is None or a.fingerprint not in entry.firing):
+            known = g is not None and alert_fp(a) in g.alerts
+            if not known and (entry is None or alert_fp(a) not in entry.firing):
                 return
         if g is None:
             start = a.fired_at if a.fired_at is not None else now
             # Alertmanager: an alert older than group_wait (e.g. after a restart) flushes its new group at once.
             due = now if start + route.group_wait < now else now + route.group_wait
             g = self._groups[gid] = Group(route, key, glabels, due)
-        g.alerts[a.fingerprint] = a
+        g.alerts[alert_fp(a)] = a
 
     # -- flushing -------------------------------------------------------------------------------------------------
     def flush_due(self) -> None:
@@ -271,14 +274,14 @@ class Dispatcher:
     def muting(self, a: Alert, now: float) -> Muting:
         """Silences and inhibitions applying to ``a`` now."""
         sil: tuple[str, ...] = tuple(self.silences.muted_by(a.labels, now))
-        inh = inhibited_by(a, self._firing, self.config.inhibit_rules)
+        inh = self._inhibitor.inhibited_by(a)
         return Muting(sil, (inh,) if inh else ())
 
     def _flush(self, gid: tuple[str, str], g: Group, now: float) -> None:
         rc = self.config.receiver(g.route.receiver)
         alerts = [a for a in g.alerts.values() if not self.muting(a, now).muted]
-        firing = frozenset(a.fingerprint for a in alerts if a.state == "firing")
-        resolved = frozenset(a.fingerprint for a in alerts if a.state == "resolved")
+        firing = frozenset(alert_fp(a) for a in alerts if a.state == "firing")
+        resolved = frozenset(alert_fp(a) for a in alerts if a.state == "resolved")
         reason = needs_update(
             self._sent.get(gid),
             firing,
@@ -325,7 +328,7 @@ class Dispatcher:
             if a.state == "resolved" and not rc.send_resolved:
                 continue
             alerts.append(a)
-        state = frozenset(f"{a.fingerprint}:{a.state}" for a in alerts)
+        state = frozenset(f"{alert_fp(a)}:{a.state}" for a in alerts)
         due = now >= self._am_next.get(rc.name, now)
         if not alerts or (not due and state == self._am_sent.get(rc.name)):
             return

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpuwatchd.model import Alert
-from gpuwatchd.notify.grouping import Notification, alert_annotations
+from gpuwatchd.notify.grouping import Notification, alert_annotations, alert_fp
 
 SIGNATURE_HEADER = "X-Gpuwatchd-Signature"
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Go's zero time.Time, what Alertmanager sends as a firing alert's endsAt
@@ -47,7 +47,7 @@ def render(n: Notification) -> dict[str, Any]:
                 "startsAt": rfc3339(starts_at(a)),
                 "endsAt": rfc3339(a.resolved_at if a.resolved_at is not None else n.now) if resolved else ZERO_TIME,
                 "generatorURL": generator_url(n.external_url),
-                "fingerprint": a.fingerprint,
+                "fingerprint": alert_fp(a),
             }
         )
     return {
