@@ -51,6 +51,9 @@ _REASON_SECTIONS = (
 # the hw_* counters have no perf-policy slot and are not replayed.
 _VIOLATION_COUNTERS = {"sw_power_cap": "power", "sw_therm_slowdown": "thermal", "sync_boost": "sync_boost"}
 
+# nvml.h NVML_PSTATE_UNKNOWN: a successful nvmlDeviceGetPerformanceState that nvidia-smi prints as "Unknown".
+PSTATE_UNKNOWN = 32
+
 # First page address synthesized for retired pages, whose addresses the XML prints only as a count on the drivers
 # captured. Any distinct page-aligned values do; 4 KiB pages from 0x1000 read plainly in a debugger.
 _SYNTH_PAGE_BASE = 0x1000
@@ -99,13 +102,14 @@ def _pci(gpu: ET.Element) -> dict[str, Any] | None:
     domain = hex_int(gpu, "pci/pci_domain", gpu=gpu)
     if bus is None or device is None or domain is None:
         return None
-    return {
-        "domain": domain,
-        "bus": bus,
-        "device": device,
-        "pci_device_id": hex_int(gpu, "pci/pci_device_id", gpu=gpu),
-        "pci_subsystem_id": hex_int(gpu, "pci/pci_sub_system_id", gpu=gpu),
-    }
+    pci: dict[str, Any] = {"domain": domain, "bus": bus, "device": device}
+    # The ids share one struct (nvmlPciInfo_t) with the bus id, so they cannot be NOT_SUPPORTED on their own: an
+    # unreadable id is left out and the state writer serves it as 0, as an unfilled struct field reads.
+    for key, tag in (("pci_device_id", "pci_device_id"), ("pci_subsystem_id", "pci_sub_system_id")):
+        value = hex_int(gpu, f"pci/{tag}", gpu=gpu)
+        if value is not None:
+            pci[key] = value
+    return pci
 
 
 def _memory(gpu: ET.Element) -> dict[str, int] | None:
@@ -219,8 +223,10 @@ def _violations(gpu: ET.Element) -> dict[str, int]:
 
 def _pstate(gpu: ET.Element) -> int | None:
     value = text(gpu, "performance_state")
-    if value is None or value.lower() == "unknown":
+    if value is None:
         return None
+    if value.lower() == "unknown":
+        return PSTATE_UNKNOWN
     if len(value) < 2 or value[0] != "P" or not value[1:].isdigit():
         raise CaptureError(f"{where(gpu, 'performance_state')}: expected P0..P15, got {value!r}")
     return int(value[1:])

@@ -176,7 +176,6 @@ class TestNotAvailable:
             "energy_mj",
             "clocks_event_reasons",
             "supported_clocks_event_reasons",
-            "pstate",  # "Unknown"
             "fans",  # [Unknown Error]
             "ecc_mode",
             "ecc_errors",
@@ -187,8 +186,9 @@ class TestNotAvailable:
             assert gpu[key] is None, key
         for group in ("temperature_thresholds", "clocks_mhz", "max_clocks_mhz", "pcie"):
             assert set(gpu[group].values()) == {None}, group
-        assert gpu["pci"]["pci_device_id"] is None and gpu["pci"]["bus"] == 6
+        assert gpu["pci"] == {"domain": 0, "bus": 6, "device": 0}  # ids N/A: left to the writer's default
         assert gpu["processes"] == {"compute": [], "graphics": []}
+        assert gpu["pstate"] == 32  # "Unknown" is NVML_PSTATE_UNKNOWN, a value NVML returns with success
 
 
 class TestWddm:

@@ -7,14 +7,20 @@ The expected values are read from each capture here with plain XPath and unit ar
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pynvml
 import pytest
 
 from gpuwatchd.sim.capture import describe_capture, state_from_xml
 
+if TYPE_CHECKING:
+    from conftest import Sim
+
 CAPTURES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "captures"
+FIXTURES = Path(__file__).parent / "fixtures"  # hand-written: multi-GPU, WDDM and all-N/A shapes the captures lack
 MIB = 2**20
 
 # nvidia-smi XML reason suffix -> nvml.h bit, written out from nvml.h's nvmlClocksEventReason* table.
@@ -39,6 +45,10 @@ def capture_params() -> list[Any]:
     if not files:
         return [pytest.param(None, marks=pytest.mark.skip(reason=f"no *.xml in {CAPTURES}"), id="no-captures")]
     return [pytest.param(path, id=path.name.split("_")[0]) for path in files]
+
+
+def fixture_params() -> list[Any]:
+    return [pytest.param(path, id=path.stem) for path in sorted(FIXTURES.glob("*.xml"))]
 
 
 def raw(element: ET.Element, path: str) -> str | None:
@@ -103,7 +113,8 @@ def reasons(gpu: ET.Element) -> tuple[int | None, int | None]:
             if raw(found, child.tag) is not None:
                 supported |= bit
                 active |= bit if raw(found, child.tag) == "Active" else 0
-        return active, supported
+        if supported:  # a section of only N/A: the driver could not read the mask at all
+            return active, supported
     return None, None
 
 
@@ -130,7 +141,9 @@ def expected_readings(gpu: ET.Element) -> dict[str, Any]:
         "memory_total": mib(gpu, "fb_memory_usage/total"),
         "memory_used": mib(gpu, "fb_memory_usage/used"),
         # drivers before ~510 print no reserve: their "used" already includes it, so the replay reserves 0
-        "memory_reserved": mib(gpu, "fb_memory_usage/reserved") or 0,
+        "memory_reserved": None
+        if raw(gpu, "fb_memory_usage/total") is None
+        else mib(gpu, "fb_memory_usage/reserved") or 0,
         "utilization_gpu": whole(gpu, "utilization/gpu_util"),
         "utilization_memory": whole(gpu, "utilization/memory_util"),
         "temperature": whole(gpu, "temperature/gpu_temp"),
@@ -147,7 +160,7 @@ def expected_readings(gpu: ET.Element) -> dict[str, Any]:
         },
         "reasons_active": active,
         "reasons_supported": supported,
-        "pstate": None if pstate is None else int(pstate.removeprefix("P")),
+        "pstate": None if pstate is None else pynvml.NVML_PSTATE_UNKNOWN if pstate == "Unknown" else int(pstate[1:]),
         "fan": whole(gpu, "fan_speed"),
         "pcie_gen": whole(gpu, f"{link}/pcie_gen/current_link_gen"),
         "pcie_max_gen": whole(gpu, f"{link}/pcie_gen/max_link_gen"),
@@ -251,3 +264,167 @@ def test_describe_capture_names_every_gpu(capture: Path) -> None:
     lines = describe_capture(capture).splitlines()
     for line, gpu in zip(lines, root.iterfind("gpu"), strict=True):
         assert raw(gpu, "uuid") in line and raw(gpu, "product_name") in line and gpu.get("id") in line
+
+
+NOT_SUPPORTED = "NOT_SUPPORTED"
+
+
+def readings_through_pynvml(n: Any, handle: Any) -> dict[str, Any]:
+    """The same readings, asked of the stand-in through the real pynvml; NOT_SUPPORTED reads as None.
+
+    Any other NVML error propagates and fails the test: "N/A" must replay as exactly NOT_SUPPORTED.
+    """
+    unsupported: list[str] = []
+
+    def ask(key: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except n.NVMLError_NotSupported:
+            unsupported.append(key)
+            return None
+
+    def part(key: str, call: Callable[[], Any], pick: Callable[[Any], Any]) -> Any:
+        value = ask(key, call)
+        return None if value is None else pick(value)
+
+    h = handle
+    clocks = {"graphics": n.NVML_CLOCK_GRAPHICS, "sm": n.NVML_CLOCK_SM, "mem": n.NVML_CLOCK_MEM,
+              "video": n.NVML_CLOCK_VIDEO}  # fmt: skip
+    sbe, dbe = (
+        n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+    )
+    corrected, uncorrected = n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    volatile, aggregate = n.NVML_VOLATILE_ECC, n.NVML_AGGREGATE_ECC
+    memory = ask("memory", lambda: n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2))
+    utilization = ask("utilization", lambda: n.nvmlDeviceGetUtilizationRates(h))
+    constraints = ask("power_constraints", lambda: n.nvmlDeviceGetPowerManagementLimitConstraints(h))
+    active = ask("reasons_active", lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h))
+    supported = ask("reasons_supported", lambda: n.nvmlDeviceGetSupportedClocksEventReasons(h))
+    rows = ask("remapped_rows", lambda: n.nvmlDeviceGetRemappedRows(h))
+    processes: dict[str, dict[int, int | None]] = {}
+    for group, call in (("compute", n.nvmlDeviceGetComputeRunningProcesses),
+                        ("graphics", n.nvmlDeviceGetGraphicsRunningProcesses)):  # fmt: skip
+        processes[group] = {p.pid: p.usedGpuMemory for p in call(h)}
+    readings = {
+        "name": n.nvmlDeviceGetName(h),
+        "uuid": n.nvmlDeviceGetUUID(h),
+        "bus_id": n.nvmlDeviceGetPciInfo(h).busId,
+        "memory_total": None if memory is None else memory.total,
+        "memory_used": None if memory is None else memory.used,
+        "memory_reserved": None if memory is None else memory.reserved,
+        "utilization_gpu": None if utilization is None else utilization.gpu,
+        "utilization_memory": None if utilization is None else utilization.memory,
+        "temperature": ask("temperature", lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
+        "temperature_shutdown": ask(
+            "shutdown", lambda: n.nvmlDeviceGetTemperatureThreshold(h, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+        ),
+        "temperature_slowdown": ask(
+            "slowdown", lambda: n.nvmlDeviceGetTemperatureThreshold(h, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        ),
+        "power_mw": ask("power", lambda: n.nvmlDeviceGetPowerUsage(h)),
+        "power_limit_mw": ask("power_limit", lambda: n.nvmlDeviceGetEnforcedPowerLimit(h)),
+        "power_min_mw": None if constraints is None else constraints[0],
+        "power_max_mw": None if constraints is None else constraints[1],
+        **{f"clock_{k}": ask(f"clock_{k}", lambda c=c: n.nvmlDeviceGetClockInfo(h, c)) for k, c in clocks.items()},
+        **{
+            f"max_clock_{k}": ask(f"max_clock_{k}", lambda c=c: n.nvmlDeviceGetMaxClockInfo(h, c))
+            for k, c in clocks.items()
+        },
+        "reasons_active": active,
+        "reasons_supported": supported,
+        "pstate": ask("pstate", lambda: n.nvmlDeviceGetPerformanceState(h)),
+        "fan": ask("fan", lambda: n.nvmlDeviceGetFanSpeed(h)),
+        "pcie_gen": ask("pcie_gen", lambda: n.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+        "pcie_max_gen": ask("pcie_max_gen", lambda: n.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+        "pcie_width": ask("pcie_width", lambda: n.nvmlDeviceGetCurrPcieLinkWidth(h)),
+        "pcie_max_width": ask("pcie_max_width", lambda: n.nvmlDeviceGetMaxPcieLinkWidth(h)),
+        "pcie_replays": ask("pcie_replays", lambda: n.nvmlDeviceGetPcieReplayCounter(h)),
+        "ecc_current": part("ecc_mode", lambda: n.nvmlDeviceGetEccMode(h), lambda mode: bool(mode[0])),
+        "ecc_corrected_volatile": ask("ecc", lambda: n.nvmlDeviceGetTotalEccErrors(h, corrected, volatile)),
+        "ecc_uncorrected_volatile": ask("ecc", lambda: n.nvmlDeviceGetTotalEccErrors(h, uncorrected, volatile)),
+        "ecc_corrected_aggregate": ask("ecc", lambda: n.nvmlDeviceGetTotalEccErrors(h, corrected, aggregate)),
+        "ecc_uncorrected_aggregate": ask("ecc", lambda: n.nvmlDeviceGetTotalEccErrors(h, uncorrected, aggregate)),
+        "retired_sbe": part("retired", lambda: n.nvmlDeviceGetRetiredPages(h, sbe), len),
+        "retired_dbe": part("retired", lambda: n.nvmlDeviceGetRetiredPages(h, dbe), len),
+        "remapped_correctable": None if rows is None else rows[0],
+        "remapped_uncorrectable": None if rows is None else rows[1],
+        "remapped_pending": None if rows is None else bool(rows[2]),
+        "mig_current": part("mig", lambda: n.nvmlDeviceGetMigMode(h), lambda mode: bool(mode[0])),
+        "processes": processes,
+    }
+    return readings
+
+
+def replay_through_pynvml(sim: Sim, capture: Path) -> None:
+    """Serve ``capture`` from the stand-in and check every reading pynvml gets against the capture's own text."""
+    n = sim.nvml
+    root = ET.parse(capture).getroot()
+    sim.update(state_from_xml(capture))
+    n.nvmlInit()
+    assert n.nvmlSystemGetDriverVersion() == raw(root, "driver_version")
+    cuda = raw(root, "cuda_version")
+    if cuda is None:
+        with pytest.raises(n.NVMLError_NotSupported):
+            n.nvmlSystemGetCudaDriverVersion()
+    else:
+        major, minor = cuda.split(".")
+        assert n.nvmlSystemGetCudaDriverVersion() == int(major) * 1000 + int(minor) * 10
+    gpus = root.findall("gpu")
+    assert n.nvmlDeviceGetCount() == len(gpus)
+    for index, gpu in enumerate(gpus):
+        handle = n.nvmlDeviceGetHandleByIndex(index)
+        assert readings_through_pynvml(n, handle) == expected_readings(gpu), f"GPU {index} of {capture.name}"
+        # the same device answers by its UUID and bus id, as the daemon keys GPUs by UUID
+        assert n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByUUID(raw(gpu, "uuid"))) == index
+
+
+@pytest.mark.parametrize("capture", capture_params())
+def test_capture_reads_back_through_pynvml(sim: Sim, capture: Path) -> None:
+    replay_through_pynvml(sim, capture)
+
+
+@pytest.mark.parametrize("capture", fixture_params())
+def test_fixture_reads_back_through_pynvml(sim: Sim, capture: Path) -> None:
+    replay_through_pynvml(sim, capture)
+
+
+def test_na_raises_not_supported_through_pynvml(sim: Sim) -> None:
+    """A reading printed N/A is NVMLError_NotSupported, not 0 or another error (all_na.xml)."""
+    n = sim.nvml
+    sim.update(state_from_xml(FIXTURES / "all_na.xml"))
+    n.nvmlInit()
+    h = n.nvmlDeviceGetHandleByIndex(0)
+    calls = [
+        lambda: n.nvmlDeviceGetMemoryInfo(h),
+        lambda: n.nvmlDeviceGetUtilizationRates(h),
+        lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
+        lambda: n.nvmlDeviceGetPowerUsage(h),
+        lambda: n.nvmlDeviceGetEnforcedPowerLimit(h),
+        lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
+        lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h),
+        lambda: n.nvmlDeviceGetFanSpeed(h),
+        lambda: n.nvmlDeviceGetCurrPcieLinkGeneration(h),
+        lambda: n.nvmlDeviceGetPcieReplayCounter(h),
+        lambda: n.nvmlDeviceGetEccMode(h),
+        lambda: n.nvmlDeviceGetRetiredPages(h, n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+        lambda: n.nvmlDeviceGetRemappedRows(h),
+        lambda: n.nvmlDeviceGetMigMode(h),
+        lambda: n.nvmlDeviceGetSerial(h),
+        lambda: n.nvmlDeviceGetTotalEnergyConsumption(h),
+    ]
+    for number, call in enumerate(calls):
+        with pytest.raises(n.NVMLError_NotSupported):
+            call()
+            pytest.fail(f"call {number} returned a value")
+    assert n.nvmlDeviceGetName(h) == "NVIDIA RTX A2000"
+
+
+def test_wddm_process_memory_reads_as_none_through_pynvml(sim: Sim) -> None:
+    """WDDM's "N/A" process memory arrives as NVML_VALUE_NOT_AVAILABLE, which pynvml turns into None."""
+    n = sim.nvml
+    sim.update(state_from_xml(FIXTURES / "wddm_processes.xml"))
+    n.nvmlInit()
+    h = n.nvmlDeviceGetHandleByIndex(0)
+    compute = n.nvmlDeviceGetComputeRunningProcesses(h)
+    assert [(p.pid, p.usedGpuMemory) for p in compute] == [(1234, None), (9876, None)]
