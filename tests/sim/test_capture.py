@@ -238,6 +238,8 @@ V100 = "gpu 00000000:3B:00.0: "  # how errors name the GPU of old_schema_418.xml
         ("old_schema_418.xml", "<pci_bus>3B</pci_bus>", "<pci_bus>3G</pci_bus>", V100 + "pci/pci_bus"),
         ("old_schema_418.xml", "<current_ecc>Enabled", "<current_ecc>Maybe", V100 + "ecc_mode/current_ecc"),
         ("old_schema_418.xml", "<type>C</type>", "<type>X</type>", "unknown process type 'X'"),
+        ("old_schema_418.xml", "<gpu_temp>71 C</gpu_temp>", "<gpu_temp>71.5 C</gpu_temp>", "expected a whole number"),
+        ("old_schema_418.xml", "<max_link_width>16x<", "<max_link_width>wide<", V100 + "pci/pci_gpu_link_info"),
         (
             "old_schema_418.xml",
             "<pid>31337</pid>",
@@ -280,6 +282,13 @@ def test_unreadable_values_fail_naming_the_element(name: str, old: str, new: str
 def test_missing_file_is_a_capture_error(tmp_path: Path) -> None:
     with pytest.raises(CaptureError, match="cannot read the capture"):
         state_from_xml(tmp_path / "absent.xml")
+
+
+def test_binary_file_is_a_capture_error(tmp_path: Path) -> None:
+    path = tmp_path / "dump.xml"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(CaptureError, match="cannot read the capture"):
+        state_from_xml(path)
 
 
 def test_no_gpus_gives_an_empty_device_list() -> None:
