@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from statistics import median
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -49,19 +50,20 @@ def theil_sen(points: Sequence[tuple[float, float]]) -> float:
 FLOOR_QUANTILE = 0.1
 
 
-def bucket_floors(points: Sequence[tuple[float, float]], bucket: float) -> list[tuple[float, float]]:
-    """One (mean time, low quantile of values) per ``bucket`` seconds, buckets aligned to the first point."""
+def bucket_stats(points: Sequence[tuple[float, float]], bucket: float) -> list[tuple[float, float, float]]:
+    """One (mean time, floor, peak) per ``bucket`` seconds, buckets aligned to the first point; the floor is the
+    ``FLOOR_QUANTILE`` of the bucket's values, the peak its maximum."""
+    out: list[tuple[float, float, float]] = []
     if not points:
-        return []
+        return out
     t0 = points[0][0]
-    out: list[tuple[float, float]] = []
     cur_key: int | None = None
     ts: list[float] = []
     vs: list[float] = []
 
     def flush() -> None:
         vs.sort()
-        out.append((sum(ts) / len(ts), vs[int(FLOOR_QUANTILE * len(vs))]))
+        out.append((sum(ts) / len(ts), vs[int(FLOOR_QUANTILE * len(vs))], vs[-1]))
 
     for t, v in points:
         key = int((t - t0) // bucket)
@@ -74,6 +76,11 @@ def bucket_floors(points: Sequence[tuple[float, float]], bucket: float) -> list[
     if ts:
         flush()
     return out
+
+
+def bucket_floors(points: Sequence[tuple[float, float]], bucket: float) -> list[tuple[float, float]]:
+    """One (mean time, floor) per ``bucket`` seconds."""
+    return [(t, floor) for t, floor, _ in bucket_stats(points, bucket)]
 
 
 def lower_envelope(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -126,6 +133,8 @@ class Trend:
     recent_rises: int  # buckets of the recent half where the envelope rose
     noise: float  # robust sigma of the bucket floors around their trend line, bytes
     current: float  # latest value (bucket floor), bytes
+    latest: float  # latest raw value, bytes
+    excursion: float  # highest peak above the envelope in the window (evaluation spikes), bytes
     envelope: tuple[float, ...]  # for the sparkline
 
 
@@ -139,10 +148,12 @@ def measure(points: Sequence[tuple[float, float]], *, now: float, window: float,
     pts = [(t, v) for t, v in points if now - window <= t <= now]
     if len(pts) < 2:
         return None
-    buckets = bucket_floors(pts, bucket)
+    stats = bucket_stats(pts, bucket)
+    buckets = [(t, floor) for t, floor, _ in stats]
     if len(buckets) < 4 + CONFIRM_BUCKETS:
         return None
-    env = lower_envelope(buckets)[:-CONFIRM_BUCKETS]
+    full_env = lower_envelope(buckets)
+    env = full_env[:-CONFIRM_BUCKETS]
     half_t = env[-1][0] - (env[-1][0] - env[0][0]) / 2
     recent = [p for p in env if p[0] >= half_t]
     return Trend(
@@ -151,11 +162,20 @@ def measure(points: Sequence[tuple[float, float]], *, now: float, window: float,
         recent_rate=theil_sen(recent) if len(recent) >= 2 else 0.0,
         growth=env[-1][1] - env[0][1],
         recent_growth=recent[-1][1] - recent[0][1],
-        recent_rises=sum(1 for a, b in zip(recent, recent[1:]) if b[1] > a[1]),
+        recent_rises=sum(1 for a, b in pairwise(recent) if b[1] > a[1]),
         noise=robust_noise(buckets),
         current=buckets[-1][1],
+        latest=pts[-1][1],
+        excursion=_excursion(stats, full_env),
         envelope=tuple(v for _, v in env),
     )
+
+
+def _excursion(stats: Sequence[tuple[float, float, float]], env: Sequence[tuple[float, float]]) -> float:
+    """Highest bucket peak above the floor that follows it: an evaluation spike's height. Compared with the next
+    bucket's envelope so that a steep rise inside one bucket (warm-up, a fast leak) is not taken for a spike."""
+    n = len(env)
+    return max(0.0, *(stats[i][2] - env[min(i + 1, n - 1)][1] for i in range(n)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +184,7 @@ class Verdict:
 
     leak: bool
     growing: bool
-    eta_seconds: float | None  # projected time until full, at the slower of the whole and recent rates
+    eta_seconds: float | None  # projected time until full at the recent rate, counting the peaks (spikes)
 
 
 def assess(
@@ -183,11 +203,16 @@ def assess(
     """Apply (a)-(d) to a trend. ``free``: bytes left before full (None: no projection, growth test only);
     ``min_growth``: growth over the window that is significant whatever the projection; ``floor_growth``: growth
     below which nothing is significant (a projection from a few MiB is guesswork)."""
-    # The slower of the two slopes: a short burst of floor creep in the recent half must not project an OOM.
-    rate = max(min(trend.rate, trend.recent_rate), 0.0)
-    eta = free / rate if free is not None and rate > 0 else None
-    if eta is not None:
-        eta = max(0.0, eta)
+    # Memory runs out when the floor plus its usual peak (an evaluation pass) reaches capacity, not the floor.
+    headroom = None if free is None else max(0.0, free + (trend.latest - trend.current) - trend.excursion)
+
+    def eta_at(rate: float) -> float | None:
+        return headroom / rate if headroom is not None and rate > 0 else None
+
+    # Reported at the recent rate (a leak that started mid-window is as fast as it is now); decided at the slower
+    # of the two slopes, so a short burst of floor creep in the recent half cannot project an OOM on its own.
+    eta = eta_at(trend.recent_rate)
+    eta_decision = eta_at(min(trend.rate, trend.recent_rate))
     sustained = (
         trend.rate >= min_rate
         and trend.recent_rate >= min_rate
@@ -203,6 +228,6 @@ def assess(
     )
     enough = trend.span >= min_span
     significant = trend.growth >= floor_growth and (
-        (eta is not None and eta <= horizon) or trend.growth >= min_growth
+        (eta_decision is not None and eta_decision <= horizon) or trend.growth >= min_growth
     )
     return Verdict(leak=sustained and rose and enough and significant, growing=growing, eta_seconds=eta)

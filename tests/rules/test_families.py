@@ -97,7 +97,8 @@ def test_throttle_resolves_when_reason_clears(store: Store) -> None:
 
 
 def test_xid_severity_table() -> None:
-    assert {c: xid_rule.severity(c) for c in (13, 31, 43, 45, 68, 94)} == dict.fromkeys((13, 31, 43, 45, 68, 94), "warning")
+    app = (13, 31, 43, 45, 68, 94)
+    assert {c: xid_rule.severity(c) for c in app} == dict.fromkeys(app, "warning")
     assert all(xid_rule.severity(c) == "critical" for c in (62, 64, 95, 109, 119, 120, 140, 48, 74, 79))
     assert all(xid_rule.severity(c) == "info" for c in (63, 92, 154))
     assert xid_rule.severity(12345) == "warning"

@@ -1,0 +1,296 @@
+"""Leak detection quality and GPU-lost alert latency.
+
+Part 1, leak detection: a generated, seeded corpus of per-process GPU memory timelines on a 24 GiB GPU, fed
+snapshot by snapshot (5 s) into the real Store and RulesEngine (evaluated every 30 s, default rules config):
+- leaks: rates 16/48/128/384 MiB/min x shapes linear, stepwise (+x every 4-8 min), noisy (Gaussian), spiky
+  (evaluation passes every 10 min), each after a caching-allocator warm-up, several seeds;
+- non-leaks: plateau with noise, plateau with evaluation spikes, stepwise warm-up, job restart (new pid), a
+  level flipping between two values (like the real csv04 capture).
+A leak counts as detected if GpuMemoryLeak (kind=gpu) fires before the memory is full.
+Figures: recall, false_alerts (non-leak timelines that fired), delay_s (median time from leak start to firing),
+eta_error (median |predicted - true| / true time-to-full at the first firing).
+
+Part 2, lost_to_message_p99_s: a GPU goes lost at a random moment of a 1 s poll cycle (the daemon's default NVML
+poll interval); at the next poll the snapshot reaches the store, the engine evaluates and hands its alerts to the
+real Dispatcher (defaults: critical alerts route with group_wait 0), which writes the outbox and posts to a local
+aiohttp webhook sink. Latency = sink receipt - loss. In-process (engine + dispatcher + HTTP); it does not include
+the NVML worker's own detection of GPU_IS_LOST, which is bounded by the same poll interval.
+
+Usage: python bench/detect.py [--seeds N] [--lost-trials N]
+Last line: recall=... false_alerts=... delay_s=... eta_error=... lost_to_message_p99_s=...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import contextlib
+
+from gpuwatchd.model import GpuSample, LostGpu, ProcessSample, Snapshot
+from gpuwatchd.rules.config import RulesConfig
+from gpuwatchd.rules.engine import RulesEngine
+from gpuwatchd.store import Store
+
+MIB = 1024**2
+GIB = 1024**3
+TOTAL = 24 * GIB
+OVERHEAD = 300 * MIB  # driver/context memory not attributed to the process
+STEP = 5.0
+EVERY = 30.0
+T0 = 1_700_000_000.0
+MINUTES = 100
+UUID = "GPU-bench-0000"
+
+Series = Callable[[float], tuple[int, float]]  # seconds since start -> (pid, bytes)
+
+
+@dataclass
+class Case:
+    name: str
+    series: Series
+    leak_start: float | None  # None: not a leak
+
+
+def warm(s: float, level: float, over: float = 120.0) -> float:
+    return level * (1 - math.exp(-3 * max(0.0, s) / over))
+
+
+def leak_cases(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    out = []
+    for rate_mib in (16.0, 48.0, 128.0, 384.0):
+        rate = rate_mib * MIB / 60
+        base = rng.uniform(3, 8) * GIB
+        start = rng.choice([0.0, 300.0, 900.0])  # leak from the start, or after a while on a plateau
+        period = rng.uniform(240, 480)
+        noise = rng.uniform(20, 80) * MIB
+        r = random.Random(seed * 1000 + int(rate_mib))
+
+        def grow(s: float, start: float = start, rate: float = rate) -> float:
+            return rate * max(0.0, s - start)
+
+        def linear(s: float, base: float = base, grow: Callable[[float], float] = grow) -> tuple[int, float]:
+            return 4242, warm(s, base) + grow(s)
+
+        def stepwise(s: float, base: float = base, period: float = period, start: float = start,
+                     rate: float = rate) -> tuple[int, float]:
+            steps = max(0.0, s - start) // period
+            return 4242, warm(s, base) + steps * period * rate
+
+        def noisy(s: float, base: float = base, noise: float = noise, r: random.Random = r,
+                  grow: Callable[[float], float] = grow) -> tuple[int, float]:
+            return 4242, warm(s, base) + grow(s) + r.gauss(0, noise)
+
+        def spiky(s: float, base: float = base, grow: Callable[[float], float] = grow) -> tuple[int, float]:
+            spike = 3 * GIB if s % 600 > 540 else 0.0
+            return 4242, warm(s, base) + grow(s) + spike
+
+        for shape, fn in (("linear", linear), ("stepwise", stepwise), ("noisy", noisy), ("spiky", spiky)):
+            out.append(Case(f"leak-{shape}-{rate_mib:.0f}-s{seed}", fn, start))
+    return out
+
+
+def nonleak_cases(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    level = rng.uniform(6, 18) * GIB
+    noise = rng.uniform(10, 60) * MIB
+    r = random.Random(seed + 77)
+    steps = sorted(rng.uniform(0, 540) for _ in range(4))
+    restart_at = rng.uniform(1200, 3000)
+
+    def plateau(s: float) -> tuple[int, float]:
+        return 4242, warm(s, level) + r.gauss(0, noise)
+
+    def spikes(s: float) -> tuple[int, float]:
+        return 4242, warm(s, level) + (2.5 * GIB if s % 300 > 270 else 0.0) + r.gauss(0, noise)
+
+    def stepwise_warmup(s: float) -> tuple[int, float]:
+        return 4242, 2 * GIB + GIB * sum(1 for x in steps if s >= x)
+
+    def restart(s: float) -> tuple[int, float]:
+        if s < restart_at:
+            return 4242, warm(s, level)
+        return 4243, warm(s - restart_at, level * 1.1)
+
+    def flipping(s: float) -> tuple[int, float]:
+        low = r.random() < 0.25  # inference freeing memory between batches (csv04: 17.4 vs 17.9 GB)
+        return 4242, warm(s, level) - (512 * MIB if low else 0.0) + r.gauss(0, 10 * MIB)
+
+    return [
+        Case(f"plateau-s{seed}", plateau, None),
+        Case(f"eval-spikes-s{seed}", spikes, None),
+        Case(f"stepwise-warmup-s{seed}", stepwise_warmup, None),
+        Case(f"job-restart-s{seed}", restart, None),
+        Case(f"flipping-s{seed}", flipping, None),
+    ]
+
+
+@dataclass
+class Outcome:
+    fired_at: float | None  # seconds since start
+    eta: float | None  # predicted time-to-full at the first firing
+    full_at: float | None  # seconds since start when the memory reached capacity
+
+
+def simulate(case: Case) -> Outcome:
+    store = Store()
+    engine = RulesEngine(RulesConfig(), host="bench")
+    capacity = TOTAL - OVERHEAD
+    full_at: float | None = None
+    fired: tuple[float, float | None] | None = None
+    s = 0.0
+    # Scan the whole timeline for when it is full (ground truth), simulating until then.
+    while s <= MINUTES * 60:
+        pid, used = case.series(s)
+        used = max(0.0, min(used, capacity))
+        if used >= capacity and full_at is None:
+            full_at = s
+            break
+        proc = ProcessSample(pid=pid, used_memory_bytes=int(used), name="python")
+        mem = int(OVERHEAD + used)
+        g = GpuSample(uuid=UUID, index=0, name="NVIDIA A10G", memory_total_bytes=TOTAL, memory_used_bytes=mem,
+                      memory_free_bytes=TOTAL - mem, processes=(proc,), processes_total=1)
+        store.apply(Snapshot(timestamp=T0 + s, nvml_ok=True, gpus=(g,)))
+        if fired is None and s % EVERY == 0:
+            for a in engine.evaluate(store, T0 + s):
+                if a.name == "GpuMemoryLeak" and a.labels.get("kind") == "gpu" and a.state == "firing":
+                    fired = (s, a.value)
+                    break
+            if fired is not None and case.leak_start is None:
+                break
+        s += STEP
+    if full_at is None and case.leak_start is not None:
+        # extend the ground truth past the simulated span (no need to feed the store)
+        t = s
+        while full_at is None and t < 7 * 86400:
+            if case.series(t)[1] >= capacity:
+                full_at = t
+            t += STEP
+    return Outcome(fired[0] if fired else None, fired[1] if fired else None, full_at)
+
+
+def leak_figures(seeds: int) -> tuple[float, int, float, float, list[str]]:
+    detected, missed, false_alerts = [], [], []
+    delays, eta_errors = [], []
+    for seed in range(seeds):
+        for case in leak_cases(seed):
+            o = simulate(case)
+            assert case.leak_start is not None
+            if o.fired_at is not None and (o.full_at is None or o.fired_at < o.full_at):
+                detected.append(case.name)
+                delays.append(o.fired_at - case.leak_start)
+                if o.eta is not None and o.full_at is not None:
+                    true_eta = o.full_at - o.fired_at
+                    eta_errors.append(abs(o.eta - true_eta) / true_eta)
+            else:
+                missed.append(case.name)
+        for case in nonleak_cases(seed):
+            if simulate(case).fired_at is not None:
+                false_alerts.append(case.name)
+    recall = len(detected) / (len(detected) + len(missed))
+    notes = [f"missed: {', '.join(missed) or '-'}", f"false alerts: {', '.join(false_alerts) or '-'}"]
+    return (recall, len(false_alerts), statistics.median(delays) if delays else math.nan,
+            statistics.median(eta_errors) if eta_errors else math.nan, notes)
+
+
+# -- part 2: GPU lost -> message -------------------------------------------------------------------------------
+
+
+async def lost_latency(trials: int, poll: float = 1.0) -> list[float]:
+    from aiohttp import web
+
+    from gpuwatchd.clock import RealClock
+    from gpuwatchd.notify.config import NotifyConfig
+    from gpuwatchd.notify.dispatcher import Dispatcher
+
+    received: dict[str, float] = {}
+    got = asyncio.Event()
+
+    async def sink(request: web.Request) -> web.Response:
+        body = await request.json()
+        for a in body.get("alerts", []):
+            if a["labels"].get("alertname") == "GpuLost" and a["status"] == "firing":
+                received.setdefault(a["labels"]["uuid"], time.time())
+        got.set()
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/hook", sink)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    cfg = NotifyConfig.model_validate(
+        {"receivers": [{"name": "sink", "type": "webhook", "url": f"http://127.0.0.1:{port}/hook"}]}
+    )
+    rng = random.Random(5)
+    latencies: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        clock = RealClock()
+        disp = Dispatcher(cfg, state_dir=Path(tmp), clock=clock, host="bench")
+        await disp.start()
+        engine = RulesEngine(RulesConfig(), host="bench")
+        store = Store()
+        try:
+            for i in range(trials):
+                uuid = f"GPU-lost-{i:04d}"
+                g = GpuSample(uuid=uuid, index=0, name="NVIDIA A10G")
+                store.apply(Snapshot(timestamp=clock.now(), nvml_ok=True, gpus=(g,)))
+                disp.update(engine.evaluate(store, clock.now()))
+                phase = rng.uniform(0.0, poll)
+                await asyncio.sleep(phase)  # somewhere inside a poll cycle ...
+                lost_at = time.time()  # ... the GPU falls off the bus,
+                await asyncio.sleep(poll - phase)  # and the next poll finds it lost
+                # the next poll reports it lost; the daemon applies it and evaluates at once
+                store.apply(Snapshot(timestamp=clock.now(), nvml_ok=True, lost=(LostGpu(0, uuid),)))
+                disp.update(engine.evaluate(store, clock.now()))
+                deadline = time.time() + 10
+                while uuid not in received and time.time() < deadline:
+                    got.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(got.wait(), 0.5)
+                latencies.append(received.get(uuid, math.inf) - lost_at)
+                # the GPU is gone for good; the next trial is another GPU on a fresh store
+                store = Store()
+        finally:
+            await disp.stop()
+            await runner.cleanup()
+    return latencies
+
+
+def p99(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--lost-trials", type=int, default=40)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    recall, false_alerts, delay, eta_error, notes = leak_figures(args.seeds)
+    for n in notes:
+        print(n)
+    print(f"leak corpus: {args.seeds * 16} leaks, {args.seeds * 5} non-leaks in {time.perf_counter() - t0:.1f}s")
+    lat = asyncio.run(lost_latency(args.lost_trials))
+    print(f"lost->message over {len(lat)} trials: p50={statistics.median(lat):.3f}s max={max(lat):.3f}s")
+    print(f"recall={recall:.3f} false_alerts={false_alerts} delay_s={delay:.0f} eta_error={eta_error:.3f} "
+          f"lost_to_message_p99_s={p99(lat):.3f}")
+
+
+if __name__ == "__main__":
+    main()
