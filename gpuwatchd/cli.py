@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -177,9 +178,11 @@ def cmd_status(url: str | None, config_path: Path | None, as_json: bool, timeout
 def cmd_sim(args: argparse.Namespace) -> int:
     from gpuwatchd.sim.runner import list_scenarios, run_sim
 
+    scenarios = dict(list_scenarios())
     if args.list:
-        for name in list_scenarios():
+        for name, description in scenarios.items():
             print(name)
+            print(textwrap.fill(description, width=100, initial_indent="    ", subsequent_indent="    "))
         return EXIT_OK
     if args.config is not None and not args.config.exists():
         _err(f"{args.config}: file not found")
@@ -191,22 +194,26 @@ def cmd_sim(args: argparse.Namespace) -> int:
             _err(f"--listen: {e}")
             return EXIT_USAGE
     scenario = args.scenario if args.scenario or args.from_xml else "idle"
-    if scenario is not None and scenario not in list_scenarios():
-        _err(f"unknown scenario {scenario!r}; choose one of: {', '.join(list_scenarios())}")
+    if scenario is not None and scenario not in scenarios:
+        _err(f"unknown scenario {scenario!r}; choose one of: {', '.join(scenarios)}")
         return EXIT_USAGE
     try:
-        return run_sim(
-            scenario=scenario,
-            from_xml=args.from_xml,
-            gpus=args.gpus,
-            speed=args.speed,
-            listen=args.listen,
-            config_path=args.config,
-            state_dir=args.state_dir,
+        return asyncio.run(
+            run_sim(
+                scenario=scenario,
+                from_xml=args.from_xml,
+                gpus=args.gpus,
+                speed=args.speed,
+                listen=args.listen,
+                config_path=args.config,
+                state_dir=args.state_dir,
+            )
         )
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return EXIT_CONFIG_INVALID
+    except KeyboardInterrupt:
+        return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

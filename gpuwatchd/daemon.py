@@ -1,0 +1,478 @@
+"""The runtime: one asyncio loop that owns the store, the NVML supervisor, rules, dispatcher and HTTP server.
+
+Embeddable: tests and ``gpuwatchd sim`` build a :class:`Daemon`, ``await start()``, ``await wait_closed()`` and
+``await stop()``. ``gpuwatchd run`` does the same through :meth:`Daemon.serve`, which adds signal handling.
+The daemon never calls NVML itself: the supervisor runs it in a child process (see docs/architecture).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from gpuwatchd import __version__
+from gpuwatchd.clock import Clock, RealClock
+from gpuwatchd.config import DEFAULT_STATE_DIR, Config, ConfigError, load_config, parse_listen
+from gpuwatchd.exporter.collector import StoreCollector
+from gpuwatchd.exporter.http import make_app
+from gpuwatchd.exporter.status import status_from_store
+from gpuwatchd.model import Alert, Snapshot
+from gpuwatchd.notify.dispatcher import Dispatcher
+from gpuwatchd.rules.engine import RulesEngine
+from gpuwatchd.rules.metrics import AlertsCollector
+from gpuwatchd.sdnotify import SdNotifier
+from gpuwatchd.sources.supervisor import NvmlSupervisor
+from gpuwatchd.store import Store
+
+log = logging.getLogger(__name__)
+
+# Worker errors that mean "there is no NVIDIA driver on this host" rather than "the driver misbehaves".
+NO_DRIVER_REASONS = frozenset({"library_not_found", "driver_not_loaded", "no_driver"})
+# Rules also run on this timer (clock seconds) when no snapshot arrives, so a hung worker still raises alerts.
+MIN_EVAL_INTERVAL = 1.0
+# Seconds (beyond the worker's kill grace) a stopping supervisor gets before its task is cancelled.
+STOP_GRACE = 2.0
+SUPERVISOR_TASK = "nvml supervisor"
+
+
+class DaemonError(Exception):
+    """A start-up failure the operator must fix; ``exit_code`` is what ``gpuwatchd run`` exits with."""
+
+    exit_code = 6
+
+
+class ListenError(DaemonError):
+    exit_code = 4
+
+
+class StateDirError(DaemonError):
+    exit_code = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    ok: bool
+    problems: Sequence[str] = ()
+    restart_needed: Sequence[str] = ()  # settings that changed but only apply after a restart
+
+
+def resolve_state_dir(config: Config, env: Mapping[str, str]) -> Path:
+    """Where the dispatcher keeps its database; created if missing, and proven writable.
+
+    An explicit ``state_dir`` is used as given. Otherwise systemd's ``$STATE_DIRECTORY`` wins, then the default
+    ``/var/lib/gpuwatchd`` if we may write there, then ``$XDG_STATE_HOME/gpuwatchd`` so that ``gpuwatchd run``
+    as an ordinary user on a fresh machine just works.
+    """
+    if "state_dir" in config.model_fields_set:
+        return _writable_dir(config.state_dir, "state_dir")
+    systemd_dirs = env.get("STATE_DIRECTORY", "")
+    if systemd_dirs:
+        return _writable_dir(Path(systemd_dirs.split(":")[0]), "$STATE_DIRECTORY")
+    try:
+        return _writable_dir(DEFAULT_STATE_DIR, "state_dir")
+    except StateDirError:
+        xdg = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "/tmp")) / ".local" / "state")
+        path = Path(xdg) / "gpuwatchd"
+        log.info("%s is not writable for this user; keeping state in %s", DEFAULT_STATE_DIR, path)
+        return _writable_dir(path, "state_dir")
+
+
+def _writable_dir(path: Path, key: str) -> Path:
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        probe = path / f".gpuwatchd-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise StateDirError(
+            f"{key}: cannot write to {path}: {e.strerror or e}. Set state_dir in the config to a writable directory "
+            "(under systemd, StateDirectory=gpuwatchd provides one)."
+        ) from None
+    return path
+
+
+def _display_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+class Daemon:
+    """gpuwatchd's runtime. Not thread-safe: everything runs on the loop that called :meth:`start`."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: Path | None = None,
+        clock: Clock | None = None,
+        worker_env: Mapping[str, str] | None = None,
+        listen: str | None = None,
+        notifier: SdNotifier | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.clock: Clock = clock or RealClock()
+        self._env = os.environ if env is None else env
+        self._worker_env = worker_env
+        self._listen = listen or config.listen
+        parse_listen(self._listen)  # a bad --listen fails here, before anything starts
+        self.sd = notifier or SdNotifier(self._env)
+        self.store = Store(retention_seconds=config.history.retention, step_seconds=config.history.step)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.alerts: list[Alert] = []
+        self.state_dir: Path | None = None
+        self.host = ""
+        self.port = 0
+        self.failure: BaseException | None = None
+        self._engine: RulesEngine | None = None
+        self._alerts_collector: AlertsCollector | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._supervisor: NvmlSupervisor | None = None
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wakeup: asyncio.Event | None = None
+        self._closed: asyncio.Event | None = None
+        self._started = False
+        self._stopping = False
+        self._outage: str | None = None  # the NVML error currently being reported, logged once per outage
+        self._last_status = ""
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """Base URL of the bound HTTP server (loopback when listening on all interfaces)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)  # noqa: S104
+        return f"http://{_display_host(host)}:{self.port}"
+
+    @property
+    def supervisor(self) -> NvmlSupervisor:
+        if self._supervisor is None:
+            raise RuntimeError("daemon not started")
+        return self._supervisor
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        if self._dispatcher is None:
+            raise RuntimeError("daemon not started")
+        return self._dispatcher
+
+    async def start(self) -> None:
+        """Bind HTTP, start the NVML supervisor, rules timer and dispatcher; READY=1 once serving."""
+        if self._started:
+            raise RuntimeError("daemon already started")
+        self._started = True
+        self._wakeup = asyncio.Event()
+        self._closed = asyncio.Event()
+        cfg = self.config
+        self.state_dir = resolve_state_dir(cfg, self._env)
+        self._engine = RulesEngine(cfg.rules, host=cfg.host)
+        self._dispatcher = Dispatcher(cfg.notify, state_dir=self.state_dir, clock=self.clock, host=cfg.host)
+        self.registry.register(StoreCollector(self.store))
+        self._alerts_collector = AlertsCollector(self._engine)
+        self.registry.register(self._alerts_collector)
+        self.registry.register(self._dispatcher.collector())
+        try:
+            await self._dispatcher.start()
+            await self._start_http()
+        except BaseException:
+            await self._teardown()
+            raise
+        self._supervisor = NvmlSupervisor(
+            cfg.nvml,
+            cfg.processes,
+            cfg.sysfs,
+            clock=self.clock,
+            on_snapshot=self._on_snapshot,
+            on_stale=self._on_stale,
+            env=self._worker_env,
+            on_links=self.store.set_links,
+        )
+        self._spawn(self._supervisor.run(), SUPERVISOR_TASK)
+        self._spawn(self._evaluate_loop(), "rules evaluation")
+        if self.sd.watchdog_interval is not None:
+            self._spawn(self._watchdog_loop(self.sd.watchdog_interval), "systemd watchdog")
+        log.info("gpuwatchd %s serving on %s (state in %s)", __version__, self.url, self.state_dir)
+        self.sd.ready(self._status_line())
+
+    async def _start_http(self) -> None:
+        host, port = parse_listen(self._listen)
+        app = make_app(
+            registry=self.registry,
+            status=self.status,
+            ready=self.ready,
+            extra_routes=self.dispatcher.routes(lambda: self.alerts),
+        )
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        self._runner = runner
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as e:
+            hint = {
+                errno.EADDRINUSE: "address already in use (another gpuwatchd or exporter?); choose one with --listen",
+                errno.EACCES: "permission denied (ports below 1024 need privileges)",
+                errno.EADDRNOTAVAIL: "no such local address",
+            }.get(e.errno or 0, e.strerror or str(e))
+            raise ListenError(f"cannot listen on {_display_host(host)}:{port}: {hint}") from None
+        self.host = host
+        # With port 0 (tests) the kernel picks the port; report the one actually bound.
+        self.port = int(runner.addresses[0][1]) if runner.addresses else port
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._stopping:
+            return
+        exc = task.exception()
+        # Every core task runs until stop; one that ends early leaves the daemon blind, so stop and let systemd
+        # restart us rather than serve stale data forever.
+        log.error("%s ended unexpectedly: %r; stopping", task.get_name(), exc or "returned", exc_info=exc)
+        self.failure = exc or RuntimeError(f"{task.get_name()} returned")
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        """Ask :meth:`wait_closed` to return (signal handlers, tests)."""
+        if self._closed is not None:
+            self._closed.set()
+
+    async def wait_closed(self) -> None:
+        """Until a stop is requested (SIGTERM/SIGINT, :meth:`request_stop`, a failed core task)."""
+        if self._closed is None:
+            raise RuntimeError("daemon not started")
+        await self._closed.wait()
+
+    async def stop(self) -> None:
+        """Graceful stop: STOPPING=1, worker down, dispatcher flushed to its outbox, HTTP closed."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self.request_stop()
+        self.sd.stopping()
+        log.info("stopping")
+        await self._teardown()
+
+    async def _teardown(self) -> None:
+        supervisor_task = next((t for t in self._tasks if t.get_name() == SUPERVISOR_TASK), None)
+        for task in self._tasks:
+            if task is not supervisor_task:
+                task.cancel()
+        if self._supervisor is not None:
+            await self._supervisor.stop()
+        if supervisor_task is not None:
+            # stop() ends run() between polls; if a worker was being replaced at that moment, run() may still be
+            # reading from the new one, so cancel after a grace (run() kills its worker on the way out).
+            _, pending = await asyncio.wait({supervisor_task}, timeout=self.config.nvml.kill_grace + STOP_GRACE)
+            for task in pending:
+                task.cancel()
+        # Failures were logged by _task_done; here we only wait for the tasks to be gone.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._dispatcher is not None:
+            await self._dispatcher.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def serve(self) -> int:
+        """``gpuwatchd run``: start, handle SIGHUP/SIGTERM/SIGINT, stop; returns the process exit code."""
+        loop = asyncio.get_running_loop()
+        await self.start()
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        try:
+            await self.wait_closed()
+        finally:
+            for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await self.stop()
+        return 0 if self.failure is None else DaemonError.exit_code
+
+    # -- data path ---------------------------------------------------------------------------------------------
+
+    def _on_snapshot(self, snap: Snapshot) -> None:
+        self.store.apply(snap)
+        if self._supervisor is not None:
+            self.store.nvml_worker_restarts = self._supervisor.restarts
+        self._log_nvml_state(snap)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _on_stale(self, reason: str) -> None:
+        self.store.mark_stale()
+        if self._supervisor is not None:
+            self.store.nvml_worker_restarts = self._supervisor.restarts
+        log.warning("NVML worker missed its deadline (%s); serving the last values marked stale", reason)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _log_nvml_state(self, snap: Snapshot) -> None:
+        """One line when NVML goes away or comes back, not one per retry."""
+        if snap.nvml_ok:
+            if self._outage is not None:
+                log.info(
+                    "NVML is up: driver %s, %d GPU(s)",
+                    snap.driver_version or "unknown",
+                    len(snap.gpus),
+                )
+            self._outage = None
+            return
+        reason = snap.nvml_error or "unknown"
+        if reason == self._outage:
+            return
+        self._outage = reason
+        if reason in NO_DRIVER_REASONS:
+            log.warning(
+                "no NVIDIA driver found (%s); serving metrics without GPU data; retrying every %gs at most. "
+                "To try gpuwatchd without a GPU: gpuwatchd sim --scenario idle",
+                self._no_driver_detail(reason),
+                self.config.nvml.restart_backoff_max,
+            )
+        else:
+            log.warning(
+                "NVML unavailable (%s); serving metrics without GPU data; retrying every %gs at most",
+                reason,
+                self.config.nvml.restart_backoff_max,
+            )
+
+    def _no_driver_detail(self, reason: str) -> str:
+        # The daemon never loads NVML itself, so it states where the worker looked rather than a dlopen message.
+        lib = self.config.nvml.library_path
+        where = f"not in {lib}" if lib is not None else "not on the library search path"
+        if reason == "driver_not_loaded":
+            return f"libnvidia-ml.so.1 found but the nvidia kernel module is not loaded: {reason}"
+        return f"libnvidia-ml.so.1 {where}: {reason}"
+
+    async def _evaluate_loop(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            interval = max(MIN_EVAL_INTERVAL, self.config.nvml.poll_interval) / self.clock.speed
+            # asyncio.wait, not wait_for: on Python < 3.12 wait_for swallows a cancel that races with the event
+            # being set (cpython#86296), and snapshots set it ten times a second in tests.
+            waiter = asyncio.ensure_future(self._wakeup.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=interval)
+            finally:
+                waiter.cancel()
+            self._wakeup.clear()
+            self.evaluate()
+
+    def evaluate(self) -> list[Alert]:
+        """Run the rules on the store now and hand the result to the dispatcher."""
+        if self._engine is None or self._dispatcher is None:
+            raise RuntimeError("daemon not started")
+        if self._supervisor is not None:
+            self.store.nvml_worker_restarts = self._supervisor.restarts
+        self.alerts = list(self._engine.evaluate(self.store, self.clock.now()))
+        self._dispatcher.update(self.alerts)
+        status = self._status_line()
+        if status != self._last_status:
+            self._last_status = status
+            self.sd.status(status)
+        return self.alerts
+
+    async def _watchdog_loop(self, interval: float) -> None:
+        # Sent from the event loop itself: if the loop wedges, the pings stop and systemd restarts us. A hung NVML
+        # call cannot wedge it (it is in the worker process), so a dead GPU does not cause restart loops.
+        while True:
+            self.sd.watchdog()
+            await asyncio.sleep(interval)
+
+    # -- views ----------------------------------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """/readyz: serving and the first NVML result (data or a definite error) is in."""
+        return self._started and not self._stopping and self.store.latest is not None
+
+    def status(self) -> dict[str, Any]:
+        """/api/v1/status: the store's view plus the runtime's own facts."""
+        out = dict(status_from_store(self.store))
+        sup = self._supervisor
+        out["daemon"] = {
+            "version": __version__,
+            "host": self.config.host,
+            "listen": self._listen,
+            "config_path": str(self.config_path) if self.config_path else None,
+            "state_dir": str(self.state_dir) if self.state_dir else None,
+            "nvml_worker_restarts": sup.restarts if sup else 0,
+            "nvml_last_error": str(sup.last_error) if sup and sup.last_error else None,
+            "config_reload_success": self.store.config_reload_success,
+            "alerts_firing": sum(a.state == "firing" for a in self.alerts),
+        }
+        return out
+
+    def _status_line(self) -> str:
+        snap = self.store.latest
+        if snap is None:
+            nvml = "waiting for NVML"
+        elif snap.nvml_ok:
+            nvml = f"{len(snap.gpus)} GPU(s)" + (" (stale)" if self.store.stale else "")
+        else:
+            nvml = f"no GPU data: {snap.nvml_error}"
+        firing = sum(a.state == "firing" for a in self.alerts)
+        return f"serving on {self.url}; {nvml}; {firing} alert(s) firing"
+
+    # -- reload ---------------------------------------------------------------------------------------------------
+
+    async def reload(self) -> ReloadResult:
+        """SIGHUP: re-read the config; a bad file keeps the running config and sets the reload metric to 0."""
+        self.sd.reloading()
+        try:
+            new = load_config(self.config_path, required=self.config_path is not None)
+        except ConfigError as e:
+            self.store.config_reload_success = False
+            log.error("config reload failed; keeping the running config:\n%s", e)
+            self.sd.ready(self._status_line())
+            return ReloadResult(ok=False, problems=e.problems)
+        restart_needed = self._apply(new)
+        self.store.config_reload_success = True
+        self.store.config_reload_timestamp = self.clock.now()
+        for key in restart_needed:
+            log.warning("config reload: %s changed; it takes effect after a restart", key)
+        log.info("config reloaded from %s", self.config_path or "defaults")
+        self.sd.ready(self._status_line())
+        if self._wakeup is not None:
+            self._wakeup.set()
+        return ReloadResult(ok=True, restart_needed=restart_needed)
+
+    def _apply(self, new: Config) -> list[str]:
+        old = self.config
+        self.config = new
+        if self._supervisor is not None and (
+            new.nvml != old.nvml or new.processes != old.processes or new.sysfs != old.sysfs
+        ):
+            self._supervisor.reconfigure(new.nvml, new.processes, new.sysfs)
+        if self._dispatcher is not None and new.notify != old.notify:
+            self._dispatcher.reconfigure(new.notify)
+        if self._engine is not None:
+            if new.host != old.host:
+                # host is a label on every alert: a fresh engine, so old-host alerts are not carried over.
+                self._replace_engine(RulesEngine(new.rules, host=new.host))
+            elif new.rules != old.rules:
+                self._engine.reconfigure(new.rules)
+        restart = [k for k in ("state_dir", "history") if getattr(new, k) != getattr(old, k)]
+        if new.listen != old.listen and self._listen == old.listen:
+            restart.append("listen")
+        return restart
+
+    def _replace_engine(self, engine: RulesEngine) -> None:
+        if self._alerts_collector is not None:
+            self.registry.unregister(self._alerts_collector)
+        self._engine = engine
+        self._alerts_collector = AlertsCollector(engine)
+        self.registry.register(self._alerts_collector)
