@@ -9,6 +9,8 @@ a later NOT_SUPPORTED (e.g. MIG switched on) is a per-poll error, retried, not a
 
 from __future__ import annotations
 
+import ctypes
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -279,6 +281,48 @@ def readings() -> list[tuple[str, tuple[Reader, ...]]]:
     return rs
 
 
+# nvmlProcessInfo_t (nvml.h, the struct the *_v3 process calls fill): uint pid; ull usedGpuMemory;
+# uint gpuInstanceId; uint computeInstanceId -- native alignment gives 24 bytes.
+_PROCESS_INFO = struct.Struct("@IQII")
+# usedGpuMemory when the driver cannot attribute memory (Windows WDDM): NVML_VALUE_NOT_AVAILABLE as unsigned.
+_NOT_AVAILABLE = (1 << 64) - 1
+# Initial process buffer capacity; grows to what the driver asks for (2n+5 like pynvml) and is kept.
+_INITIAL_PROCESS_CAPACITY = 64
+
+
+class ProcessLister:
+    """``nvmlDevice{Compute,Graphics}RunningProcesses_v3`` -> [(pid, used bytes or None)], one call per poll.
+
+    pynvml's wrapper makes two calls per poll (size, then data) and turns every process into a "friendly
+    object" whose attribute reads go through a Python ``__getattribute__``: at 16 GPUs x 256 processes that is
+    most of a poll's CPU. This keeps a buffer per device, unpacks the structs in C (``struct.iter_unpack``), and
+    only asks again when the driver answers INSUFFICIENT_SIZE. The symbol comes from pynvml's own loader.
+    """
+
+    __slots__ = ("_buf", "_cap", "absent", "name", "symbol")
+
+    def __init__(self, symbol: str, name: str) -> None:
+        self.symbol = symbol
+        self.name = name  # key in GpuSample.errors
+        self.absent = False
+        self._cap = _INITIAL_PROCESS_CAPACITY
+        self._buf: ctypes.Array[ctypes.c_char] = ctypes.create_string_buffer(self._cap * _PROCESS_INFO.size)
+
+    def __call__(self, handle: Handle) -> list[tuple[int, int | None]]:
+        fn = N._nvmlGetFunctionPointer(self.symbol)
+        count = ctypes.c_uint(self._cap)
+        ret = fn(handle, ctypes.byref(count), self._buf)
+        if ret == N.NVML_ERROR_INSUFFICIENT_SIZE:
+            self._cap = count.value * 2 + 5
+            self._buf = ctypes.create_string_buffer(self._cap * _PROCESS_INFO.size)
+            count = ctypes.c_uint(self._cap)
+            ret = fn(handle, ctypes.byref(count), self._buf)
+        if ret != N.NVML_SUCCESS:
+            raise N.NVMLError(ret)
+        raw = ctypes.string_at(self._buf, min(count.value, self._cap) * _PROCESS_INFO.size)
+        return [(pid, None if mem == _NOT_AVAILABLE else mem) for pid, mem, _, _ in _PROCESS_INFO.iter_unpack(raw)]
+
+
 class _Slot:
     __slots__ = ("confirmed", "impls", "index", "name")
 
@@ -297,6 +341,8 @@ class DeviceReadings:
         self._slots = [_Slot(n, i) for n, i in readings()]
         self.absent: list[str] = []  # names learned absent, in the order learned (logged once)
         self.fallbacks: dict[str, int] = {}  # name -> index of the fallback in use (0 = preferred)
+        self.process_listers = (ProcessLister("nvmlDeviceGetComputeRunningProcesses_v3", "processes.compute"),
+                                ProcessLister("nvmlDeviceGetGraphicsRunningProcesses_v3", "processes.graphics"))
 
     def poll(self, out: Out, errors: dict[str, str]) -> None:
         """Fill ``out`` with every supported reading; per-poll failures go to ``errors``.

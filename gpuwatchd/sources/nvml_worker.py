@@ -187,15 +187,19 @@ class Worker:
 
     def _processes(self, dev: _Device, out: dict[str, Any], errors: dict[str, str]) -> None:
         lists: list[list[tuple[int, int | None]] | None] = []
-        for fn, name in ((N.nvmlDeviceGetComputeRunningProcesses_v3, "processes.compute"),
-                         (N.nvmlDeviceGetGraphicsRunningProcesses_v3, "processes.graphics")):
+        for lister in dev.readings.process_listers:
+            if lister.absent:
+                lists.append(None)
+                continue
             try:
-                lists.append([(p.pid, p.usedGpuMemory) for p in fn(dev.handle)])
+                lists.append(lister(dev.handle))
             except N.NVMLError as e:
                 if e.value in LOST_CODES:
-                    raise NvmlGpuLost(e.value, name) from None
-                if e.value not in ABSENT_CODES:
-                    errors[name] = reason(e.value)
+                    raise NvmlGpuLost(e.value, lister.name) from None
+                if e.value in ABSENT_CODES:
+                    lister.absent = True  # learned once, like every other reading
+                else:
+                    errors[lister.name] = reason(e.value)
                 lists.append(None)
         if lists[0] is None and lists[1] is None:
             return  # no process reading at all: leave processes_total unknown

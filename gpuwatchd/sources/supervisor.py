@@ -75,6 +75,9 @@ class NvmlSupervisor:
         self.restarts = 0  # workers spawned after the first (gpuwatchd_nvml_worker_restarts_total)
         self.last_error: str | None = None  # why the last worker ended badly / why NVML is down; None when healthy
         self.spawned = 0
+        # Scenario seconds to wait before the next respawn after a failure: doubles per consecutive failure up to
+        # restart_backoff_max (init retries go on forever at that pace), back to initial after a healthy run.
+        self.backoff = nvml.restart_backoff_initial
         self._proc: asyncio.subprocess.Process | None = None
         self._restart_reason: str | None = None
         self._wake: asyncio.Event | None = None
@@ -134,18 +137,19 @@ class NvmlSupervisor:
         """Supervise until cancelled or stopped."""
         self._wake = asyncio.Event()
         watcher = asyncio.create_task(self._watch_sysfs(), name="nvml-sysfs-watch")
-        backoff = self.nvml.restart_backoff_initial
+        self.backoff = self.nvml.restart_backoff_initial
         try:
             while not self._stopping:
                 healthy, failed = await self._run_worker()
                 if self._stopping:
                     break
                 if healthy >= HEALTHY_POLLS_TO_RESET_BACKOFF:
-                    backoff = self.nvml.restart_backoff_initial
+                    self.backoff = self.nvml.restart_backoff_initial
                 delay = 0.0
                 if self._restart_reason is None and failed:
-                    delay = backoff
-                    backoff = min(max(backoff * 2, self.nvml.restart_backoff_initial), self.nvml.restart_backoff_max)
+                    delay = self.backoff
+                    self.backoff = min(max(self.backoff * 2, self.nvml.restart_backoff_initial),
+                                       self.nvml.restart_backoff_max)
                 self._restart_reason = None
                 if delay > 0:
                     self._wake.clear()
@@ -184,17 +188,23 @@ class NvmlSupervisor:
     async def _run_worker(self) -> tuple[int, bool]:
         """One worker's life. Returns (on-time snapshots delivered, whether it ended as a failure)."""
         self._pci_seen = nvidia_devices(self.sysfs.root)
-        proc = await asyncio.create_subprocess_exec(
-            self.python, "-m", WORKER_MODULE, self._worker_options(),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self._child_env(),
-            start_new_session=True,
-            limit=MAX_LINE_BYTES,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self.python, "-m", WORKER_MODULE, self._worker_options(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._child_env(),
+                start_new_session=True,
+                limit=MAX_LINE_BYTES,
+            )
+        except OSError as e:  # fork/exec failed (EAGAIN, ENOMEM, a bad interpreter path)
+            self._stale(f"cannot start the NVML worker: {e.strerror or e}", "spawn_failed")
+            return 0, True
         self._proc = proc
         self.spawned += 1
+        if self._stopping:  # stop() ran while we were spawning
+            self._signal(signal.SIGTERM)
         assert proc.stdout is not None and proc.stderr is not None
         relay = asyncio.create_task(self._relay_stderr(proc.pid, proc.stderr), name="nvml-worker-stderr")
         delivered = 0
@@ -220,13 +230,19 @@ class NvmlSupervisor:
                     break
                 if not line:
                     break  # EOF: the worker exited; its code says why
-                msg = json.loads(line)
                 now = loop.time()
-                if "hello" in msg:
-                    hello = True
-                    deadline = now + self._real(self.nvml.poll_timeout)
-                    continue
-                snap = self._receive(msg)
+                try:
+                    msg = json.loads(line)
+                    if "hello" in msg:
+                        hello = True
+                        deadline = now + self._real(self.nvml.poll_timeout)
+                        continue
+                    snap = self._receive(msg)
+                except (ValueError, TypeError, KeyError, AttributeError) as e:
+                    # A worker of another version or a corrupted pipe: replace it rather than guess.
+                    self._stale(f"unreadable line from the NVML worker: {e!r}"[:300], "protocol_error")
+                    failed = True
+                    break
                 if not snap.nvml_ok:
                     init_failed = True
                     self.last_error = snap.nvml_error or "unknown"
@@ -263,8 +279,9 @@ class NvmlSupervisor:
         if snap.lost and any(lost.uuid is None for lost in snap.lost):
             snap = replace(snap, lost=tuple(self._identify(lost) for lost in snap.lost))
         if snap.nvml_ok:
-            if snap.gpus:
-                self._known = {g.index: (g.uuid, g.pci_bus_id) for g in snap.gpus}
+            # Merge, not replace: a GPU lost at enumeration keeps the identity its index had before.
+            for g in snap.gpus:
+                self._known[g.index] = (g.uuid, g.pci_bus_id)
             self._last_bus_ids = [g.pci_bus_id for g in snap.gpus if g.pci_bus_id]
         return snap
 

@@ -135,7 +135,8 @@ def test_old_driver_fallbacks(write_sim_state: StateWriter) -> None:
 
 
 def test_transient_errors_are_per_poll_and_retried(standin_libdir: Path, write_sim_state: StateWriter) -> None:
-    dev = make_device(0, errors={"nvmlDeviceGetPowerUsage": "UNKNOWN", "nvmlDeviceGetUtilizationRates": "NO_PERMISSION"})
+    dev = make_device(0, errors={"nvmlDeviceGetPowerUsage": "UNKNOWN",
+                                 "nvmlDeviceGetUtilizationRates": "NO_PERMISSION"})
     code, lines, err = run_worker(standin_libdir, write_sim_state(make_state(1, devices=[dev])), max_polls=2,
                                   trace_calls=True)
     assert code == 0, err
@@ -219,6 +220,7 @@ def test_unplug_while_running_reports_lost_then_exits(standin_libdir: Path, writ
     finally:
         w.close()
     code, lines, _ = run_worker(standin_libdir, path)
+    assert code == 0
     s = snap(lines[0])
     assert (s.device_count, [g.uuid for g in s.gpus], s.lost) == (1, [state["devices"][1]["uuid"]], ())
 
@@ -238,6 +240,7 @@ def test_no_library(tmp_path: Path, write_sim_state: StateWriter) -> None:
     code, lines, err = run_worker(tmp_path, write_sim_state(make_state(1)),
                                   library_path=str(tmp_path / "libnvidia-ml.so.1"))
     assert code == 2
+    assert "library_not_found" in err
     assert snap(lines[0]).nvml_error == "library_not_found"
 
 
@@ -246,3 +249,19 @@ def test_driver_without_gpus_is_up_with_zero(standin_libdir: Path, write_sim_sta
     assert code == 0, err
     s = snap(lines[0])
     assert (s.nvml_ok, s.device_count, s.gpus) == (True, 0, ())
+
+
+def test_many_processes_and_unsupported_process_list(standin_libdir: Path, write_sim_state: StateWriter) -> None:
+    compute = [{"pid": 1000 + i, "used_memory": 4096 * (i + 1)} for i in range(300)]  # past the initial buffer
+    dev = make_device(0, processes={"compute": compute, "graphics": None})
+    code, lines, err = run_worker(standin_libdir, write_sim_state(make_state(1, devices=[dev])), top_n=1000,
+                                  max_polls=2, trace_calls=True)
+    assert code == 0, err
+    for line in lines:
+        g = snap(line).gpus[0]
+        assert g.processes_total == 300 and g.errors == {}
+        assert sorted(p.pid for p in g.processes) == list(range(1000, 1300))
+        assert g.processes[0] == g.processes[0].__class__(pid=1299, kind="compute", used_memory_bytes=4096 * 300)
+    assert lines[0]["calls"]["nvmlDeviceGetGraphicsRunningProcesses_v3"] == 1
+    assert "nvmlDeviceGetGraphicsRunningProcesses_v3" not in lines[1]["calls"]  # NOT_SUPPORTED learned once
+    assert lines[1]["calls"]["nvmlDeviceGetComputeRunningProcesses_v3"] == 1  # one call per poll, buffer kept

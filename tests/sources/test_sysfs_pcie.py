@@ -55,7 +55,9 @@ def test_parse_speed(text: str | None, gen: int | None) -> None:
     assert parse_speed(text) == gen
 
 
-@pytest.mark.parametrize(("text", "width"), [("16", 16), ("1", 1), ("63", None), ("0", None), ("x", None), (None, None)])
+@pytest.mark.parametrize(
+    ("text", "width"), [("16", 16), ("1", 1), ("63", None), ("0", None), ("x", None), (None, None)]
+)
 def test_parse_width(text: str | None, width: int | None) -> None:
     assert parse_width(text) == width
 

@@ -23,7 +23,8 @@ def run_worker(libdir: Path, state: Path, **opts: Any) -> tuple[int, list[dict[s
     opts.setdefault("interval", 0.0)
     opts.setdefault("max_polls", 1)
     r = subprocess.run(
-        [*WORKER, json.dumps(opts)], env=worker_env(libdir, state), capture_output=True, text=True, timeout=60
+        [*WORKER, json.dumps(opts)], env=worker_env(libdir, state), capture_output=True, text=True, timeout=60,
+        check=False,
     )
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert lines and "hello" in lines[0], r.stderr
