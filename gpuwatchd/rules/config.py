@@ -49,9 +49,9 @@ class LeakRule(RuleSection):
     # The lower envelope is built from one floor (low quantile) per bucket: spikes vanish, and Theil-Sen runs on
     # window/bucket (30) points, so its O(n²) pairs stay cheap without numpy.
     bucket: Duration = 60.0
-    # 1 MiB/min: below it a 24 GiB GPU lasts > 2 weeks, and it is under the 2 MiB block granularity of the
-    # CUDA caching allocator per 2 min bucket pair, i.e. allocator noise rather than a trend.
-    min_rate_bytes_per_second: float = Field(default=MIB / 60.0, gt=0)
+    # 1 MiB/min: below it a 24 GiB GPU lasts more than two weeks; slower drift is allocator fragmentation, not a
+    # trend worth a message.
+    min_rate_bytes_per_second: float = Field(default=17476.0, gt=0)  # = 1 MiB/min
     # Fire when the projected time to full is within this horizon ...
     horizon: Duration = 86400.0
     # ... or when the growth over the window is at least this share of GPU memory, whatever the projection.
