@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from gpuwatchd.configtypes import Duration, Section
 from gpuwatchd.notify.matchers import Matcher, parse_matcher
@@ -43,6 +43,9 @@ def _matchers(values: list[str]) -> tuple[Matcher, ...]:
 class ReceiverConfig(Section):
     """One destination: a chat webhook, a generic JSON webhook or an Alertmanager."""
 
+    # pydantic quotes the offending input in ValidationError texts: here the input is a secret.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
     type: ReceiverType
     url: SecretStr
@@ -57,8 +60,12 @@ class ReceiverConfig(Section):
     @classmethod
     def _url(cls, v: SecretStr) -> SecretStr:
         # The message never echoes the URL: it is a secret.
-        parts = urlsplit(v.get_secret_value())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(v.get_secret_value())
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # its text can quote the URL
+            raise ValueError("not a valid URL") from None
+        if not ok:
             raise ValueError("not an http(s) URL")
         return v
 
@@ -121,6 +128,8 @@ def _default_routes() -> tuple[RouteConfig, ...]:
 
 class NotifyConfig(Section):
     """Everything about alert delivery; with no receivers nothing is sent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     group_by: tuple[str, ...] = DEFAULT_GROUP_BY
     group_wait: Duration = DEFAULT_GROUP_WAIT
