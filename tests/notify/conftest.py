@@ -151,9 +151,7 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-async def make_dispatcher(
-    config: NotifyConfig, state_dir: Path, clock: Clock, *, start: bool = True
-) -> Dispatcher:
+async def make_dispatcher(config: NotifyConfig, state_dir: Path, clock: Clock, *, start: bool = True) -> Dispatcher:
     d = Dispatcher(config, state_dir=state_dir, clock=clock, host=HOST)
     if start:
         await d.start()

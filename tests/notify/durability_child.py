@@ -20,10 +20,19 @@ FIRED_AT = 1_700_000_000.0  # fixed: the restarted child reports the very same a
 def alerts(n: int) -> list[Alert]:
     return [
         Alert(
-            name="GpuXidError", severity="critical",
-            labels={"alertname": "GpuXidError", "severity": "critical", "uuid": f"GPU-{i:03d}", "gpu": str(i),
-                    "host": "h"},
-            summary=f"Xid 79 on GPU {i}", description="fallen off the bus", state="firing", active_at=FIRED_AT,
+            name="GpuXidError",
+            severity="critical",
+            labels={
+                "alertname": "GpuXidError",
+                "severity": "critical",
+                "uuid": f"GPU-{i:03d}",
+                "gpu": str(i),
+                "host": "h",
+            },
+            summary=f"Xid 79 on GPU {i}",
+            description="fallen off the bus",
+            state="firing",
+            active_at=FIRED_AT,
             fired_at=FIRED_AT,
         )
         for i in range(n)
@@ -32,8 +41,13 @@ def alerts(n: int) -> list[Alert]:
 
 async def main(state_dir: Path, url: str, n: int) -> None:
     config = NotifyConfig.model_validate(
-        {"receivers": [{"name": "sink", "type": "webhook", "url": url, "rate_limit_per_minute": 6000}],
-         "group_wait": "0s", "group_by": ["uuid"], "retry_initial": "0.05s", "retry_max": "0.2s"}
+        {
+            "receivers": [{"name": "sink", "type": "webhook", "url": url, "rate_limit_per_minute": 6000}],
+            "group_wait": "0s",
+            "group_by": ["uuid"],
+            "retry_initial": "0.05s",
+            "retry_max": "0.2s",
+        }
     )
     d = Dispatcher(config, state_dir=state_dir, clock=RealClock(), host="h")
     await d.start()

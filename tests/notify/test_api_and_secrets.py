@@ -12,8 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from pydantic import ValidationError
 from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import ValidationError
 
 from gpuwatchd.clock import ManualClock, ScaledClock
 from gpuwatchd.config import ConfigError, config_from_dict
@@ -49,8 +49,12 @@ async def test_silence_via_api_mutes_then_expire_unmutes(
     alerts = [a0, a1]
     base, runner = await serve(d, alerts)
     try:
-        body = {"matchers": [f'uuid="{UUID0}"', {"name": "alertname", "value": "Gpu.*", "isRegex": True}],
-                "endsAt": clock.now() + 3600, "createdBy": "ops", "comment": "maintenance"}
+        body = {
+            "matchers": [f'uuid="{UUID0}"', {"name": "alertname", "value": "Gpu.*", "isRegex": True}],
+            "endsAt": clock.now() + 3600,
+            "createdBy": "ops",
+            "comment": "maintenance",
+        }
         async with http.post(f"{base}/api/v1/silences", json=body) as r:
             assert r.status == 200
             sid = (await r.json())["silenceID"]
@@ -91,8 +95,14 @@ async def test_silences_survive_restart(tmp_path: Path, clock: ManualClock) -> N
     from gpuwatchd.notify.matchers import parse_matcher
 
     d = await make_dispatcher(notify_config([]), tmp_path, clock, start=False)
-    s = d.silences.add((parse_matcher('uuid="x"'),), starts_at=clock.now(), ends_at=clock.now() + 60,
-                       created_by="me", comment="", now=clock.now())
+    s = d.silences.add(
+        (parse_matcher('uuid="x"'),),
+        starts_at=clock.now(),
+        ends_at=clock.now() + 60,
+        created_by="me",
+        comment="",
+        now=clock.now(),
+    )
     d.outbox.close()
     d2 = await make_dispatcher(notify_config([]), tmp_path, clock, start=False)
     assert [x.id for x in d2.silences.listing(clock.now())] == [s.id]
@@ -145,8 +155,13 @@ async def test_no_secret_leaks_anywhere(
     sink.responder = flaky
     receivers = [
         receiver("slack-main", "slack", sink.url),
-        receiver("hook", "webhook", sink.url, hmac_secret="hmacKEYsecret",
-                 headers={"Authorization": "Bearer BearerTOKENsecret"}),
+        receiver(
+            "hook",
+            "webhook",
+            sink.url,
+            hmac_secret="hmacKEYsecret",
+            headers={"Authorization": "Bearer BearerTOKENsecret"},
+        ),
         receiver("dead", "discord", f"http://127.0.0.1:{dead_port}/api/webhooks/1/UNREACHABLEpath"),
         receiver("bad-url", "teams", "http://[::1/UNREACHABLEpath"),
     ]

@@ -42,7 +42,9 @@ def scripted(sink: Sink, clock: ScaledClock, responses: list[web.Response]) -> l
     return times
 
 
-async def one_alert(sink: Sink, tmp_path: Path, clock: ScaledClock, type_: str = "webhook", **rkw: object) -> Dispatcher:
+async def one_alert(
+    sink: Sink, tmp_path: Path, clock: ScaledClock, type_: str = "webhook", **rkw: object
+) -> Dispatcher:
     config = notify_config([receiver("r1", type_, sink.url, **rkw)], group_wait="0s")
     d = await make_dispatcher(config, tmp_path, clock)
     d.update([mk_alert(t=clock.now())])
@@ -74,8 +76,10 @@ async def test_429_honours_retry_after_seconds(sink: Sink, tmp_path: Path) -> No
     try:
         await settle(d, sink, 2)
         assert times[1] - times[0] >= 7.0
-        assert metric(d, "gpuwatchd_notification_failures_total", receiver="r1", integration="slack",
-                      reason="http_429") == 1
+        assert (
+            metric(d, "gpuwatchd_notification_failures_total", receiver="r1", integration="slack", reason="http_429")
+            == 1
+        )
     finally:
         await d.stop()
 
@@ -125,8 +129,12 @@ async def test_timeout_is_retried(sink: Sink, tmp_path: Path) -> None:
     try:
         await settle(d, sink, 2)
         assert d.outbox.rows()[0].status == "delivered"
-        assert metric(d, "gpuwatchd_notification_failures_total", receiver="r1", integration="mattermost",
-                      reason="timeout") == 1
+        assert (
+            metric(
+                d, "gpuwatchd_notification_failures_total", receiver="r1", integration="mattermost", reason="timeout"
+            )
+            == 1
+        )
     finally:
         await d.stop()
 
@@ -184,7 +192,10 @@ async def test_long_outage_then_everything_once_in_order(sink: Sink, tmp_path: P
 
     sink.responder = respond
     config = notify_config(
-        [receiver("r1", "webhook", sink.url)], group_wait="0s", group_by=["uuid"], retry_initial="1s",
+        [receiver("r1", "webhook", sink.url)],
+        group_wait="0s",
+        group_by=["uuid"],
+        retry_initial="1s",
         retry_max="60s",
     )
     d = await make_dispatcher(config, tmp_path, clock)
@@ -221,8 +232,10 @@ async def test_expired_notifications_are_dropped(sink: Sink, tmp_path: Path, cap
             if d.outbox.rows()[0].status == "failed":
                 break
         assert d.outbox.rows()[0].status == "failed"
-        assert metric(d, "gpuwatchd_notification_failures_total", receiver="r1", integration="webhook",
-                      reason="expired") == 1
+        assert (
+            metric(d, "gpuwatchd_notification_failures_total", receiver="r1", integration="webhook", reason="expired")
+            == 1
+        )
     finally:
         await d.stop()
 
@@ -232,7 +245,11 @@ def test_metrics_exposition_has_the_families(tmp_path: Path) -> None:
     reg = CollectorRegistry()
     reg.register(d.collector())
     text = generate_latest(reg).decode()
-    for family in ("gpuwatchd_notification_outbox_depth", "gpuwatchd_silences", "gpuwatchd_alerts_inhibited",
-                   "gpuwatchd_alerts_silenced"):
+    for family in (
+        "gpuwatchd_notification_outbox_depth",
+        "gpuwatchd_silences",
+        "gpuwatchd_alerts_inhibited",
+        "gpuwatchd_alerts_silenced",
+    ):
         assert f"# TYPE {family} gauge" in text
     d.outbox.close()

@@ -183,8 +183,11 @@ async def test_routing_by_severity_with_continue_and_default(tmp_path: Path, clo
 
     (crit, r1), (team, r2), (default, r3) = [await start_sink(f"/h{i}") for i in range(3)]
     config = notify_config(
-        [receiver("pager", "webhook", crit.url), receiver("team", "webhook", team.url),
-         receiver("catchall", "webhook", default.url)],
+        [
+            receiver("pager", "webhook", crit.url),
+            receiver("team", "webhook", team.url),
+            receiver("catchall", "webhook", default.url),
+        ],
         default_receiver="catchall",
         group_wait="0s",
         routes=[
@@ -194,11 +197,13 @@ async def test_routing_by_severity_with_continue_and_default(tmp_path: Path, clo
     )
     d = await make_dispatcher(config, tmp_path, clock)
     try:
-        d.update([
-            mk_alert("GpuLost", severity="critical", t=clock.now()),
-            mk_alert("GpuThrottled", severity="warning", uuid=UUID1, t=clock.now()),
-            mk_alert("GpuTemperatureHigh", severity="info", uuid=UUID1, t=clock.now()),
-        ])
+        d.update(
+            [
+                mk_alert("GpuLost", severity="critical", t=clock.now()),
+                mk_alert("GpuThrottled", severity="warning", uuid=UUID1, t=clock.now()),
+                mk_alert("GpuTemperatureHigh", severity="info", uuid=UUID1, t=clock.now()),
+            ]
+        )
         d.wake()
         await crit.wait_for(1)
         await team.wait_for(2)
@@ -219,8 +224,12 @@ async def test_default_route_sends_critical_without_group_wait(sink: Sink, tmp_p
     # Default config routes: critical alerts skip the 30 s group_wait.
     d = await make_dispatcher(notify_config([receiver("hook", "webhook", sink.url)]), tmp_path, clock)
     try:
-        d.update([mk_alert("GpuLost", severity="critical", t=clock.now()),
-                  mk_alert("GpuThrottled", uuid=UUID1, t=clock.now())])
+        d.update(
+            [
+                mk_alert("GpuLost", severity="critical", t=clock.now()),
+                mk_alert("GpuThrottled", uuid=UUID1, t=clock.now()),
+            ]
+        )
         await settle(d, sink, 1)
         assert [r.json["commonLabels"]["alertname"] for r in sink.requests] == ["GpuLost"]
         clock.advance(30)
