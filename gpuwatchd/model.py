@@ -242,11 +242,14 @@ class Alert:
 
 
 def fingerprint(labels: dict[str, str]) -> str:
-    """FNV-1a 64 over sorted label pairs, hex: stable across processes (unlike ``hash``)."""
+    """FNV-1a 64 over sorted label pairs, hex: stable across processes (unlike ``hash``).
+
+    Byte for byte Prometheus' ``LabelSet.Fingerprint`` (name, 0xff, value, 0xff per label), so Alertmanager shows
+    the same fingerprint for an alert we post. The separator is the single byte 0xff, not UTF-8 of U+00FF.
+    """
     h = 0xCBF29CE484222325
     for k in sorted(labels):
-        for part in (k, "\xff", labels[k], "\xff"):
-            for b in part.encode():
-                h ^= b
-                h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+        for b in k.encode() + b"\xff" + labels[k].encode() + b"\xff":
+            h ^= b
+            h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return f"{h:016x}"
