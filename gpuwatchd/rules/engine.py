@@ -34,10 +34,13 @@ class FamilySpec:
     name: str
     evaluate: Family
     sections: dict[str, Callable[[RulesConfig], RuleSection]]
+    # Minimum time between two runs of the family; in between, its last conditions stand (like a Prometheus rule
+    # group's own evaluation interval). 0: every evaluation.
+    interval: Callable[[RulesConfig], float] = lambda c: 0.0
 
 
 FAMILIES: tuple[FamilySpec, ...] = (
-    FamilySpec("leak", leak.conditions, {"GpuMemoryLeak": lambda c: c.leak}),
+    FamilySpec("leak", leak.conditions, {"GpuMemoryLeak": lambda c: c.leak}, lambda c: c.leak.interval),
     FamilySpec("throttle", throttle.conditions, {"GpuThrottled": lambda c: c.throttle}),
     FamilySpec("xid", xid.conditions, {"GpuXidError": lambda c: c.xid}),
     FamilySpec("ecc", ecc.conditions, {"GpuEccError": lambda c: c.ecc}),
@@ -83,6 +86,7 @@ class RulesEngine:
         self._families = families
         self._tracked: dict[str, _Tracked] = {}
         self._stats: dict[str, FamilyStats] = {f.name: FamilyStats() for f in families}
+        self._cache: dict[str, tuple[float, list[Condition]]] = {}  # family -> (run at, conditions)
         self.evaluations = 0
         self.last_evaluation: float | None = None
 
@@ -102,6 +106,7 @@ class RulesEngine:
     def reconfigure(self, config: RulesConfig) -> None:
         """Swap the config; alert states are kept (a disabled rule's alerts resolve at the next evaluation)."""
         self._config = config
+        self._cache.clear()
 
     def alerts(self) -> list[Alert]:
         """The current view: pending, firing and recently resolved alerts, oldest first."""
@@ -115,6 +120,11 @@ class RulesEngine:
             enabled = [n for n, sec in fam.sections.items() if sec(self._config).enabled]
             if not enabled:
                 continue
+            cached = self._cache.get(fam.name)
+            if cached is not None and cached[0] <= now < cached[0] + fam.interval(self._config):
+                conds = cached[1]
+                self._collect(fam.name, conds, enabled, seen)
+                continue
             t0 = time.perf_counter()
             try:
                 conds = fam.evaluate(view, now, self._config)
@@ -127,21 +137,26 @@ class RulesEngine:
                 failed.add(fam.name)
                 continue
             self._stats[fam.name] = replace(self._stats[fam.name], duration_seconds=time.perf_counter() - t0)
-            for c in conds:
-                if c.name not in enabled:
-                    continue
-                labels = self._labels(c)
-                fp = fingerprint(labels)
-                prev = seen.get(fp)
-                # Two conditions for one identity: the strongest level wins (raise > hold > clear).
-                if prev is None or _rank(c) > _rank(prev[1]):
-                    seen[fp] = (fam.name, c)
+            self._cache[fam.name] = (now, conds)
+            self._collect(fam.name, conds, enabled, seen)
         self._advance(seen, failed, now)
         self.evaluations += 1
         self.last_evaluation = now
         return self.alerts()
 
     # -- internals --------------------------------------------------------------------------------------------
+
+    def _collect(
+        self, family: str, conds: list[Condition], enabled: list[str], seen: dict[str, tuple[str, Condition]]
+    ) -> None:
+        for c in conds:
+            if c.name not in enabled:
+                continue
+            fp = fingerprint(self._labels(c))
+            prev = seen.get(fp)
+            # Two conditions for one identity: the strongest level wins (raise > hold > clear).
+            if prev is None or _rank(c) > _rank(prev[1]):
+                seen[fp] = (family, c)
 
     def _labels(self, c: Condition) -> dict[str, str]:
         labels = {"alertname": c.name, "severity": c.severity, "host": self._host}

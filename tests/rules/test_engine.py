@@ -198,3 +198,17 @@ def test_two_gpus_are_two_identities(store: Store) -> None:
     alerts = eng.evaluate(store, T0)
     assert len({a.fingerprint for a in alerts}) == 2
     assert sorted(a.labels["gpu"] for a in alerts) == ["0", "1"]
+
+
+def test_family_interval_reuses_last_conditions() -> None:
+    sw = Switch()
+    fam = FamilySpec("switch", sw, {"GpuTemperatureHigh": lambda c: c.temperature}, lambda c: 60.0)
+    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": "30s"}}), host="h", families=(fam,))
+    sw.level = "raise"
+    assert only(eng.evaluate(Store(), T0)).state == "pending"
+    sw.level = None  # not looked at until the interval has passed: the last result stands
+    assert only(eng.evaluate(Store(), T0 + 30)).state == "firing" and sw.calls == 1
+    assert only(eng.evaluate(Store(), T0 + 60)).state == "resolved" and sw.calls == 2
+    eng.reconfigure(eng.config)  # a reload re-runs every family at once
+    eng.evaluate(Store(), T0 + 61)
+    assert sw.calls == 3
