@@ -212,3 +212,25 @@ def test_family_interval_reuses_last_conditions() -> None:
     eng.reconfigure(eng.config)  # a reload re-runs every family at once
     eng.evaluate(Store(), T0 + 61)
     assert sw.calls == 3
+
+
+def test_alerts_exposition_passes_promtool(store: Store) -> None:
+    import shutil
+    import subprocess
+
+    from gpuwatchd.model import XidEvent
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    eng = RulesEngine(RulesConfig(), host="node1")
+    store.apply(snap(T0, gpu(temperature_celsius=93.0, ecc_uncorrected_volatile=1),
+                     xid_events=(XidEvent(UUID, 79, T0),)))
+    eng.evaluate(store, T0)
+    reg = CollectorRegistry()
+    reg.register(AlertsCollector(eng))
+    text = generate_latest(reg)
+    # three alerts with different label sets (xid, kind) in one family
+    assert text.count(b"gpuwatchd_alerts{") == 3
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
