@@ -14,7 +14,10 @@ hot-plug, nvml-egpu.md §3).
 Options (JSON object on argv[1]): ``interval`` (real seconds between poll starts), ``top_n`` (processes kept
 per GPU), ``library_path`` (the library the supervisor pointed ``LD_LIBRARY_PATH`` at; missing means
 ``library_not_found``), ``max_polls`` (stop after this many; for tests and bench/poll.py), ``trace_calls``
-(count NVML symbol look-ups per poll and add ``"calls"`` to each line; for tests of the capability cache).
+(count NVML symbol look-ups per poll and add ``"calls"`` to each line; for tests of the capability cache),
+``progress_fd`` (an inherited 4-byte memfd where the index of the GPU being called is kept, so the supervisor
+can tell which GPU hung), ``skip`` ({index: {"uuid", "pci_bus_id"}}: GPUs not to touch, reported lost with
+reason ``timeout``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import mmap
 import os
 import signal
 import sys
@@ -91,8 +95,12 @@ def _optional(fn: Any, handle: Any) -> Any:
 class Worker:
     """One NVML session: enumeration at start, then ``poll()`` repeatedly."""
 
-    def __init__(self, top_n: int, resolver: Resolver | None) -> None:
+    def __init__(self, top_n: int, resolver: Resolver | None, *, skip: dict[int, dict[str, Any]] | None = None,
+                 progress_fd: int | None = None) -> None:
         self.top_n = top_n
+        self.skip = skip or {}  # index -> {"uuid", "pci_bus_id"}: GPUs whose calls hung in an earlier worker
+        # One int32 the supervisor reads after a missed deadline: the index of the GPU being called (-1: none).
+        self._progress = mmap.mmap(progress_fd, 4) if progress_fd is not None else None
         self.resolver = resolver
         self.pid_limit = pid_max()
         self.devices: list[_Device] = []
@@ -119,6 +127,11 @@ class Worker:
                 self.system[key] = fn()
         self.device_count = N.nvmlDeviceGetCount()
         for i in range(self.device_count):
+            if i in self.skip:
+                # Not touched at all: with a hung driver even the UUID lookup blocks. Reported, not polled.
+                self.lost.append({"index": i, **self.skip[i], "reason": "timeout"})
+                continue
+            self._at(i)
             try:
                 dev = _Device(i, N.nvmlDeviceGetHandleByIndex(i))
             except N.NVMLError as e:
@@ -128,6 +141,11 @@ class Worker:
             self.devices.append(dev)
             self.by_addr[dev.addr] = dev.uuid
         self._register_events()
+        self._at(-1)
+
+    def _at(self, index: int) -> None:
+        if self._progress is not None:
+            self._progress[:4] = index.to_bytes(4, "little", signed=True)
 
     def _register_events(self) -> None:
         try:
@@ -136,6 +154,7 @@ class Worker:
             _log(f"no NVML events: {reason(e.value)}")
             return
         for dev in self.devices:
+            self._at(dev.index)
             try:
                 mask = N.nvmlEventTypeXidCriticalError & N.nvmlDeviceGetSupportedEventTypes(dev.handle)
                 if mask:
@@ -152,7 +171,9 @@ class Worker:
         t0 = time.monotonic()
         gpus = []
         newly_lost = []
+        at = self._at
         for dev in self.devices:
+            at(dev.index)
             out: dict[str, Any] = {"uuid": dev.uuid, "index": dev.index, "name": dev.name,
                                    "pci_bus_id": dev.pci_bus_id, "serial": dev.serial}
             errors: dict[str, str] = {}
@@ -174,6 +195,7 @@ class Worker:
                 # Lost while we watched: re-enumerate. Lost already at the first poll: a fresh worker would see
                 # the same, so keep polling the others instead of respawning in a loop.
                 self.reenumerate = "gpu_lost: " + ",".join(d.uuid for d in newly_lost)
+        at(-1)
         xids = self._drain_events()
         self._check_count()
         self._polled = True
@@ -265,7 +287,8 @@ def run(opts: dict[str, Any]) -> int:
     counter = _CallCounter() if opts.get("trace_calls") else None
     parent = os.getppid()
     _emit({"hello": os.getpid()})
-    worker = Worker(int(opts.get("top_n", 10)), make_resolver())
+    skip = {int(k): v for k, v in (opts.get("skip") or {}).items()}
+    worker = Worker(int(opts.get("top_n", 10)), make_resolver(), skip=skip, progress_fd=opts.get("progress_fd"))
     library = opts.get("library_path")
     try:
         if library is not None and not os.path.exists(library):

@@ -45,6 +45,7 @@ HEALTHY_POLLS_TO_RESET_BACKOFF = 3
 # Worker exit codes (gpuwatchd.sources.nvml_worker; not imported here, that module imports pynvml).
 EXIT_INIT_FAILED = 2
 EXIT_REENUMERATE = 3
+NOT_IN_A_GPU_CALL = (-1).to_bytes(4, "little", signed=True)  # progress word (see the worker's progress_fd)
 
 
 class NvmlSupervisor:
@@ -83,6 +84,10 @@ class NvmlSupervisor:
         self._wake: asyncio.Event | None = None
         self._pci_seen: set[str] = set()
         self._known: dict[int, tuple[str, str | None]] = {}  # index -> (uuid, bus id) from the last snapshot
+        # index -> (identity, loop time): GPUs a worker hung on; the next workers leave them alone (reported lost
+        # with reason "timeout") so the other GPUs keep reporting, and retry them after restart_backoff_max.
+        self._quarantine: dict[int, tuple[dict[str, Any], float]] = {}
+        self._skipping: set[int] = set()  # quarantined GPUs the running worker leaves alone
         self._last_bus_ids: list[str] = []
         self._stopping = False
 
@@ -178,8 +183,15 @@ class NvmlSupervisor:
         env["PYTHONPATH"] = f"{pkg_parent}:{old_pp}" if old_pp else pkg_parent
         return env
 
-    def _worker_options(self) -> str:
-        opts: dict[str, Any] = {"interval": self._real(self.nvml.poll_interval), "top_n": self.processes.top_n}
+    def _worker_options(self, progress_fd: int) -> str:
+        opts: dict[str, Any] = {"interval": self._real(self.nvml.poll_interval), "top_n": self.processes.top_n,
+                                "progress_fd": progress_fd}
+        now = asyncio.get_running_loop().time()
+        retry = self._real(self.nvml.restart_backoff_max)
+        self._quarantine = {i: q for i, q in self._quarantine.items() if now - q[1] < retry}
+        if self._quarantine:
+            opts["skip"] = {str(i): q[0] for i, q in self._quarantine.items()}
+        self._skipping = set(self._quarantine)
         lib = self.nvml.library_path
         if lib is not None:
             opts["library_path"] = str(lib if lib.name == LIBRARY_NAME else lib / LIBRARY_NAME)
@@ -188,15 +200,24 @@ class NvmlSupervisor:
     async def _run_worker(self) -> tuple[int, bool]:
         """One worker's life. Returns (on-time snapshots delivered, whether it ended as a failure)."""
         self._pci_seen = nvidia_devices(self.sysfs.root)
+        progress = os.memfd_create("gpuwatchd-nvml-progress")
+        try:
+            os.pwrite(progress, NOT_IN_A_GPU_CALL, 0)
+            return await self._run_worker_with(progress)
+        finally:
+            os.close(progress)
+
+    async def _run_worker_with(self, progress: int) -> tuple[int, bool]:
         try:
             proc = await asyncio.create_subprocess_exec(
-                self.python, "-m", WORKER_MODULE, self._worker_options(),
+                self.python, "-m", WORKER_MODULE, self._worker_options(progress),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=self._child_env(),
                 start_new_session=True,
                 limit=MAX_LINE_BYTES,
+                pass_fds=(progress,),
             )
         except OSError as e:  # fork/exec failed (EAGAIN, ENOMEM, a bad interpreter path)
             self._stale(f"cannot start the NVML worker: {e.strerror or e}", "spawn_failed")
@@ -221,7 +242,8 @@ class NvmlSupervisor:
                     if self._restart_reason is not None or self._stopping:
                         break
                     waited = "start" if not hello else "snapshot"
-                    self._stale(f"timeout: no {waited} from the NVML worker within its deadline", "timeout")
+                    where = self._quarantine_stuck(progress)
+                    self._stale(f"timeout: no {waited} from the NVML worker within its deadline{where}", "timeout")
                     failed = True
                     break
                 except ValueError:  # line longer than MAX_LINE_BYTES
@@ -265,6 +287,15 @@ class NvmlSupervisor:
         why = f"worker_exit_{code}" if code is not None and code >= 0 else f"worker_signal_{-(code or 0)}"
         self._stale(f"NVML worker exited unexpectedly ({why})", why)
         return delivered, True
+
+    def _quarantine_stuck(self, progress: int) -> str:
+        """Which GPU the worker was calling when it missed its deadline; that GPU is left out of the next ones."""
+        index = int.from_bytes(os.pread(progress, 4, 0), "little", signed=True)
+        if index < 0:
+            return ""
+        uuid, bus = self._known.get(index, (None, None))
+        self._quarantine[index] = ({"uuid": uuid, "pci_bus_id": bus}, asyncio.get_running_loop().time())
+        return f" (stuck in a call on GPU {index}{' ' + uuid if uuid else ''})"
 
     def _stale(self, message: str, error: str) -> None:
         log.warning("NVML data stale: %s", message)
@@ -311,5 +342,12 @@ class NvmlSupervisor:
                 removed = sorted(self._pci_seen - current)
                 self._pci_seen = current
                 self.request_restart(f"pci_devices_changed: added={added} removed={removed}")
+            if self._skipping and self._proc is not None:
+                now = asyncio.get_running_loop().time()
+                retry = self._real(self.nvml.restart_backoff_max)
+                due = [i for i in self._skipping if now - self._quarantine.get(i, ({}, 0.0))[1] >= retry]
+                if due:
+                    self._skipping = set()
+                    self.request_restart(f"retrying GPU(s) {sorted(due)} that hung")
             if self.on_links is not None and self._last_bus_ids:
                 self.on_links(read_links(self.sysfs.root, self._last_bus_ids))

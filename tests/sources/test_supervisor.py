@@ -137,17 +137,27 @@ def _children() -> list[psutil.Process]:
 async def test_nvml_hang_scenario(standin_libdir: Path, write_sim_state: StateWriter, tmp_path: Path) -> None:
     scenario = load_scenario("nvml-hang")
     path = write_sim_state(state_at(scenario, 0))
-    async with Harness(fast_nvml(standin_libdir, poll_timeout=0.3), path, tmp_path) as h:
+    nvml = fast_nvml(standin_libdir, poll_timeout=0.3, restart_backoff_max=1.0)  # a hung GPU is retried after 1 s
+    async with Harness(nvml, path, tmp_path) as h:
         healthy = await h.next_snapshot()
-        assert len(healthy.gpus) == 2
+        hung_uuid = healthy.gpus[1].uuid
         write_sim_state(state_at(scenario, 6))  # GPU 1's calls now block for 60 s
-        await h.until(lambda: len(h.stale) >= 2 and h.sup.restarts >= 2, "two hang-and-kill cycles")
-        assert h.stale[0].startswith("timeout")
-        assert h.sup.last_error == "timeout" and h.store.stale
+        await h.until(lambda: len(h.stale) >= 1, "the missed deadline")
+        assert h.stale[0] == ("timeout: no snapshot from the NVML worker within its deadline "
+                              f"(stuck in a call on GPU 1 {hung_uuid})")
+        assert h.sup.last_error == "timeout"
+        # the next worker leaves GPU 1 alone: GPU 0 keeps reporting, GPU 1 is shown lost ("timeout")
+        s = await h.next_snapshot(lambda s: s.nvml_ok, "data from the other GPU")
+        assert [g.index for g in s.gpus] == [0]
+        assert [(x.index, x.uuid, x.reason) for x in s.lost] == [(1, hung_uuid, "timeout")]
+        assert h.store.presence[hung_uuid].state == "lost" and not h.store.stale
+        await h.until(lambda: len(h.stale) >= 2, "the retry of GPU 1 hanging again")
         assert len(_children()) <= 1  # hung workers were killed and reaped, not left behind
         write_sim_state(state_at(scenario, 66))  # the driver answers again
         back = await h.next_snapshot(lambda s: s.nvml_ok and len(s.gpus) == 2, "data after the hang")
-    assert not h.store.stale and back.gpus[1].temperature_celsius == 49
+    assert back.gpus[1].temperature_celsius == 49 and back.lost == ()
+    assert h.store.presence[hung_uuid].state == "present" and not h.store.stale
+    assert h.sup.restarts >= 4
     assert _children() == []
 
 
@@ -231,13 +241,16 @@ async def test_100_hang_and_kill_cycles_do_not_leak(standin_libdir: Path, write_
         return (len(os.listdir("/proc/self/fd")), len(me.children(recursive=True)), __import__("threading")
                 .active_count(), me.memory_info().rss)
 
-    async with Harness(fast_nvml(standin_libdir, poll_timeout=0.1, kill_grace=0.2), path, tmp_path) as h:
+    # backoff max = initial: a hung GPU's quarantine has expired by the next spawn, so every worker hangs again
+    nvml = fast_nvml(standin_libdir, poll_timeout=0.1, kill_grace=0.2, restart_backoff_initial=0.01,
+                     restart_backoff_max=0.01)
+    async with Harness(nvml, path, tmp_path) as h:
 
         async def cycles(n: int) -> None:
             write_sim_state(hung)
-            target = h.sup.restarts + n
+            target = len(h.stale) + n
             # ~0.25 s per cycle (interpreter start + 0.1 s deadline); the bound allows for a loaded 2-core box
-            await h.until(lambda: h.sup.restarts >= target, f"{n} hang-and-kill cycles", wait=n * 1.2)
+            await h.until(lambda: len(h.stale) >= target, f"{n} hang-and-kill cycles", wait=n * 1.2)
             write_sim_state(healthy)
             start = len(h.snaps)
             await h.until(lambda: len(h.snaps) >= start + 3, "a healthy worker again")
