@@ -129,12 +129,24 @@ def _uuid_for(view: RuleView, ev: XidEvent) -> str | None:
     if ev.pci_bus_id is None:
         return None
     # Kernel-log Xids carry a PCI id without function ("0000:06:00"); NVML's form is "00000000:06:00.0".
-    want = ev.pci_bus_id.lower().removeprefix("pci:").rsplit(".", 1)[0].split(":")
+    want = _bdf(ev.pci_bus_id)
+    if want is None:
+        return None
     for uuid, pres in view.presence.items():
-        have = (pres.identity.pci_bus_id or "").lower().rsplit(".", 1)[0].split(":")
-        if len(want) == 3 and len(have) == 3 and int(want[0], 16) == int(have[0], 16) and want[1:] == have[1:]:
+        if pres.identity.pci_bus_id is not None and _bdf(pres.identity.pci_bus_id) == want:
             return uuid
     return None
+
+
+def _bdf(text: str) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of ``PCI:0000:06:00``, ``0000:06:00.0`` or ``00000000:06:00.0``; None if unparsable."""
+    parts = text.strip().lower().removeprefix("pci:").rsplit(".", 1)[0].split(":")
+    if len(parts) != 3:
+        return None
+    try:
+        return int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
 
 
 def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:

@@ -244,3 +244,10 @@ def test_egpu_removed_then_reattached_at_another_index(store: Store) -> None:
 def test_count_check_off_without_expectation(store: Store) -> None:
     store.apply(snap(T0, gpu()))
     assert named(engine().evaluate(store, T0 + 120), "GpuCountLow") == []
+
+
+def test_xid_with_unparsable_pci_id_still_alerts(store: Store) -> None:
+    store.apply(snap(T0, gpu()))
+    store.add_xid(XidEvent(None, 79, T0, source="kmsg", pci_bus_id="garbage"))
+    a = named(engine().evaluate(store, T0 + 1), "GpuXidError")[0]
+    assert a.labels["uuid"] == "unknown" and a.severity == "critical"
