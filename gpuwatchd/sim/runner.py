@@ -19,7 +19,7 @@ from typing import TextIO
 
 from gpuwatchd.clock import ScaledClock
 from gpuwatchd.config import Config, load_config
-from gpuwatchd.sim.player import Player
+from gpuwatchd.sim.player import Player, mirror_sysfs
 from gpuwatchd.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_names
 
 log = logging.getLogger(__name__)
@@ -61,13 +61,13 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         state_path = tmp / "state"
         player: Player | None = None
         if scen is not None:
-            player = Player(scen, state_path, clock)
+            player = Player(scen, state_path, clock, sysfs_root=tmp / "sysfs")
             player.write_initial()
             title, expect = f"scenario {scen.name!r}", scen.description
         else:
             assert from_xml is not None
             try:
-                title, expect = _write_capture(from_xml, state_path)
+                title, expect = _write_capture(from_xml, state_path, tmp / "sysfs")
             except (OSError, ValueError) as e:
                 print(f"gpuwatchd sim: --from-xml {from_xml}: {e}", file=sys.stderr)
                 return EXIT_USAGE
@@ -76,7 +76,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         except (OSError, RuntimeError) as e:
             print(f"gpuwatchd sim: cannot build the stand-in NVML driver: {e}", file=sys.stderr)
             return EXIT_USAGE
-        config = _sim_config(config, libdir, state_dir or (tmp / "state-dir"), state_dir is not None)
+        config = _sim_config(config, libdir, state_dir or (tmp / "state-dir"), state_dir is not None, tmp / "sysfs")
         daemon = Daemon(config, config_path=config_path, clock=clock, listen=listen,
                         worker_env={**os.environ, STATE_ENV: str(state_path)})
         try:
@@ -106,7 +106,7 @@ def _check_options(scenario: str | None, from_xml: Path | None, speed: float, gp
     if (scenario is None) == (from_xml is None):
         return "give exactly one of --scenario NAME or --from-xml FILE"
     if not speed > 0:
-        return f"--speed {speed}: must be > 0"
+        return f"--speed {speed:g}: must be > 0"
     if gpus is not None and gpus < 0:
         return f"--gpus {gpus}: must be >= 0"
     if gpus is not None and from_xml is not None:
@@ -119,11 +119,13 @@ def _load(name: str, gpus: int | None) -> Scenario:
     return scen.with_gpus(gpus) if gpus is not None else scen
 
 
-def _write_capture(path: Path, state_path: Path) -> tuple[str, str]:
+def _write_capture(path: Path, state_path: Path, sysfs_root: Path) -> tuple[str, str]:
     from gpuwatchd.sim.capture import describe_capture, state_from_xml
     from gpuwatchd.sim.state import write_state
 
-    write_state(state_path, state_from_xml(path))
+    state = state_from_xml(path)
+    write_state(state_path, state)
+    mirror_sysfs(sysfs_root, state)
     return f"capture {path.name}", describe_capture(path)
 
 
@@ -137,9 +139,12 @@ def _library_dir(scen: Scenario | None, tmp: Path) -> Path:
     return build_standin()
 
 
-def _sim_config(config: Config, libdir: Path, state_dir: Path, explicit: bool) -> Config:
+def _sim_config(config: Config, libdir: Path, state_dir: Path, explicit: bool, sysfs_root: Path) -> Config:
     nvml = config.nvml.model_copy(update={"library_path": libdir})
-    update: dict[str, object] = {"nvml": nvml}
+    # The host's real /sys knows nothing of simulated GPUs: the player keeps a fake PCI tree in step with the
+    # scenario, which is how the daemon's hot-plug watch sees an eGPU leave and come back.
+    sysfs = config.sysfs.model_copy(update={"root": sysfs_root})
+    update: dict[str, object] = {"nvml": nvml, "sysfs": sysfs}
     # A simulation keeps its alert state and outbox away from a real daemon's, unless told where.
     if explicit or "state_dir" not in config.model_fields_set:
         update["state_dir"] = state_dir

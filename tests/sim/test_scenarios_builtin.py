@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -54,9 +55,10 @@ def test_leak_grows_steadily_to_nearly_full() -> None:
     assert proc(state_at(scen, 9), 0, 4242) is None
     samples = [(t, state_at(scen, t)) for t in range(10, 2000, 30)]
     used = [proc(s, 0, 4242)["used_memory"] for _, s in samples]  # type: ignore[index]
-    assert all(b >= a for a, b in zip(used, used[1:], strict=False))
+    assert all(b >= a for a, b in itertools.pairwise(used))
     assert used[-1] > used[0]
-    rate_mb_s = (proc(state_at(scen, 1000), 0, 4242)["used_memory"] - proc(state_at(scen, 400), 0, 4242)["used_memory"]) / 600 / 1e6  # type: ignore[index]
+    grown = proc(state_at(scen, 1000), 0, 4242)["used_memory"] - proc(state_at(scen, 400), 0, 4242)["used_memory"]  # type: ignore[index]
+    rate_mb_s = grown / 600 / 1e6
     assert 5 < rate_mb_s < 50  # "tens of MB/s-ish"
     half_hour = state_at(scen, 1810)["devices"][0]["memory"]
     assert half_hour["used"] / half_hour["total"] > 0.9
@@ -73,7 +75,7 @@ def test_plateau_flattens_with_spikes_that_come_back() -> None:
         return proc(state_at(scen, t), 0, 31337)["used_memory"]  # type: ignore[index]
 
     warmup = [mem(t) for t in range(5, 126, 10)]
-    assert all(b >= a for a, b in zip(warmup, warmup[1:], strict=False))
+    assert all(b >= a for a, b in itertools.pairwise(warmup))
     # Saturating: the first half of the warm-up grows more than the second.
     assert mem(65) - mem(5) > mem(125) - mem(65)
     peak = 17500 * MIB

@@ -36,7 +36,8 @@ def problems_of(tmp_path: Path, text: str, name: str = "leak.yml") -> list[str]:
     [
         ("devices[0].memory.used", 0, ("memory", "used")),
         ("devices[*].temperature", "*", ("temperature",)),
-        ("devices[3].processes.compute[pid=4242].used_memory", 3, ("processes", "compute", ("pid", 4242), "used_memory")),
+        ("devices[3].processes.compute[pid=4242].used_memory", 3,
+         ("processes", "compute", ("pid", 4242), "used_memory")),
         ("devices[1].fans[0]", 1, ("fans", 0)),
         ("devices[1].delays_ms.*", 1, ("delays_ms", "*")),
         ("init_error", None, ("init_error",)),
@@ -47,7 +48,8 @@ def test_parse_path(text: str, slot: object, keys: tuple[object, ...]) -> None:
     assert (fp.slot, fp.keys) == (slot, keys)
 
 
-@pytest.mark.parametrize("text", ["devices[x].memory", "devices[0]", "devices.memory", "memory.used", "devices[0]memory", ""])
+@pytest.mark.parametrize(
+    "text", ["devices[x].memory", "devices[0]", "devices.memory", "memory.used", "devices[0]memory", ""])
 def test_parse_path_rejects(text: str) -> None:
     with pytest.raises(ValueError, match=r"field path|unknown field|devices\[N\]"):
         parse_path(text)
@@ -68,11 +70,13 @@ BAD = [
         "leak.yml: timeline[3].set: unknown field 'devices[0].memroy.used'",
         id="unknown-field",
     ),
-    pytest.param("timeline:\n- {at: 0, sett: {}}\n", "leak.yml: timeline[0]: unknown action 'sett'", id="unknown-action"),
+    pytest.param("timeline:\n- {at: 0, sett: {}}\n", "leak.yml: timeline[0]: unknown action 'sett'",
+                 id="unknown-action"),
     pytest.param("timeline:\n- {at: 0, lose: 0, remove: 0}\n", "leak.yml: timeline[0]: expected exactly one action",
                  id="two-actions"),
     pytest.param("timeline:\n- {lose: 0}\n", "leak.yml: timeline[0]: missing 'at'", id="no-at"),
-    pytest.param("timeline:\n- {at: -1, lose: 0}\n", "leak.yml: timeline[0]: at: expected seconds >= 0", id="negative-at"),
+    pytest.param("timeline:\n- {at: -1, lose: 0}\n", "leak.yml: timeline[0]: at: expected seconds >= 0",
+                 id="negative-at"),
     pytest.param("timeline:\n- {at: 0, ramp: {path: 'devices[0].temperature', from: 1, to: 2}}\n",
                  "leak.yml: timeline[0].ramp.over: Field required", id="ramp-no-over"),
     pytest.param("timeline:\n- {at: 0, ramp: {path: 'devices[0].name', from: 1, to: 2, over: 5}}\n",
@@ -146,7 +150,8 @@ def test_valid_scenario_normalises(tmp_path: Path) -> None:
 
 def test_with_gpus_refuses_too_few_for_the_timeline() -> None:
     scen = load_scenario("egpu-unplug")
-    with pytest.raises(ScenarioError, match=r"--gpus 1: scenario 'egpu-unplug' drives devices\[1\], so it needs at least 2"):
+    message = r"--gpus 1: scenario 'egpu-unplug' drives devices\[1\], so it needs at least 2"
+    with pytest.raises(ScenarioError, match=message):
         scen.with_gpus(1)
     assert scen.with_gpus(4).gpus == 4
 
