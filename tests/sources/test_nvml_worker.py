@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from gpuwatchd.sim.build import build_standin
 from gpuwatchd.sim.state import make_device, make_state
-from tests.sources.workerutil import LiveWorker, run_worker, snap
+from tests.sources.workerutil import WORKER, LiveWorker, run_worker, snap, worker_env
 
 StateWriter = Callable[[dict[str, Any]], Path]
 GiB = 1 << 30
@@ -265,3 +269,31 @@ def test_many_processes_and_unsupported_process_list(standin_libdir: Path, write
     assert lines[0]["calls"]["nvmlDeviceGetGraphicsRunningProcesses_v3"] == 1
     assert "nvmlDeviceGetGraphicsRunningProcesses_v3" not in lines[1]["calls"]  # NOT_SUPPORTED learned once
     assert lines[1]["calls"]["nvmlDeviceGetComputeRunningProcesses_v3"] == 1  # one call per poll, buffer kept
+
+
+def test_worker_dies_with_its_parent_even_when_hung(standin_libdir: Path, write_sim_state: StateWriter) -> None:
+    """A daemon killed with SIGKILL must not leave a worker blocked in the driver behind (PR_SET_PDEATHSIG)."""
+    path = write_sim_state(make_state(1, devices=[make_device(0, delays_ms={"*": -1})]))
+    parent_code = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen({WORKER!r} + [{json.dumps({'interval': 0.05})!r}], stdout=subprocess.PIPE)\n"
+        "p.stdout.readline()\n"  # hello: the worker is up and about to block in the driver
+        "print(p.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], env=worker_env(standin_libdir, path),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        worker = psutil.Process(int(parent.stdout.readline()))
+        assert worker.is_running()
+        parent.kill()
+        parent.wait()
+        gone, alive = psutil.wait_procs([worker], timeout=20)
+        assert alive == [] and len(gone) == 1
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
