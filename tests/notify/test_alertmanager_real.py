@@ -39,9 +39,15 @@ async def alertmanager(sink: Sink, tmp_path: Path) -> AsyncIterator[str]:
     )
     (tmp_path / "am-data").mkdir()
     proc = subprocess.Popen(
-        [AM, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am-data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            AM,
+            f"--config.file={cfg}",
+            f"--storage.path={tmp_path / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     base = f"http://127.0.0.1:{port}"
     try:

@@ -1,0 +1,150 @@
+"""The real daemon against the stand-in driver, playing a scenario, with every chat service played by a local sink.
+
+scenario player -> stand-in libnvidia-ml -> real pynvml in the NVML worker -> store -> rules engine -> dispatcher
+-> real HTTP to one sink per service. Only the GPU is fake. Time is a ScaledClock shared by player and daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gpuwatchd.clock import ScaledClock
+from gpuwatchd.config import Config, config_from_dict
+from gpuwatchd.sim.player import Player
+from gpuwatchd.sim.scenario import load_scenario
+
+from .conftest import Sink, start_sink
+
+SERVICES = ("slack", "discord", "teams", "mattermost", "webhook")
+STATE_ENV = "GPUWATCHD_SIM_STATE"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One state change of one alert as the rules engine reported it, and whether the dispatcher muted it."""
+
+    t: float
+    fingerprint: str
+    name: str
+    state: str
+    muted: bool
+
+
+@dataclass
+class ScenarioRun:
+    sinks: dict[str, Sink]
+    seen: list[Seen]
+    end: float  # scenario time at the end of the run
+
+
+def sim_config(sinks: dict[str, Sink], state_dir: Path, libdir: Path) -> Config:
+    receivers = [
+        {"name": f"{s}-1", "type": s, "url": sinks[s].url, "rate_limit_per_minute": 6000, "timeout": "5s"}
+        for s in SERVICES
+    ]
+    return config_from_dict(
+        {
+            "host": "sim-host",
+            "listen": "127.0.0.1:0",
+            "state_dir": str(state_dir),
+            "nvml": {"library_path": str(libdir)},
+            "notify": {
+                "receivers": receivers,
+                # Every alert to every service; group_wait short so a message is never held past the run's end.
+                "routes": [{"receiver": r["name"], "continue": True} for r in receivers],
+                "group_wait": "5s",
+                "group_interval": "30s",
+                "repeat_interval": "4h",
+                "retry_initial": "1s",
+            },
+        }
+    )
+
+
+async def play(name: str, tmp: Path, *, speed: float, tail: float) -> ScenarioRun:
+    """Run scenario ``name`` to its end plus ``tail`` scenario seconds; returns what each sink received."""
+    from gpuwatchd.daemon import Daemon
+    from gpuwatchd.sim.build import build_standin
+
+    scen = load_scenario(name)
+    runners: list[web.AppRunner] = []
+    sinks: dict[str, Sink] = {}
+    for s in SERVICES:
+        sink, runner = await start_sink(f"/{s}/SECRET{s}")
+        sinks[s] = sink
+        runners.append(runner)
+    clock = ScaledClock(speed=speed)
+    state_path = tmp / "state"
+    player = Player(scen, state_path, clock)
+    player.write_initial()
+    config = sim_config(sinks, tmp / "state-dir", build_standin())
+    daemon = Daemon(config, clock=clock, worker_env={**os.environ, STATE_ENV: str(state_path)})
+    seen: list[Seen] = []
+    await daemon.start()
+    task = asyncio.create_task(player.run())
+    try:
+        end = scen.duration + tail
+        last: dict[str, tuple[str, bool]] = {}
+        while player.scenario_time() < end:
+            await asyncio.sleep(0.01)
+            now = clock.now()
+            for a in daemon.alerts:
+                state = (a.state, daemon.dispatcher.muting(a, now).muted)
+                if last.get(a.fingerprint) != state:
+                    last[a.fingerprint] = state
+                    seen.append(Seen(player.scenario_time(), a.fingerprint, a.name, a.state, state[1]))
+        finish = player.scenario_time()
+        # Let queued notifications go out (the clock keeps running; nothing new is due this soon).
+        await asyncio.sleep(0.3)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await daemon.stop()
+        for r in runners:
+            await r.cleanup()
+    return ScenarioRun(sinks, seen, finish)
+
+
+def summary(body: Any, service: str) -> list[tuple[str, str]]:
+    """(status, alertname) per alert of one message, read back from each service's own format."""
+    if service == "webhook":
+        return [(a["status"], a["labels"]["alertname"]) for a in body["alerts"]]
+    if service == "discord":
+        return [
+            ("resolved" if e["title"].startswith("RESOLVED") else "firing", e["title"].split(": ", 1)[1])
+            for e in body["embeds"]
+        ]
+    text = {
+        "slack": lambda b: b["text"],
+        "mattermost": lambda b: b["text"],
+        "teams": lambda b: b["attachments"][0]["content"]["body"][1]["text"],
+    }[service](body)
+    out = []
+    for line in text.splitlines():
+        for word, status in (
+            ("RESOLVED", "resolved"),
+            ("CRITICAL", "firing"),
+            ("WARNING", "firing"),
+            ("INFO", "firing"),
+        ):
+            marker = {"slack": f"*{word}* ", "mattermost": f"**{word}** ", "teams": f"**{word}** "}[service]
+            if line.startswith(marker):
+                out.append((status, line[len(marker) :].split(":")[0]))
+    return out
+
+
+def message_text(body: Any, service: str) -> str:
+    """Everything a reader sees in one chat message."""
+    if service == "discord":
+        return "\n".join([body["content"]] + [f"{e['title']}\n{e['description']}" for e in body["embeds"]])
+    if service == "teams":
+        return "\n".join(b["text"] for b in body["attachments"][0]["content"]["body"])
+    return str(body["text"])

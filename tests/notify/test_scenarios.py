@@ -1,0 +1,107 @@
+"""Every stand-in scenario end to end: scenario player -> stand-in NVML -> real worker -> store -> rules -> dispatcher
+-> a real local HTTP server per chat service (Slack, Discord, Teams, Mattermost, generic webhook).
+
+What is asserted, per scenario:
+- every service received the same messages, alert for alert, as the structured webhook (v4) payloads say;
+- each chat message shows the host, the GPU (index, model, short uuid) and each alert's summary (the numbers);
+- nothing invented: every notified alert was firing in the rules engine; every resolution followed a firing
+  notification and is sent once;
+- nothing missed: every alert that fired unmuted for longer than group_wait + group_interval was notified, and
+  every notified alert the rules resolved (unmuted) in time got its resolution;
+- no duplicates: consecutive messages of one group always differ (repeat_interval is far longer than the run);
+- the alerts the scenario is about were notified, and the benign scenarios sent nothing at all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwatchd.notify.format import UUID_SHORT
+
+from .scenario_harness import SERVICES, ScenarioRun, message_text, play, summary
+
+pytest.importorskip("gpuwatchd.sim.player", reason="scenario player not available")
+
+GROUP_WAIT, GROUP_INTERVAL = 5.0, 30.0  # as in scenario_harness.sim_config
+# Scenario -> (alerts it is about; clock speed). Speeds keep each run to a few wall seconds.
+SCENARIOS: dict[str, tuple[set[str], float]] = {
+    "leak": ({"GpuMemoryLeak"}, 300.0),
+    "plateau": (set(), 150.0),
+    "throttle-thermal": ({"GpuThrottled"}, 150.0),
+    "power-brake": ({"GpuThrottled"}, 150.0),
+    "sw-power-cap-idle": (set(), 150.0),
+    "egpu-unplug": ({"GpuLost", "GpuRemoved"}, 100.0),
+    "xid-storm": ({"GpuXidError", "GpuEccError", "GpuLost"}, 100.0),
+    "ecc": ({"GpuEccError"}, 100.0),
+    "link-degraded": ({"GpuPcieLinkDegraded"}, 150.0),
+}
+TAIL = 60.0  # scenario seconds after the end, for resolutions and the last group_interval
+
+
+def flat(bodies: list[Any], service: str) -> list[list[tuple[str, str]]]:
+    return [summary(b, service) for b in bodies]
+
+
+def check_chat_text(run: ScenarioRun) -> None:
+    """Each chat message names the host, each alert's GPU (index, model, short uuid) and its summary."""
+    hooks = run.sinks["webhook"].bodies()
+    for service in ("slack", "discord", "teams", "mattermost"):
+        for hook, body in zip(hooks, run.sinks[service].bodies(), strict=True):
+            text = message_text(body, service)
+            assert "on sim-host" in text, service
+            for a in hook["alerts"]:
+                lab = a["labels"]
+                assert f"GPU {lab['gpu']} · {lab['model']} · {lab['uuid'][:UUID_SHORT]}" in text, service
+                assert a["annotations"]["summary"][:40] in text, service
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+async def test_scenario_messages(name: str, tmp_path: Path) -> None:
+    expected_names, speed = SCENARIOS[name]
+    run = await play(name, tmp_path, speed=speed, tail=TAIL)
+    hooks = run.sinks["webhook"].bodies()
+    if not expected_names:
+        assert [s for s in run.seen if s.state == "firing"] == []
+        for service in SERVICES:
+            assert run.sinks[service].requests == [], service
+        return
+
+    # Same messages everywhere.
+    want = flat(hooks, "webhook")
+    for service in SERVICES:
+        assert flat(run.sinks[service].bodies(), service) == want, service
+    check_chat_text(run)
+
+    fired = {s.fingerprint for s in run.seen if s.state == "firing"}
+    notified: set[str] = set()
+    resolved_sent: list[str] = []
+    last_by_group: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+    for h in hooks:
+        firing = frozenset(a["fingerprint"] for a in h["alerts"] if a["status"] == "firing")
+        resolved = frozenset(a["fingerprint"] for a in h["alerts"] if a["status"] == "resolved")
+        assert firing <= fired, "notified an alert the rules never fired"
+        assert resolved <= notified, "resolution of an alert never notified"
+        assert last_by_group.get(h["groupKey"]) != (firing, resolved), "duplicate message"
+        last_by_group[h["groupKey"]] = (firing, resolved)
+        notified |= firing
+        resolved_sent += resolved
+    assert len(resolved_sent) == len(set(resolved_sent)), "a resolution was sent twice"
+
+    # Nothing missed.
+    margin = GROUP_WAIT + GROUP_INTERVAL + 5
+    by_fp: dict[str, list[Any]] = {}
+    for s in run.seen:
+        by_fp.setdefault(s.fingerprint, []).append(s)
+    for fp, changes in by_fp.items():
+        for i, c in enumerate(changes):
+            nxt = changes[i + 1].t if i + 1 < len(changes) else run.end
+            if c.state == "firing" and not c.muted and nxt - c.t > margin:
+                assert fp in notified, f"{c.name} fired unmuted at t={c.t:.0f}s but was never notified"
+            if c.state == "resolved" and not c.muted and fp in notified and run.end - c.t > margin:
+                assert fp in resolved_sent, f"{c.name} resolved at t={c.t:.0f}s but no resolution was sent"
+
+    names = {a["labels"]["alertname"] for h in hooks for a in h["alerts"]}
+    assert expected_names <= names
