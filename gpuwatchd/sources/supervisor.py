@@ -42,6 +42,9 @@ STARTUP_TIMEOUT_SECONDS = 30.0
 MAX_LINE_BYTES = 64 * 1024 * 1024
 # Consecutive on-time snapshots after which the restart backoff starts again from its initial value.
 HEALTHY_POLLS_TO_RESET_BACKOFF = 3
+# Floor of the sysfs hot-plug scan period (real seconds): with ``sim --speed 60`` the poll interval is ~17 ms,
+# and a directory scan at that rate would cost the event loop more than hot-plug detection is worth.
+SYSFS_WATCH_MIN_SECONDS = 0.1
 # Worker exit codes (gpuwatchd.sources.nvml_worker; not imported here, that module imports pynvml).
 EXIT_INIT_FAILED = 2
 EXIT_REENUMERATE = 3
@@ -227,7 +230,7 @@ class NvmlSupervisor:
         if self._stopping:  # stop() ran while we were spawning
             self._signal(signal.SIGTERM)
         assert proc.stdout is not None and proc.stderr is not None
-        relay = asyncio.create_task(self._relay_stderr(proc.pid, proc.stderr), name="nvml-worker-stderr")
+        relay = asyncio.create_task(self._relay_stderr(proc.stderr), name="nvml-worker-stderr")
         delivered = 0
         failed = False
         init_failed = False
@@ -325,7 +328,7 @@ class NvmlSupervisor:
             return lost
         return replace(lost, uuid=known[0], pci_bus_id=known[1])
 
-    async def _relay_stderr(self, pid: int, stream: asyncio.StreamReader) -> None:
+    async def _relay_stderr(self, stream: asyncio.StreamReader) -> None:
         while True:
             line = await stream.readline()
             if not line:
@@ -335,7 +338,7 @@ class NvmlSupervisor:
     async def _watch_sysfs(self) -> None:
         """NVIDIA PCI functions appearing or vanishing (Thunderbolt detach, hot-add) call for a fresh worker."""
         while True:
-            await asyncio.sleep(self._real(self.nvml.poll_interval))
+            await asyncio.sleep(max(self._real(self.nvml.poll_interval), SYSFS_WATCH_MIN_SECONDS))
             current = nvidia_devices(self.sysfs.root)
             if current != self._pci_seen:
                 added = sorted(current - self._pci_seen)
