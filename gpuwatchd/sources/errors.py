@@ -87,10 +87,6 @@ class NvmlGpuLost(NvmlFailure):
     """The GPU answers GPU_IS_LOST / RESET_REQUIRED: stop polling it; a fresh worker re-enumerates."""
 
 
-class NvmlInitFailed(NvmlFailure):
-    """nvmlInit failed: no library, no driver, version mismatch, no permission..."""
-
-
 def classify(code: int, call: str = "") -> NvmlFailure:
     """The typed failure for an NVML return code."""
     if code in ABSENT_CODES:
