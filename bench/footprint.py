@@ -1,0 +1,195 @@
+"""Footprint of `gpuwatchd run` against the stand-in driver: memory, CPU, and memory growth over a soak.
+
+    python bench/footprint.py [--gpus 8] [--procs 32] [--cpu-seconds 20] [--soak-seconds 60]
+
+1. RSS and CPU at the default 1 s polling: the daemon as a subprocess (`gpuwatchd run`) over 8 GPUs x 32
+   processes, scraped every 15 s like a default Prometheus. RSS is daemon + NVML worker (psutil, summed); CPU is
+   their combined CPU time over the window, in percent of one core.
+2. A compressed soak: polling every 50 ms (20x faster) for ``--soak-seconds`` (60 s = 20 min of 1 s polls),
+   scraped every 0.75 s (20x a 15 s interval). The history is scaled by the same factor (step 5 s -> 0.25 s), and
+   its retention is set to the warm-up, so the rings are full before the first measurement: the growth measured is
+   what is *not* bounded by design. Growth = RSS at the end - RSS after warm-up.
+
+Last line: ``rss_mb=… cpu_pct=… rss_growth_mb=…`` (targets <= 80, <= 1, <= 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpuwatchd.sim.build import build_standin  # noqa: E402
+from gpuwatchd.sim.state import make_state, write_state  # noqa: E402
+
+MB = 1024 * 1024
+COMPRESSION = 20.0  # soak: 1 s polls -> 50 ms
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fleet_state(gpus: int, procs: int) -> dict[str, Any]:
+    state = make_state(gpus)
+    for i, dev in enumerate(state["devices"]):
+        dev["utilization"] = {"gpu": 70, "memory": 40}
+        dev["memory"]["used"] = procs * 256 * MB
+        dev["processes"]["compute"] = [
+            {"pid": 10000 + i * 1000 + p, "used_memory": 256 * MB, "name": f"worker{p}", "user": "bench"}
+            for p in range(procs)
+        ]
+    return state
+
+
+class Daemon:
+    def __init__(self, tmp: Path, name: str, state_path: Path, config: dict[str, Any]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg_path = tmp / f"{name}.yml"
+        cfg_path.write_text(yaml.safe_dump({"state_dir": str(tmp / f"{name}-state"), **config}))
+        env = {**os.environ, "GPUWATCHD_SIM_STATE": str(state_path), "PYTHONPATH": str(ROOT)}
+        self.log = (tmp / f"{name}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwatchd", "run", "--config", str(cfg_path), "--listen", f"127.0.0.1:{self.port}"],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+        )
+        self.ps = psutil.Process(self.proc.pid)
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+
+    def wait_for_gpus(self, gpus: int, timeout: float = 60) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"daemon exited with {self.proc.returncode}")
+            try:
+                if f"gpuwatchd_gpus {gpus:.1f}" in self.scrape():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit("daemon did not report the GPUs in time")
+
+    def processes(self) -> list[psutil.Process]:
+        return [self.ps, *self.ps.children(recursive=True)]
+
+    def rss(self) -> int:
+        total = 0
+        for p in self.processes():
+            with contextlib.suppress(psutil.NoSuchProcess):  # a worker being replaced
+                total += p.memory_info().rss
+        return total
+
+    def cpu_seconds(self) -> float:
+        # Children that ended (replaced workers) count through children_user/system of the daemon.
+        t = self.ps.cpu_times()
+        total = t.user + t.system + t.children_user + t.children_system
+        for p in self.ps.children(recursive=True):
+            try:
+                c = p.cpu_times()
+                total += c.user + c.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def run_for(d: Daemon, seconds: float, scrape_every: float) -> None:
+    end = time.monotonic() + seconds
+    next_scrape = time.monotonic()
+    while (now := time.monotonic()) < end:
+        if now >= next_scrape:
+            d.scrape()
+            next_scrape += scrape_every
+        time.sleep(max(0.0, min(next_scrape, end) - time.monotonic()))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--procs", type=int, default=32, help="processes per GPU")
+    ap.add_argument("--cpu-seconds", type=float, default=20.0)
+    ap.add_argument("--soak-seconds", type=float, default=60.0)
+    ap.add_argument("--warmup-seconds", type=float, default=10.0)
+    args = ap.parse_args()
+
+    libdir = build_standin()
+    with tempfile.TemporaryDirectory(prefix="gpuwatchd-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        state_path = tmp / "sim-state"
+        write_state(state_path, fleet_state(args.gpus, args.procs))
+        base = {"nvml": {"library_path": str(libdir)}, "sysfs": {"root": str(tmp / "sysfs")}}
+
+        # 1. 1 s polling: RSS and CPU.
+        d = Daemon(tmp, "steady", state_path, {**base, "nvml": {**base["nvml"], "poll_interval": "1s"}})
+        try:
+            d.wait_for_gpus(args.gpus)
+            run_for(d, args.warmup_seconds, 15.0)
+            t0, c0 = time.monotonic(), d.cpu_seconds()
+            run_for(d, args.cpu_seconds, 15.0)
+            cpu_pct = 100.0 * (d.cpu_seconds() - c0) / (time.monotonic() - t0)
+            rss = d.rss()
+            print(f"steady: {len(d.processes())} processes, rss {rss / MB:.1f} MB, cpu {cpu_pct:.2f}% of one core")
+        finally:
+            d.stop()
+
+        # 2. Compressed soak.
+        step = 5.0 / COMPRESSION
+        soak_cfg = {
+            **base,
+            "nvml": {**base["nvml"], "poll_interval": f"{1000 / COMPRESSION:g}ms"},
+            "history": {"step": f"{step * 1000:g}ms", "retention": f"{args.warmup_seconds:g}s"},
+        }
+        d = Daemon(tmp, "soak", state_path, soak_cfg)
+        try:
+            d.wait_for_gpus(args.gpus)
+            run_for(d, args.warmup_seconds * 1.5, 15.0 / COMPRESSION)
+            rss_start = d.rss()
+            run_for(d, args.soak_seconds, 15.0 / COMPRESSION)
+            rss_end = d.rss()
+            growth = (rss_end - rss_start) / MB
+            polls = args.soak_seconds * COMPRESSION
+            print(
+                f"soak: {args.soak_seconds:g} s at {1000 / COMPRESSION:g} ms polls "
+                f"(~{polls / 60:.0f} min of 1 s polls), "
+                f"rss {rss_start / MB:.1f} -> {rss_end / MB:.1f} MB"
+            )
+        finally:
+            d.stop()
+    print(f"rss_mb={rss / MB:.1f} cpu_pct={cpu_pct:.2f} rss_growth_mb={growth:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
