@@ -173,7 +173,16 @@ class Dispatcher:
             on_change=self._row_changed,
         )
         self._workers[rc.name] = w
-        self._tasks[rc.name] = asyncio.create_task(w.run(), name=f"notify-{rc.endpoint}")
+        task = asyncio.create_task(w.run(), name=f"notify-{rc.endpoint}")
+        task.add_done_callback(self._worker_done)
+        self._tasks[rc.name] = task
+
+    def _worker_done(self, task: asyncio.Task[None]) -> None:
+        # A crashed worker would silently stop a receiver's deliveries: say so loudly (rows stay pending).
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "delivery worker %s crashed; its notifications stay queued", task.get_name(), exc_info=task.exception()
+            )
 
     async def _stop_workers(self, names: list[str]) -> None:
         for n in names:

@@ -301,3 +301,25 @@ async def test_restart_does_not_resend_delivered(sink: Sink, tmp_path: Path, clo
         assert sink.requests[1].json["status"] == "resolved"
     finally:
         await d2.stop()
+
+
+async def test_reconfigure_moves_delivery_to_the_new_receiver(tmp_path: Path, clock: ManualClock) -> None:
+    from .conftest import start_sink
+
+    (old, r1), (new, r2) = [await start_sink(f"/h{i}") for i in range(2)]
+    d = await make_dispatcher(notify_config([receiver("a", "webhook", old.url)], group_wait="0s"), tmp_path, clock)
+    try:
+        a = mk_alert(t=clock.now())
+        d.update([a])
+        await settle(d, old, 1)
+        d.reconfigure(notify_config([receiver("b", "webhook", new.url)], group_wait="0s"))
+        b = mk_alert(uuid=UUID1, gpu="1", t=clock.now())
+        d.update([a, b])
+        await settle(d, new, 2)  # b is a new receiver: it hears of both alerts once
+        await idle(d)
+        assert len(old.requests) == 1
+        assert sorted(r.json["commonLabels"]["uuid"] for r in new.requests) == sorted([UUID0, UUID1])
+    finally:
+        await d.stop()
+        await r1.cleanup()
+        await r2.cleanup()

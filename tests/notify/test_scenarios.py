@@ -56,6 +56,8 @@ def check_chat_text(run: ScenarioRun) -> None:
                 lab = a["labels"]
                 assert f"GPU {lab['gpu']} · {lab['model']} · {lab['uuid'][:UUID_SHORT]}" in text, service
                 assert a["annotations"]["summary"][:40] in text, service
+                if "sparkline" in a["annotations"]:  # the leak rule draws the memory trend
+                    assert f"Trend: {a['annotations']['sparkline']}" in text, service
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
