@@ -115,6 +115,9 @@ def test_init_is_refcounted(sim: Sim) -> None:
         n.nvmlDeviceGetCount()
     n.nvmlInit()
     assert n.nvmlDeviceGetCount() == 4
+    assert sim.lib.nvmlInit_v2() == 0  # the C API's plain init shares the same refcount
+    n.nvmlShutdown()
+    assert n.nvmlDeviceGetCount() == 4
 
 
 def test_no_gpus_and_init_errors(sim: Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

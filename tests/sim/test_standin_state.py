@@ -13,6 +13,7 @@ import pytest
 
 from gpuwatchd.sim.build import SOURCE
 from gpuwatchd.sim.state import (
+    EVENT_TYPES,
     OVERRIDABLE_SYMBOLS,
     STANDIN_SYMBOLS,
     bus_id,
@@ -109,6 +110,19 @@ def test_symbol_tables_match_the_c_source() -> None:
     funcs = re.search(r"#define FUNCS\(X\)(.*?)\n\n", src, re.S)
     assert funcs is not None
     assert set(re.findall(r"X\((\w+)\)", funcs.group(1))) == set(OVERRIDABLE_SYMBOLS)
+
+
+def test_event_bits_are_nvmls() -> None:
+    import pynvml
+
+    assert EVENT_TYPES == {
+        "sbe": pynvml.nvmlEventTypeSingleBitEccError,
+        "dbe": pynvml.nvmlEventTypeDoubleBitEccError,
+        "pstate": pynvml.nvmlEventTypePState,
+        "xid": pynvml.nvmlEventTypeXidCriticalError,
+        "clock": pynvml.nvmlEventTypeClock,
+        "power_source": pynvml.nvmlEventTypePowerSourceChange,
+    }
 
 
 def test_every_symbol_is_exported(standin_libdir: Path) -> None:
