@@ -115,14 +115,14 @@ def test_symbol_tables_match_the_c_source() -> None:
 def test_event_bits_are_nvmls() -> None:
     import pynvml
 
-    assert EVENT_TYPES == {
+    assert {
         "sbe": pynvml.nvmlEventTypeSingleBitEccError,
         "dbe": pynvml.nvmlEventTypeDoubleBitEccError,
         "pstate": pynvml.nvmlEventTypePState,
         "xid": pynvml.nvmlEventTypeXidCriticalError,
         "clock": pynvml.nvmlEventTypeClock,
         "power_source": pynvml.nvmlEventTypePowerSourceChange,
-    }
+    } == EVENT_TYPES
 
 
 def test_every_symbol_is_exported(standin_libdir: Path) -> None:
