@@ -79,18 +79,20 @@ async def test_scenario_messages(name: str, tmp_path: Path) -> None:
 
     fired = {s.fingerprint for s in run.seen if s.state == "firing"}
     notified: set[str] = set()
-    resolved_sent: list[str] = []
+    open_: set[str] = set()  # notified firing, resolution not sent yet
+    resolved_sent: set[str] = set()
     last_by_group: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
     for h in hooks:
         firing = frozenset(a["fingerprint"] for a in h["alerts"] if a["status"] == "firing")
         resolved = frozenset(a["fingerprint"] for a in h["alerts"] if a["status"] == "resolved")
         assert firing <= fired, "notified an alert the rules never fired"
-        assert resolved <= notified, "resolution of an alert never notified"
+        # A resolution closes an incident the receiver was told about, once (a looping scenario may fire again).
+        assert resolved <= open_, "resolution of an alert not notified as firing, or sent twice"
         assert last_by_group.get(h["groupKey"]) != (firing, resolved), "duplicate message"
         last_by_group[h["groupKey"]] = (firing, resolved)
+        open_ = (open_ - resolved) | firing
         notified |= firing
-        resolved_sent += resolved
-    assert len(resolved_sent) == len(set(resolved_sent)), "a resolution was sent twice"
+        resolved_sent |= resolved
 
     # Nothing missed.
     margin = GROUP_WAIT + GROUP_INTERVAL + 5
