@@ -511,6 +511,7 @@ static void run_delay(int fid, int slot, int ms) {
     if (ms > 0) {
         sleep_ns((long long)ms * 1000000LL);
         pthread_mutex_lock(&mu);
+        if (refcount) maybe_reload(0); /* the GPU may have been lost while the call was stuck */
         return;
     }
     for (;;) {

@@ -132,10 +132,10 @@ def _dict(
         raise _fail(path, f"expected an object, got {type(v).__name__}")
     for k in v:
         if k not in keys and not str(k).startswith("_"):
-            raise _fail(f"{path}.{k}", f"unknown key (known: {', '.join(sorted(keys))})")
+            raise _fail(f"{path}.{k}" if path else str(k), f"unknown key (known: {', '.join(sorted(keys))})")
     for k in required:
         if v.get(k) is None:
-            raise _fail(f"{path}.{k}", "required")
+            raise _fail(f"{path}.{k}" if path else k, "required")
     return v
 
 
@@ -324,7 +324,7 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
 
 def encode_state(state: dict[str, Any]) -> str:
     """Validate ``state`` (docs/sim-state.md) and return the file text; ValueError names the offending key path."""
-    _dict("state", state, _TOP_KEYS)
+    _dict("", state, _TOP_KEYS)
     e = _Enc()
     e.lines.append(MAGIC)
     e.lines.append(_JSON_PREFIX + json.dumps(state, separators=(",", ":"), sort_keys=True))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,6 +159,23 @@ def test_delay_in_milliseconds(sim: Sim) -> None:
     t0 = time.monotonic()
     assert n.nvmlDeviceGetPowerUsage(h) == 25000
     assert time.monotonic() - t0 >= 0.15  # at least the delay (no upper bound: the box is shared)
+
+
+def test_gpu_lost_during_a_slow_call(sim: Sim) -> None:
+    n = sim.nvml
+    slow = make_state(0, devices=[make_device(0, delays_ms={"nvmlDeviceGetPowerUsage": 400})])
+    sim.update(slow)
+    n.nvmlInit()
+    h = n.nvmlDeviceGetHandleByIndex(0)
+    lost = copy.deepcopy(slow)
+    lost["devices"][0]["lost"] = True
+    timer = threading.Timer(0.1, write_state, args=(sim.path, lost))
+    timer.start()
+    try:
+        with pytest.raises(n.NVMLError_GpuIsLost):  # the answer reflects the state when the call returns
+            n.nvmlDeviceGetPowerUsage(h)
+    finally:
+        timer.join()
 
 
 _HANG_CHILD = textwrap.dedent(

@@ -71,6 +71,11 @@ def test_validation_names_the_key_path(tmp_path: Path, path: str, value: Any, me
     assert [p.name for p in tmp_path.iterdir()] == ["state"]  # and leaves no temp file behind
 
 
+def test_unknown_top_level_key_rejected() -> None:
+    with pytest.raises(ValueError, match=r"^driver_verison: unknown key"):
+        encode_state(make_state(1, driver_verison="1.0"))
+
+
 def test_duplicate_uuid_rejected() -> None:
     state = make_state(2)
     state["devices"][1]["uuid"] = state["devices"][0]["uuid"]
