@@ -6,13 +6,18 @@ The supervisor's tests cover the mechanics; these check what a user sees on /met
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from support import DaemonProcess, Samples, labels_of, metrics_when, value, wait_until
+from support import ROOT, DaemonProcess, Samples, labels_of, metrics_when, value, wait_until
 
-from gpuwatchd.sim.state import make_device, make_state
+from gpuwatchd.sim.state import bus_id, make_device, make_state
+from gpuwatchd.sources.sysfs_pcie import PCI_DEVICES
 
 FAST_NVML = {"poll_interval": "100ms", "restart_backoff_initial": "100ms", "restart_backoff_max": "300ms"}
 
@@ -23,9 +28,22 @@ def gpu_state(d: DaemonProcess, uuid: str) -> str | None:
     return next((g["state"] for g in json.loads(body)["gpus"] if g["uuid"] == uuid), None)
 
 
-def add_pci_function(sysfs_root: Path, bus_id: str) -> None:
+def firing(d: DaemonProcess, alertname: str, uuid: str) -> bool:
+    code, body = d.get("/api/v1/alerts")
+    assert code == 200
+    return any(
+        a["labels"].get("alertname") == alertname and a["labels"].get("uuid") == uuid and a["state"] == "firing"
+        for a in json.loads(body)
+    )
+
+
+def sysfs_bus_id(dev: dict[str, Any]) -> str:
+    return bus_id(dev["pci"], legacy=True).lower()
+
+
+def add_pci_function(sysfs_root: Path, bdf: str) -> None:
     """What the kernel shows when a GPU appears: an NVIDIA (0x10de) display-class (0x03) PCI function."""
-    dev = sysfs_root / "sys" / "bus" / "pci" / "devices" / bus_id
+    dev = sysfs_root / PCI_DEVICES / bdf
     dev.mkdir(parents=True)
     (dev / "vendor").write_text("0x10de\n")
     (dev / "class").write_text("0x030000\n")
@@ -40,6 +58,8 @@ def test_egpu_unplug_and_replug_at_a_new_index(
     state = make_state(2)
     internal, egpu = state["devices"]
     sysfs = tmp_path / "sysfs"
+    for dev in (internal, egpu):
+        add_pci_function(sysfs, sysfs_bus_id(dev))
     nvml = {"library_path": str(standin_libdir), **FAST_NVML}
     d = start_daemon({"nvml": nvml, "sysfs": {"root": str(sysfs)}}, write_sim_state(state))
     metrics_when(d, lambda m: value(m, "gpuwatchd_gpus") == 2, "two GPUs present")
@@ -56,10 +76,21 @@ def test_egpu_unplug_and_replug_at_a_new_index(
     assert value(samples, "gpuwatchd_gpu_memory_used_bytes", uuid=internal["uuid"]) is not None
     assert labels_of(samples, "gpuwatchd_gpu_info", uuid=egpu["uuid"])  # identity is kept
     assert gpu_state(d, egpu["uuid"]) in ("lost", "removed")
+    # The rules run on the daemon's data and the alert is served (and shown by `gpuwatchd status`).
+    wait_until(lambda: firing(d, "GpuLost", egpu["uuid"]), "GpuLost firing for the eGPU")
+    status = subprocess.run(
+        [sys.executable, "-m", "gpuwatchd", "status", "--url", d.url],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    alert_rows = [line.split() for line in status.stdout.splitlines() if line.startswith("GpuLost")]
+    assert alert_rows and alert_rows[0][1:3] == ["critical", "firing"], status.stdout
 
     # The kernel removes it: the device count changes and a fresh enumeration no longer lists it.
+    # A live NVML session keeps answering GPU_IS_LOST; the PCI function leaving sysfs is what triggers the rescan.
     state["devices"] = [internal]
     write_sim_state(state)
+    shutil.rmtree(sysfs / PCI_DEVICES / sysfs_bus_id(egpu))
     wait_until(lambda: gpu_state(d, egpu["uuid"]) == "removed", "the eGPU marked removed")
     samples = d.metrics()
     assert gone(samples) and value(samples, "gpuwatchd_gpus") == 1
@@ -71,7 +102,7 @@ def test_egpu_unplug_and_replug_at_a_new_index(
     replugged = make_device(0, uuid=egpu["uuid"], pci={**egpu["pci"], "bus": 0x71})
     state["devices"] = [replugged, internal]
     write_sim_state(state)
-    add_pci_function(sysfs, "0000:71:00.0")
+    add_pci_function(sysfs, sysfs_bus_id(replugged))
 
     def back(m: Samples) -> bool:
         info = labels_of(m, "gpuwatchd_gpu_info", uuid=egpu["uuid"])
