@@ -20,7 +20,9 @@ from pathlib import Path
 from gpuwatchd.sim.state import STANDIN_SYMBOLS
 
 SONAME = "libnvidia-ml.so.1"
-SOURCE = Path(__file__).with_name("standin.c")
+SOURCE = Path(__file__).with_name("standin.c")  # the exported API; its helpers sit next to it
+SOURCES = (SOURCE, SOURCE.with_name("standin_state.c"))
+HEADERS = (SOURCE.with_name("standin.h"),)
 # The header the stand-in is compiled against; pinned so struct layouts match the pynvml we ship with.
 HEADER_PACKAGE = "nvidia-nvml-dev==13.5.37"
 CFLAGS = (
@@ -33,6 +35,7 @@ CFLAGS = (
     "-shared",
     "-fvisibility=hidden",
     f"-Wl,-soname,{SONAME}",
+    "-Wl,--no-undefined",  # a missing translation unit must fail the build, not the dlopen
 )
 LIBS = ("-lpthread",)
 _COMPILE_TIMEOUT_S = 120  # a cold gcc on a loaded 2-core box takes a few seconds; this only catches a wedged one
@@ -95,8 +98,9 @@ def build_standin(omit: Iterable[str] = (), cache_dir: Path | None = None) -> Pa
     cc = _compiler()
     defines = [f"-DOMIT_{s}" for s in omitted]
     key = hashlib.sha256()
+    # Everything that shapes the binary, this builder included (an older builder may have linked other sources).
     for part in (
-        SOURCE.read_bytes(),
+        *(p.read_bytes() for p in (*SOURCES, *HEADERS, Path(__file__))),
         header.read_bytes(),
         _compiler_identity(cc).encode(),
         " ".join([*cc, *CFLAGS, *LIBS, *defines]).encode(),
@@ -109,7 +113,7 @@ def build_standin(omit: Iterable[str] = (), cache_dir: Path | None = None) -> Pa
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
     try:
-        argv = [*cc, *CFLAGS, *defines, f"-I{header.parent}", "-o", str(work / SONAME), str(SOURCE), *LIBS]
+        argv = [*cc, *CFLAGS, *defines, f"-I{header.parent}", "-o", str(work / SONAME), *map(str, SOURCES), *LIBS]
         try:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:

@@ -1,0 +1,123 @@
+/*
+ * Shared by the stand-in's translation units: NVIDIA's nvml.h, the in-memory state model, and the state-file parser.
+ * See standin.c for the design and gpuwatchd/sim/state.py for the file format.
+ */
+#ifndef GPUWATCHD_STANDIN_H
+#define GPUWATCHD_STANDIN_H
+
+#define _GNU_SOURCE
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include <nvml.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+
+/* Upper bound on enumerated devices; a large HGX node has 8-16, "fleet" scenarios stay far below this. */
+#define MAX_DEVICES 1024
+#define UNSET LLONG_MIN
+#define STATE_MAGIC "GWSIM 1"
+
+/* Every symbol whose return code / delay can be overridden by name; the order defines the F_ ids. */
+#define FUNCS(X) \
+    X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetHandleByPciBusId_v2) \
+    X(nvmlDeviceGetIndex) X(nvmlDeviceGetUUID) X(nvmlDeviceGetName) X(nvmlDeviceGetSerial) \
+    X(nvmlDeviceGetMinorNumber) X(nvmlDeviceGetPciInfo_v3) X(nvmlDeviceGetMemoryInfo) \
+    X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetUtilizationRates) X(nvmlDeviceGetTemperature) \
+    X(nvmlDeviceGetTemperatureV) X(nvmlDeviceGetTemperatureThreshold) X(nvmlDeviceGetPowerUsage) \
+    X(nvmlDeviceGetEnforcedPowerLimit) X(nvmlDeviceGetPowerManagementLimit) \
+    X(nvmlDeviceGetPowerManagementLimitConstraints) X(nvmlDeviceGetTotalEnergyConsumption) \
+    X(nvmlDeviceGetClockInfo) X(nvmlDeviceGetMaxClockInfo) X(nvmlDeviceGetCurrentClocksEventReasons) \
+    X(nvmlDeviceGetSupportedClocksEventReasons) X(nvmlDeviceGetCurrentClocksThrottleReasons) \
+    X(nvmlDeviceGetSupportedClocksThrottleReasons) X(nvmlDeviceGetViolationStatus) \
+    X(nvmlDeviceGetPerformanceState) X(nvmlDeviceGetPowerState) X(nvmlDeviceGetNumFans) \
+    X(nvmlDeviceGetFanSpeed_v2) X(nvmlDeviceGetFanSpeed) X(nvmlDeviceGetEccMode) X(nvmlDeviceGetTotalEccErrors) \
+    X(nvmlDeviceGetMemoryErrorCounter) X(nvmlDeviceGetRetiredPages) X(nvmlDeviceGetRetiredPages_v2) \
+    X(nvmlDeviceGetRetiredPagesPendingStatus) X(nvmlDeviceGetRemappedRows) \
+    X(nvmlDeviceGetCurrPcieLinkGeneration) X(nvmlDeviceGetCurrPcieLinkWidth) \
+    X(nvmlDeviceGetMaxPcieLinkGeneration) X(nvmlDeviceGetMaxPcieLinkWidth) \
+    X(nvmlDeviceGetGpuMaxPcieLinkGeneration) X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetPcieReplayCounter) \
+    X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetMigMode) X(nvmlDeviceGetComputeRunningProcesses_v3) \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetSupportedEventTypes) X(nvmlDeviceRegisterEvents)
+
+#define AS_ENUM(n) F_##n,
+#define AS_NAME(n) #n,
+enum { FUNCS(AS_ENUM) NFUNCS };
+
+typedef struct {
+    unsigned int pid;
+    long long used; /* UNSET -> NVML_VALUE_NOT_AVAILABLE */
+} sproc;
+
+typedef struct {
+    int n; /* -1: not supported */
+    long long *v;
+} slist;
+
+typedef struct {
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    char serial[NVML_DEVICE_SERIAL_BUFFER_SIZE];
+    int has_serial;
+    long long minor;
+    long long pci[5]; /* domain, bus, device, pciDeviceId, pciSubSystemId */
+    long long mem[3]; /* total, reserved, used */
+    long long util[2];
+    long long temp;
+    long long tthr[4]; /* shutdown, slowdown, mem_max, gpu_max = nvmlTemperatureThresholds_t 0..3 */
+    long long power, plimit, pcons[2], energy;
+    long long clk[4], maxclk[4]; /* nvmlClockType_t order: graphics, sm, mem, video */
+    long long cer, scer;
+    long long viol[NVML_PERF_POLICY_COUNT];
+    long long pstate;
+    slist fans, nvlink, rp[2];
+    long long rp_pending;
+    long long ecc_mode[2];
+    long long ecc[4]; /* corrected volatile, uncorrected volatile, corrected aggregate, uncorrected aggregate */
+    long long remap[4];
+    long long pcie[8]; /* gen, max_gen, gpu_max_gen, width, max_width, tx_kbps, rx_kbps, replay */
+    long long mig[2];
+    long long evtypes;
+    int nproc[2]; /* compute, graphics; -1: not supported */
+    sproc *proc[2];
+    int lost;
+    int has_overrides;
+    int err[NFUNCS], err_all;
+    int delay[NFUNCS], delay_all; /* 0 none, >0 ms, -1 forever */
+} sdev;
+
+typedef struct {
+    unsigned long long seq, type, data;
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+} sevent;
+
+typedef struct {
+    char driver[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
+    char nvml[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE];
+    long long cuda;
+    int init_error;
+    double clock;
+    int ndev, cap_dev;
+    sdev *devs;
+    int nev, cap_ev;
+    sevent *evs;
+    unsigned long long max_seq;
+} sstate;
+
+extern const char *const func_names[NFUNCS];
+
+/* standin_state.c: parse a whole state file from fd (NULL when truncated or malformed), and free one. */
+sstate *parse_state(int fd);
+void free_state(sstate *s);
+
+static inline void copy_str(char *dst, size_t cap, const char *src) { snprintf(dst, cap, "%s", src); }
+
+#endif
