@@ -20,9 +20,9 @@ with examples, is in ``docs/scenarios.md``; in short::
       per_gpu: 256
     timeline:
       - at: 10
-        set: {devices[0].temperature: 81, "devices[*].clocks_event_reasons": 0x20}
+        set: {"devices[0].temperature": 81, "devices[*].clocks_event_reasons": 0x20}   # quote [..] in {..}
       - at: 10
-        ramp: {path: devices[0].processes.compute[pid=4242].used_memory, from: 1GiB, to: 22GiB, over: 1800}
+        ramp: {path: "devices[0].processes.compute[pid=4242].used_memory", from: 1GiB, to: 22GiB, over: 1800}
       - at: 0
         add_process: {gpu: 0, pid: 4242, name: python, user: alice, used_memory: 1GiB}
 

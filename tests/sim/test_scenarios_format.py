@@ -164,3 +164,19 @@ def test_unknown_scenario_lists_builtins() -> None:
 def test_not_a_mapping() -> None:
     with pytest.raises(ScenarioError, match=r"x.yml: \(top level\): expected a mapping"):
         scenario_from_dict(["a"], "x.yml")
+
+
+def test_documented_examples_are_valid_scenarios() -> None:
+    import textwrap
+
+    import yaml
+
+    from gpuwatchd.sim import scenario as module
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "scenarios.md").read_text(encoding="utf-8")
+    block = docs.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert scenario_from_dict(yaml.safe_load(block), "docs/scenarios.md").name == "leak"
+    assert module.__doc__ is not None
+    example = module.__doc__.split("in short::\n\n", 1)[1].split("\n\nDevices", 1)[0]
+    scen = scenario_from_dict(yaml.safe_load(textwrap.dedent(example)), "scenario.py docstring")
+    assert {s.action for s in scen.steps} == {"set", "ramp", "add_process"}
