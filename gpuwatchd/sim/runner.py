@@ -19,7 +19,8 @@ from typing import TextIO
 
 from gpuwatchd.clock import ScaledClock
 from gpuwatchd.config import Config, load_config
-from gpuwatchd.sim.player import Player, mirror_sysfs
+from gpuwatchd.sim.pci_tree import mirror_sysfs
+from gpuwatchd.sim.player import Player
 from gpuwatchd.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_names
 
 log = logging.getLogger(__name__)

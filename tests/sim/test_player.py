@@ -178,3 +178,25 @@ def test_xid_event_delivered_once_through_the_standin(sim: Sim) -> None:
                 break
     n.nvmlEventSetFree(es)
     assert got == [48, 63]
+
+
+def test_pci_tree_follows_unplug_and_replug(tmp_path: Path) -> None:
+    from gpuwatchd.sources.sysfs_pcie import nvidia_devices, read_link
+
+    clock = ManualClock(T0)
+    root = tmp_path / "sysfs"
+    player = Player(load_scenario("egpu-unplug"), tmp_path / "state", clock, sysfs_root=root)
+    player.write_initial()
+    assert nvidia_devices(root) == {"0000:06:00.0", "0000:41:00.0"}
+    link = read_link(root, "00000000:06:00.0")
+    assert (link.present, link.current_generation, link.current_width) == (True, 3, 4)
+    clock.advance(61)
+    player.step()
+    assert read_link(root, "00000000:06:00.0").present is False  # fell off the bus: dead link, still listed
+    clock.advance(15)
+    player.step()
+    assert nvidia_devices(root) == {"0000:41:00.0"}  # removed: the directory is gone
+    clock.advance(50)
+    player.step()
+    assert nvidia_devices(root) == {"0000:41:00.0", "0000:71:00.0"}
+    assert read_link(root, "0000:71:00.0").present is True

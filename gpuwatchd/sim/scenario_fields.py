@@ -1,0 +1,198 @@
+"""Field paths and values of scenario files, checked against the stand-in's device schema.
+
+``devices[0].memory.used``, ``devices[*].temperature``, ``devices[1].processes.compute[pid=4242].used_memory``,
+``devices[1].delays_ms.*``, ``init_error``: see ``docs/scenarios.md``. Sizes may be written ``22GiB``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\s*$")
+_SIZE_UNIT = {
+    "B": 1,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+
+
+def parse_quantity(value: Any) -> Any:
+    """``"22GiB"`` / ``"1.5 GB"`` -> bytes as int; other values pass through unchanged."""
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m:
+            return int(float(m.group(1)) * _SIZE_UNIT[m.group(2)])
+    return value
+
+
+def _number(value: Any) -> Any:
+    value = parse_quantity(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number or a size like 4GiB, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number)]
+
+
+# --- dotted paths ------------------------------------------------------------------------------------------------
+
+_SEGMENT = re.compile(r"([^.\[\]]+)|\[(\d+|\*|pid=\d+)\]|(\.)")
+
+Segment = str | int | tuple[str, int]  # key, list index, ("pid", n) selector into a process list
+
+
+@dataclass(frozen=True)
+class FieldPath:
+    """A parsed dotted path: ``devices[0].memory.used`` -> slot 0, keys ("memory", "used")."""
+
+    text: str
+    slot: int | Literal["*"] | None  # None: a top-level state key
+    keys: tuple[Segment, ...]
+
+    @property
+    def leaf(self) -> str:
+        last = [k for k in self.keys if isinstance(k, str)]
+        return last[-1] if last else ""
+
+
+def parse_path(text: str) -> FieldPath:
+    """Parse a dotted path; raises ``ValueError`` naming what is wrong."""
+    segments: list[Segment] = []
+    pos = 0
+    expect_key = True
+    while pos < len(text):
+        m = _SEGMENT.match(text, pos)
+        if not m:
+            raise ValueError(f"cannot parse field path {text!r} at {text[pos:]!r}")
+        key, index, dot = m.groups()
+        if dot:
+            expect_key = True
+        elif key is not None:
+            if not expect_key:
+                raise ValueError(f"cannot parse field path {text!r}: missing '.' before {key!r}")
+            segments.append(key)
+            expect_key = False
+        elif index == "*":
+            segments.append("*")
+        elif index.startswith("pid="):
+            segments.append(("pid", int(index[4:])))
+        else:
+            segments.append(int(index))
+        pos = m.end()
+    if not segments or not isinstance(segments[0], str):
+        raise ValueError(f"empty or malformed field path {text!r}")
+    if segments[0] != "devices":
+        if len(segments) != 1:
+            raise ValueError(f"unknown field {text!r}")
+        return FieldPath(text, None, (segments[0],))
+    if len(segments) < 3 or not (isinstance(segments[1], int) or segments[1] == "*"):
+        raise ValueError(f"a device field needs devices[N] or devices[*] and a field name, got {text!r}")
+    slot: int | Literal["*"] = segments[1] if isinstance(segments[1], int) else "*"
+    return FieldPath(text, slot, tuple(segments[2:]))
+
+
+def device_schema() -> dict[str, Any]:
+    from gpuwatchd.sim.state import make_device
+
+    schema = make_device(0)
+    # Keys the defaults may leave out, from docs/sim-state.md: open maps and flags the scenario may set.
+    schema.setdefault("lost", False)
+    schema.setdefault("errors", {})
+    schema.setdefault("delays_ms", {})
+    schema.setdefault("processes", {"compute": [], "graphics": []})
+    schema.setdefault("supported_event_types", 0)
+    return schema
+
+
+_TOP_LEVEL = {"driver_version": str, "nvml_version": str, "cuda_driver_version": int, "init_error": str}
+OPEN_MAPS = {"errors": str, "delays_ms": int}  # keyed by C symbol name or "*"
+_PROCESS_FIELDS: dict[str, Any] = {"pid": int, "used_memory": int, "name": str, "user": str, "host_rss": int}
+
+
+def _check_type(expected: Any, value: Any, what: str) -> None:
+    if value is None or expected is None:
+        return  # null = NOT_SUPPORTED for any reading; a None default takes anything
+    if expected is bool:
+        ok = isinstance(value, bool)
+    elif expected in (int, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, expected)
+    if not ok:
+        raise ValueError(f"{what}: expected {expected.__name__}, got {value!r}")
+
+
+def _type_of(default: Any) -> Any:
+    return None if default is None else type(default)
+
+
+def check_field(path: FieldPath, value: Any, schema: dict[str, Any], *, numeric: bool = False) -> Any:
+    """Validate ``path`` (and ``value``) against the stand-in's device schema; returns the normalised value."""
+    value = parse_quantity(value)
+    keys = path.keys
+    expected: Any
+    if path.slot is None:
+        if keys[0] not in _TOP_LEVEL:
+            raise ValueError(f"unknown field {path.text!r}")
+        expected = _TOP_LEVEL[str(keys[0])]
+    elif keys[0] in OPEN_MAPS:
+        kind = OPEN_MAPS[str(keys[0])]
+        if len(keys) == 1:
+            if not isinstance(value, dict):
+                raise ValueError(f"{path.text}: expected a mapping of NVML call name -> value")
+            for sym, v in value.items():
+                _check_symbol(str(sym), path.text)
+                _check_type(kind, v, f"{path.text}.{sym}")
+            return value
+        if len(keys) != 2 or not isinstance(keys[1], str):
+            raise ValueError(f"unknown field {path.text!r}")
+        _check_symbol(keys[1], path.text)
+        expected = kind
+    elif keys[0] == "processes":
+        if len(keys) > 1 and keys[1] not in ("compute", "graphics"):
+            raise ValueError(f"unknown field {path.text!r}")
+        if len(keys) == 4 and not isinstance(keys[2], str) and keys[3] in _PROCESS_FIELDS:
+            expected = _PROCESS_FIELDS[str(keys[3])]
+        elif len(keys) == 3 and not isinstance(keys[2], str):
+            expected = dict
+        elif len(keys) <= 2:
+            expected = list if len(keys) == 2 else dict
+        else:
+            raise ValueError(f"unknown field {path.text!r}")
+    else:
+        node: Any = schema
+        for k in keys:
+            if isinstance(node, dict) and isinstance(k, str) and k in node:
+                node = node[k]
+            elif isinstance(node, list) and isinstance(k, int):
+                node = node[0] if node else None
+            elif isinstance(k, tuple):
+                raise ValueError(f"{path.text}: [pid=N] selects a process in processes.compute/graphics only")
+            else:
+                raise ValueError(f"unknown field {path.text!r}")
+        expected = _type_of(node)
+    if numeric:
+        if expected not in (int, float, None):
+            raise ValueError(f"{path.text}: not a numeric field")
+        return value
+    _check_type(expected, value, path.text)
+    return value
+
+
+def _check_symbol(sym: str, where: str) -> None:
+    if sym != "*" and not re.fullmatch(r"nvml[A-Za-z0-9_]+", sym):
+        raise ValueError(f"{where}: {sym!r} is not an NVML call name (nvmlDevice...) or '*'")
