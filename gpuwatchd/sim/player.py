@@ -35,8 +35,9 @@ SCENARIO_EPOCH = 1_700_000_000.0
 EVENT_RETENTION_S = 60.0
 # Resolution of the energy integral over changing power (ramps, waves): 1 s matches the default poll interval.
 ENERGY_STEP_S = 1.0
-# Linux pid_max on 64-bit (kernel/pid.c PID_MAX_LIMIT): generated pids wrap below it.
-PID_MAX = 4_194_304
+# Simulated pids stay below the kernel's default pid_max (PID_MAX_DEFAULT, 0x8000, include/linux/threads.h): the
+# daemon drops pids above the host's pid_max as garbage, and many hosts never raise it.
+PID_MAX = 32_768
 # The player never rewrites the state file more often than this in wall seconds, whatever --speed says: each
 # write is an fsync + rename and the stand-in re-reads the file, which at speed 1000 would otherwise eat a core.
 MIN_WALL_TICK_S = 0.1
@@ -221,7 +222,7 @@ def _population(pop: PopulationSpec, n_gpus: int, slot: int, t: float) -> list[d
     ticks = math.floor(t / pop.churn_every)
     replaced = ticks * pop.churn_count
     per_gen = n_gpus * pop.per_gpu
-    max_gen = max(1, (PID_MAX - pop.pid_start) // max(1, per_gen))
+    max_gen = max(1, (PID_MAX - 1 - pop.pid_start) // max(1, per_gen))
     out = []
     for j in range(pop.per_gpu):
         gen = max(0, -(-(replaced - j) // pop.per_gpu)) % max_gen

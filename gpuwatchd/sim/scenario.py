@@ -111,7 +111,7 @@ class WaveSpec(_Model):
 
 class ProcessSpec(_Model):
     gpu: int = Field(ge=0)
-    pid: int = Field(gt=0, le=4_194_304)  # Linux pid_max upper bound on 64-bit
+    pid: int = Field(gt=0, lt=32_768)  # below the kernel's default pid_max, so the daemon accepts it on any host
     kind: Literal["compute", "graphics"] = "compute"
     name: str = "python"
     user: str = "root"
@@ -144,7 +144,7 @@ class PopulationSpec(_Model):
     """A generated process population per GPU with stable pids and round-robin churn (fleet scenarios)."""
 
     per_gpu: int = Field(ge=1, le=4096)
-    pid_start: int = Field(default=100_000, gt=1)
+    pid_start: int = Field(default=8_000, gt=1, lt=32_768)
     churn_every: float = Field(default=30.0, gt=0)  # seconds between churn ticks
     churn_count: int = Field(default=2, ge=0)  # processes replaced per GPU per tick
     names: tuple[str, ...] = ("python",)

@@ -87,6 +87,16 @@ async def test_egpu_unplug_comes_back_at_a_new_index(tmp_path: Path) -> None:
         assert 'index="1"' in back and 'pci_bus_id="00000000:71:00.0"' in back
 
 
+async def test_fleet_reaches_the_daemon_with_every_process(tmp_path: Path) -> None:
+    async with running(tmp_path, scenario="fleet", speed=5.0) as sim:
+        counts = await sim.wait_for(r"^gpuwatchd_gpu_processes\{", lambda ln: value(ln) == 256)
+        body = await sim.metrics()
+        counts = "\n".join(ln for ln in body.splitlines() if ln.startswith("gpuwatchd_gpu_processes{"))
+        assert [value(ln) for ln in counts.splitlines()] == [256.0] * 16
+        # Per-process series are capped at the default top-N per GPU.
+        assert body.count("gpuwatchd_gpu_process_memory_used_bytes{") == 16 * 10
+
+
 async def test_no_driver_reports_library_not_found(tmp_path: Path) -> None:
     async with running(tmp_path, scenario="no-driver") as sim:
         assert value(await sim.wait_for(r"^gpuwatchd_nvml_up ")) == 0
