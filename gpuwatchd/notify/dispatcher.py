@@ -121,7 +121,13 @@ class Dispatcher:
         self._scheduler = asyncio.create_task(self._schedule(), name="notify-scheduler")
 
     async def stop(self) -> None:
-        """Stop scheduling, let in-flight requests finish briefly, close. Pending rows stay in the outbox."""
+        """Queue what is due, let in-flight requests finish briefly, close. Pending rows stay in the outbox.
+
+        Groups still inside ``group_wait`` are not forced out: after a restart the rules report their alerts again
+        and, being older than ``group_wait``, they flush at once.
+        """
+        if self._session is not None:
+            self.flush_due()
         if self._scheduler is not None:
             self._scheduler.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -69,6 +69,18 @@ async def test_5xx_retried_with_backoff_then_delivered(sink: Sink, tmp_path: Pat
         await d.stop()
 
 
+async def test_teams_202_accepted_is_success(sink: Sink, tmp_path: Path) -> None:
+    clock = ScaledClock(speed=SPEED)
+    scripted(sink, clock, [web.Response(status=202)])
+    d = await one_alert(sink, tmp_path, clock, "teams")
+    try:
+        [req] = await settle(d, sink, 1)
+        assert req.json["attachments"][0]["content"]["type"] == "AdaptiveCard"
+        assert [r.status for r in d.outbox.rows()] == ["delivered"]
+    finally:
+        await d.stop()
+
+
 async def test_429_honours_retry_after_seconds(sink: Sink, tmp_path: Path) -> None:
     clock = ScaledClock(speed=SPEED)
     times = scripted(sink, clock, [web.Response(status=429, headers={"Retry-After": "7"})])
