@@ -79,7 +79,9 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
     gpus = [g for g in status.get("gpus", []) if isinstance(g, dict)]
     rows = []
     procs = []
-    for g in gpus:
+    for entry in gpus:
+        # Readings sit under "readings" (absent for a lost or removed GPU); identity and state at the top.
+        g = {**(entry.get("readings") or {}), **entry}
         rows.append(
             [
                 str(_pick(g, "index") if _pick(g, "index") is not None else "-"),
