@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,7 @@ class Daemon:
         self._stopping = False
         self._outage: str | None = None  # the NVML error currently being reported, logged once per outage
         self._last_status = ""
+        self._generation = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -212,6 +214,7 @@ class Daemon:
             status=self.status,
             ready=self.ready,
             extra_routes=self.dispatcher.routes(lambda: self.alerts),
+            cache_key=self._metrics_cache_key,
         )
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
@@ -229,6 +232,11 @@ class Daemon:
         self.host = host
         # With port 0 (tests) the kernel picks the port; report the one actually bound.
         self.port = int(runner.addresses[0][1]) if runner.addresses else port
+
+    def _metrics_cache_key(self) -> tuple[int, int, int]:
+        # The store's version covers GPU data, our generation counter alerts and reloads; the notification counters
+        # have no version, so the whole-second bucket bounds how stale a reused /metrics body can be to 1 s.
+        return (self.store.version, self._generation, int(time.monotonic()))
 
     def _spawn(self, coro: Any, name: str) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
@@ -379,6 +387,7 @@ class Daemon:
         if self._supervisor is not None:
             self.store.nvml_worker_restarts = self._supervisor.restarts
         self.alerts = list(self._engine.evaluate(self.store, self.clock.now()))
+        self._generation += 1
         self._dispatcher.update(self.alerts)
         status = self._status_line()
         if status != self._last_status:
@@ -436,12 +445,14 @@ class Daemon:
             new = load_config(self.config_path, required=self.config_path is not None)
         except ConfigError as e:
             self.store.config_reload_success = False
+            self._generation += 1
             log.error("config reload failed; keeping the running config:\n%s", e)
             self.sd.ready(self._status_line())
             return ReloadResult(ok=False, problems=e.problems)
         restart_needed = self._apply(new)
         self.store.config_reload_success = True
         self.store.config_reload_timestamp = self.clock.now()
+        self._generation += 1
         for key in restart_needed:
             log.warning("config reload: %s changed; it takes effect after a restart", key)
         log.info("config reloaded from %s", self.config_path or "defaults")
