@@ -175,3 +175,22 @@ async def test_status_json(daemon: Daemon) -> None:
     doc = json.loads(out)
     assert [g["index"] for g in doc["status"]["gpus"]] == [0, 1]
     assert doc["alerts"] == []
+
+
+def test_readme_and_ci_agree() -> None:
+    """CI runs exactly the README's test command, and the README's exit-code table matches the code."""
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "\n    bash .ci/run\n" in readme
+    assert "`python -m pytest -q`" in readme
+    assert "\npython -m pytest -q\n" in ci
+    documented = {
+        int(code): text
+        for code, text in (
+            row.split("|")[1:3] for row in readme.splitlines() if row[:4] in {f"| {i} " for i in range(10)}
+        )
+    }
+    from gpuwatchd import cli as cli_module
+
+    codes = {getattr(cli_module, n) for n in dir(cli_module) if n.startswith("EXIT_") and n != "EXIT_CODES_HELP"}
+    assert set(documented) == codes
