@@ -300,7 +300,14 @@ class Daemon:
         """``gpuwatchd run``: start, handle SIGHUP/SIGTERM/SIGINT, stop; returns the process exit code."""
         loop = asyncio.get_running_loop()
         await self.start()
-        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        reloads: set[asyncio.Task[ReloadResult]] = set()  # the loop keeps only weak references to tasks
+
+        def on_sighup() -> None:
+            task = asyncio.ensure_future(self.reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         try:

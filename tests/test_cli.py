@@ -194,3 +194,19 @@ def test_readme_and_ci_agree() -> None:
 
     codes = {getattr(cli_module, n) for n in dir(cli_module) if n.startswith("EXIT_") and n != "EXIT_CODES_HELP"}
     assert set(documented) == codes
+
+
+@pytest.mark.parametrize(
+    ("listen", "url"),
+    [
+        ("0.0.0.0:9999", "http://127.0.0.1:9999"),
+        ("[::]:9945", "http://[::1]:9945"),
+        ("10.1.2.3:80", "http://10.1.2.3:80"),
+    ],
+)
+def test_status_url_follows_the_config(tmp_path: Path, listen: str, url: str) -> None:
+    from gpuwatchd.cli import default_status_url
+
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f'listen: "{listen}"\n')
+    assert default_status_url(cfg) == url
