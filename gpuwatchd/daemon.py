@@ -2,13 +2,12 @@
 
 Embeddable: tests and ``gpuwatchd sim`` build a :class:`Daemon`, ``await start()``, ``await wait_closed()`` and
 ``await stop()``. ``gpuwatchd run`` does the same through :meth:`Daemon.serve`, which adds signal handling.
-The daemon never calls NVML itself: the supervisor runs it in a child process (see docs/architecture).
+The daemon never calls NVML itself: :mod:`gpuwatchd.sources.supervisor` runs it in a child process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import signal
@@ -23,22 +22,24 @@ from prometheus_client import CollectorRegistry
 
 from gpuwatchd import __version__
 from gpuwatchd.clock import Clock, RealClock
-from gpuwatchd.config import DEFAULT_STATE_DIR, Config, ConfigError, load_config, parse_listen
+from gpuwatchd.config import Config, ConfigError, load_config, parse_listen
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.exporter.http import make_app
 from gpuwatchd.exporter.status import status_from_store
 from gpuwatchd.model import Alert, Snapshot
 from gpuwatchd.notify.dispatcher import Dispatcher
+from gpuwatchd.nvml_outage import NvmlOutageLog
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.rules.metrics import AlertsCollector
 from gpuwatchd.sdnotify import SdNotifier
 from gpuwatchd.sources.supervisor import NvmlSupervisor
+from gpuwatchd.startup import DaemonError, ListenError, StateDirError, listen_error, resolve_state_dir
 from gpuwatchd.store import Store
+
+__all__ = ["Daemon", "DaemonError", "ListenError", "ReloadResult", "StateDirError", "resolve_state_dir"]
 
 log = logging.getLogger(__name__)
 
-# Worker errors that mean "there is no NVIDIA driver on this host" rather than "the driver misbehaves".
-NO_DRIVER_REASONS = frozenset({"library_not_found", "driver_not_loaded", "no_driver"})
 # Rules also run on this timer (clock seconds) when no snapshot arrives, so a hung worker still raises alerts.
 MIN_EVAL_INTERVAL = 1.0
 # Seconds (beyond the worker's kill grace) a stopping supervisor gets before its task is cancelled.
@@ -46,60 +47,11 @@ STOP_GRACE = 2.0
 SUPERVISOR_TASK = "nvml supervisor"
 
 
-class DaemonError(Exception):
-    """A start-up failure the operator must fix; ``exit_code`` is what ``gpuwatchd run`` exits with."""
-
-    exit_code = 6
-
-
-class ListenError(DaemonError):
-    exit_code = 4
-
-
-class StateDirError(DaemonError):
-    exit_code = 5
-
-
 @dataclass(frozen=True, slots=True)
 class ReloadResult:
     ok: bool
     problems: Sequence[str] = ()
     restart_needed: Sequence[str] = ()  # settings that changed but only apply after a restart
-
-
-def resolve_state_dir(config: Config, env: Mapping[str, str]) -> Path:
-    """Where the dispatcher keeps its database; created if missing, and proven writable.
-
-    An explicit ``state_dir`` is used as given. Otherwise systemd's ``$STATE_DIRECTORY`` wins, then the default
-    ``/var/lib/gpuwatchd`` if we may write there, then ``$XDG_STATE_HOME/gpuwatchd`` so that ``gpuwatchd run``
-    as an ordinary user on a fresh machine just works.
-    """
-    if "state_dir" in config.model_fields_set:
-        return _writable_dir(config.state_dir, "state_dir")
-    systemd_dirs = env.get("STATE_DIRECTORY", "")
-    if systemd_dirs:
-        return _writable_dir(Path(systemd_dirs.split(":")[0]), "$STATE_DIRECTORY")
-    try:
-        return _writable_dir(DEFAULT_STATE_DIR, "state_dir")
-    except StateDirError:
-        xdg = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "/tmp")) / ".local" / "state")
-        path = Path(xdg) / "gpuwatchd"
-        log.info("%s is not writable for this user; keeping state in %s", DEFAULT_STATE_DIR, path)
-        return _writable_dir(path, "state_dir")
-
-
-def _writable_dir(path: Path, key: str) -> Path:
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        probe = path / f".gpuwatchd-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise StateDirError(
-            f"{key}: cannot write to {path}: {e.strerror or e}. Set state_dir in the config to a writable directory "
-            "(under systemd, StateDirectory=gpuwatchd provides one)."
-        ) from None
-    return path
 
 
 def _display_host(host: str) -> str:
@@ -145,7 +97,7 @@ class Daemon:
         self._closed: asyncio.Event | None = None
         self._started = False
         self._stopping = False
-        self._outage: str | None = None  # the NVML error currently being reported, logged once per outage
+        self._outage = NvmlOutageLog()
         self._last_status = ""
         self._generation = 0
 
@@ -223,12 +175,7 @@ class Daemon:
         try:
             await site.start()
         except OSError as e:
-            hint = {
-                errno.EADDRINUSE: "address already in use (another gpuwatchd or exporter?); choose one with --listen",
-                errno.EACCES: "permission denied (ports below 1024 need privileges)",
-                errno.EADDRNOTAVAIL: "no such local address",
-            }.get(e.errno or 0, e.strerror or str(e))
-            raise ListenError(f"cannot listen on {_display_host(host)}:{port}: {hint}") from None
+            raise listen_error(e, host, port) from None
         self.host = host
         # With port 0 (tests) the kernel picks the port; report the one actually bound.
         self.port = int(runner.addresses[0][1]) if runner.addresses else port
@@ -324,7 +271,7 @@ class Daemon:
         self.store.apply(snap)
         if self._supervisor is not None:
             self.store.nvml_worker_restarts = self._supervisor.restarts
-        self._log_nvml_state(snap)
+        self._outage.observe(snap, self.config.nvml)
         if self._wakeup is not None:
             self._wakeup.set()
 
@@ -335,43 +282,6 @@ class Daemon:
         log.warning("NVML worker missed its deadline (%s); serving the last values marked stale", reason)
         if self._wakeup is not None:
             self._wakeup.set()
-
-    def _log_nvml_state(self, snap: Snapshot) -> None:
-        """One line when NVML goes away or comes back, not one per retry."""
-        if snap.nvml_ok:
-            if self._outage is not None:
-                log.info(
-                    "NVML is up: driver %s, %d GPU(s)",
-                    snap.driver_version or "unknown",
-                    len(snap.gpus),
-                )
-            self._outage = None
-            return
-        reason = snap.nvml_error or "unknown"
-        if reason == self._outage:
-            return
-        self._outage = reason
-        if reason in NO_DRIVER_REASONS:
-            log.warning(
-                "no NVIDIA driver found (%s); serving metrics without GPU data; retrying every %gs at most. "
-                "To try gpuwatchd without a GPU: gpuwatchd sim --scenario idle",
-                self._no_driver_detail(reason),
-                self.config.nvml.restart_backoff_max,
-            )
-        else:
-            log.warning(
-                "NVML unavailable (%s); serving metrics without GPU data; retrying every %gs at most",
-                reason,
-                self.config.nvml.restart_backoff_max,
-            )
-
-    def _no_driver_detail(self, reason: str) -> str:
-        # The daemon never loads NVML itself, so it states where the worker looked rather than a dlopen message.
-        lib = self.config.nvml.library_path
-        where = f"not in {lib}" if lib is not None else "not on the library search path"
-        if reason == "driver_not_loaded":
-            return f"libnvidia-ml.so.1 found but the nvidia kernel module is not loaded: {reason}"
-        return f"libnvidia-ml.so.1 {where}: {reason}"
 
     async def _evaluate_loop(self) -> None:
         assert self._wakeup is not None

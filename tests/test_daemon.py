@@ -170,7 +170,7 @@ def test_state_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     # The default is not writable (here: below a regular file): fall back to the user's XDG state dir.
     blocker = tmp_path / "file"
     blocker.write_text("")
-    monkeypatch.setattr("gpuwatchd.daemon.DEFAULT_STATE_DIR", blocker / "gpuwatchd")
+    monkeypatch.setattr("gpuwatchd.startup.DEFAULT_STATE_DIR", blocker / "gpuwatchd")
     got = resolve_state_dir(Config(), {"XDG_STATE_HOME": str(tmp_path / "xdg")})
     assert got == tmp_path / "xdg" / "gpuwatchd" and got.is_dir()
 
