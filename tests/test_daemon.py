@@ -211,3 +211,20 @@ async def test_systemd_notifications(
     ready = next(m for m in received if m.startswith("READY=1"))
     assert ready.splitlines()[1].startswith(f"STATUS=serving on {daemon.url}")
     assert received.index(ready) < received.index("WATCHDOG=1")
+
+
+async def test_a_crashed_core_task_stops_the_daemon_with_exit_6(
+    tmp_path: Path, standin_libdir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A supervisor that dies would leave the daemon serving frozen data: it stops instead, for systemd to restart."""
+    from gpuwatchd.sources.supervisor import NvmlSupervisor
+
+    async def crash(self: NvmlSupervisor) -> None:
+        raise RuntimeError("injected supervisor crash")
+
+    monkeypatch.setattr(NvmlSupervisor, "run", crash)
+    daemon = Daemon(config_from_dict(sim_config(tmp_path, standin_libdir)))
+    code = await asyncio.wait_for(daemon.serve(), WAIT_SECONDS)  # what `gpuwatchd run` exits with
+    assert code == 6
+    assert isinstance(daemon.failure, RuntimeError)
+    assert "nvml supervisor ended unexpectedly: RuntimeError('injected supervisor crash'); stopping" in caplog.text
