@@ -56,7 +56,8 @@ def test_unit_declares_what_the_daemon_relies_on() -> None:
     assert _values("WatchdogSec") and _values("WatchdogSec")[0] != "0"
     assert _values("Restart") == ["on-failure"]
     assert _values("StateDirectory") == ["gpuwatchd"]
-    assert _values("DynamicUser") == ["yes"]  # non-root
+    assert _values("User") == ["gpuwatchd"]  # non-root
+    assert "DynamicUser" not in {k for _, k, _ in _settings(UNIT.read_text())}
     assert _values("DevicePolicy") == ["closed"]
     assert _values("DeviceAllow") == ["char-nvidia* rw"]
     assert "PrivateDevices" not in {k for _, k, _ in _settings(UNIT.read_text())}
@@ -106,6 +107,6 @@ def test_systemd_analyze_security_exposure(tmp_path: Path) -> None:
     assert exposure <= MAX_EXPOSURE
     # ... and the measure is sensitive: the same unit without its hardening scores worse than the bar.
     bare = tmp_path / "bare.service"
-    hardening = ("Protect", "Restrict", "SystemCall", "Capability", "DynamicUser", "Private", "NoNew")
+    hardening = ("Protect", "Restrict", "SystemCall", "Capability", "User", "Group", "Private", "NoNew")
     bare.write_text("\n".join(line for line in unit.read_text().splitlines() if not line.startswith(hardening)))
     assert _exposure(bare) > MAX_EXPOSURE
