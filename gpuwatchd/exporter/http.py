@@ -1,10 +1,11 @@
 """The aiohttp application: ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/status`` and a landing page.
 
 Every handler runs on the daemon's event loop and reads only in-memory state, so a hung NVML worker can never
-stall a scrape. ``/metrics`` renders the registry inline (CPU only); rendering 8 GPUs x 32 processes takes about
-7 ms of pure Python, and the loop serialises concurrent scrapes, so with ``cache_key`` given the rendered body is
-reused until the key changes (the store's version: a new poll, a stale mark, new links...). The families are still
-built fresh from the store for every distinct store state; only identical re-renders are skipped.
+stall a scrape. ``/metrics`` renders the registry inline (CPU only) with the encoders of ``encode`` (same bytes as
+prometheus_client's, about 4x cheaper); the loop serialises concurrent scrapes, so with ``cache_key`` given the
+rendered body is reused until the key changes (the store's version: a new poll, a stale mark, new links...). The
+families are still built fresh from the store for every distinct store state; only identical re-renders are
+skipped.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from gpuwatchd.exporter.encode import fast_encoder
 from gpuwatchd.store import Store
 
 NOT_READY_REASON = "waiting for the first NVML poll (a snapshot or a definitive NVML failure)"
@@ -50,7 +52,8 @@ class MetricsRenderer:
 
     def render(self, accept: str, names: Sequence[str] = (), gzipped: bool = False) -> tuple[bytes, str]:
         """The body for an ``Accept`` header value and optional name filter, and its Content-Type."""
-        encoder, content_type = choose_encoder(accept)
+        chosen, content_type = choose_encoder(accept)
+        encoder = fast_encoder(chosen) or chosen
         if self._cache_key is None:
             return self._encode(encoder, names, gzipped), content_type
         key = self._cache_key()
