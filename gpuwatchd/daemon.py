@@ -26,7 +26,7 @@ from gpuwatchd.config import Config, ConfigError, load_config, parse_listen
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.exporter.http import make_app
 from gpuwatchd.exporter.status import status_from_store
-from gpuwatchd.model import Alert, Snapshot
+from gpuwatchd.model import Alert, Snapshot, SourceStatus
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.nvml_outage import NvmlOutageLog
 from gpuwatchd.rules.engine import RulesEngine
@@ -130,6 +130,9 @@ class Daemon:
         self._closed = asyncio.Event()
         cfg = self.config
         self.state_dir = resolve_state_dir(cfg, self._env)
+        # The config in force was loaded successfully at start: say when, so dashboards need no SIGHUP first.
+        self.store.config_reload_success = True
+        self.store.config_reload_timestamp = self.clock.now()
         self._engine = RulesEngine(cfg.rules, host=cfg.host)
         self._dispatcher = Dispatcher(cfg.notify, state_dir=self.state_dir, clock=self.clock, host=cfg.host)
         self.registry.register(StoreCollector(self.store))
@@ -269,6 +272,16 @@ class Daemon:
 
     def _on_snapshot(self, snap: Snapshot) -> None:
         self.store.apply(snap)
+        # node_exporter style self-metrics: a driver outage is a failed collection, not an empty one.
+        self.store.set_source_status(
+            SourceStatus(
+                name="nvml",
+                success=snap.nvml_ok,
+                duration_seconds=snap.poll_duration_seconds or 0.0,
+                timestamp=snap.timestamp,
+                error=snap.nvml_error,
+            )
+        )
         if self._supervisor is not None:
             self.store.nvml_worker_restarts = self._supervisor.restarts
         self._outage.observe(snap, self.config.nvml)
@@ -277,9 +290,20 @@ class Daemon:
 
     def _on_stale(self, reason: str) -> None:
         self.store.mark_stale()
+        prev = self.store.sources.get("nvml")
+        self.store.set_source_status(
+            SourceStatus(
+                name="nvml",
+                success=False,
+                duration_seconds=prev.duration_seconds if prev else 0.0,
+                timestamp=self.clock.now(),
+                error=reason,
+            )
+        )
         if self._supervisor is not None:
             self.store.nvml_worker_restarts = self._supervisor.restarts
-        log.warning("NVML worker missed its deadline (%s); serving the last values marked stale", reason)
+        # DEBUG: the supervisor logs each hang or failure episode once, not once per kill cycle.
+        log.debug("NVML worker missed its deadline (%s); serving the last values marked stale", reason)
         if self._wakeup is not None:
             self._wakeup.set()
 

@@ -97,6 +97,14 @@ async def test_serves_gpu_values_from_the_standin(running: Daemon) -> None:
     assert value(samples, "gpuwatchd_nvml_up") == 1
     assert value(samples, "gpuwatchd_gpu_memory_used_bytes", uuid=uuid0) == 3 * 1024**3
     assert value(samples, "gpuwatchd_gpus") == 2
+    # self-metrics of the NVML source come from the real poll, not from a hand-filled store
+    assert value(samples, "gpuwatchd_source_success", source="nvml") == 1
+    duration = value(samples, "gpuwatchd_source_duration_seconds", source="nvml")
+    assert duration is not None and duration > 0
+    # the config in force was loaded at start: its time is known before any SIGHUP
+    loaded = value(samples, "gpuwatchd_config_last_reload_success_timestamp_seconds")
+    assert loaded is not None and loaded > 1e9
+    assert value(samples, "gpuwatchd_config_last_reload_successful") == 1
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{running.url}/readyz") as r:
             assert r.status == 200

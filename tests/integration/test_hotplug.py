@@ -132,7 +132,11 @@ def test_hung_nvml_call_keeps_metrics_answering(
     state["devices"][1]["delays_ms"] = {"*": -1}
     write_sim_state(state)
     # Each scrape below must answer (metrics() asserts HTTP 200 within its 5 s client timeout) while NVML hangs.
-    samples = metrics_when(d, lambda m: value(m, "gpuwatchd_nvml_stale") == 1, "nvml_stale 1")
+    samples = metrics_when(
+        d,
+        lambda m: value(m, "gpuwatchd_nvml_stale") == 1 and value(m, "gpuwatchd_source_success", source="nvml") == 0,
+        "nvml_stale 1 and the NVML source failing",
+    )
     samples = metrics_when(
         d,
         lambda m: (value(m, "gpuwatchd_nvml_worker_restarts_total") or 0) > restarts_before,
@@ -146,7 +150,9 @@ def test_hung_nvml_call_keeps_metrics_answering(
     write_sim_state(state)
     metrics_when(
         d,
-        lambda m: value(m, "gpuwatchd_nvml_stale") == 0 and value(m, "gpuwatchd_gpus") == 2,
+        lambda m: value(m, "gpuwatchd_nvml_stale") == 0
+        and value(m, "gpuwatchd_gpus") == 2
+        and value(m, "gpuwatchd_source_success", source="nvml") == 1,
         "fresh data after the hang",
     )
     assert d.proc.poll() is None
