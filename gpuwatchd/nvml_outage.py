@@ -12,6 +12,16 @@ log = logging.getLogger("gpuwatchd.daemon")
 
 # Worker errors that mean "there is no NVIDIA driver on this host" rather than "the driver misbehaves".
 NO_DRIVER_REASONS = frozenset({"library_not_found", "driver_not_loaded"})
+# What an operator can do about init failures on a host that has a driver (nvml.h l.1530-1540 and the
+# nvmlInit/nvmlDeviceGetCount docs describe the codes; a library/RM mismatch follows a package upgrade that
+# replaced libnvidia-ml.so while the old kernel module stayed loaded).
+REASON_HINTS: dict[str, str] = {
+    "lib_rm_version_mismatch": "the NVIDIA library and kernel module differ, as after a driver upgrade without a "
+    "reboot: reboot, or reload the nvidia kernel modules",
+    "no_permission": "this user cannot open /dev/nvidia*: check the unit's DeviceAllow= and the user's groups",
+    "insufficient_power": "a GPU's power cables are not connected",
+    "irq_issue": "the kernel driver reports an interrupt problem: check the kernel log",
+}
 
 
 class NvmlOutageLog:
@@ -38,9 +48,11 @@ class NvmlOutageLog:
                 nvml.restart_backoff_max,
             )
         else:
+            hint = REASON_HINTS.get(reason)
             log.warning(
-                "NVML unavailable (%s); serving metrics without GPU data; retrying every %gs at most",
+                "NVML unavailable (%s%s); serving metrics without GPU data; retrying every %gs at most",
                 reason,
+                f": {hint}" if hint else "",
                 nvml.restart_backoff_max,
             )
 

@@ -4,7 +4,7 @@ The only module (with its ``nvml_*`` helpers) that imports pynvml. It initialise
 (keyed by UUID downstream), then polls every ``interval`` seconds and writes one JSON line per poll to stdout:
 the ``Snapshot`` pipe encoding (``Snapshot.from_json`` reads it; fields left at their default are omitted).
 The first line is ``{"hello": <pid>}``, written before ``nvmlInit`` so the supervisor can time init as part of
-the first poll. Logs go to stderr.
+the first poll. Logs go to stderr as ``nvml_worker[<pid>] <LEVEL>: <message>`` lines.
 
 Exit codes tell the supervisor what to do next: 0 asked to stop (``max_polls`` reached / parent gone),
 :data:`EXIT_INIT_FAILED` after an init-failure snapshot (respawn with backoff), :data:`EXIT_REENUMERATE` after a
@@ -58,8 +58,10 @@ def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _log(msg: str) -> None:
-    sys.stderr.write(f"nvml_worker[{os.getpid()}]: {msg}\n")
+def _log(msg: str, level: str = "INFO") -> None:
+    """One stderr line the supervisor relays at ``level`` (a line without this prefix, e.g. a traceback, is
+    relayed as a WARNING)."""
+    sys.stderr.write(f"nvml_worker[{os.getpid()}] {level}: {msg}\n")
     sys.stderr.flush()
 
 
@@ -162,7 +164,7 @@ class Worker:
             except N.NVMLError as e:
                 # NOT_SUPPORTED means "no Xid events for this GPU", not unhealthy (k8s-device-plugin#1562).
                 if e.value not in ABSENT_CODES:
-                    _log(f"GPU {dev.uuid}: Xid events not registered: {reason(e.value)}")
+                    _log(f"GPU {dev.uuid}: Xid events not registered: {reason(e.value)}", "WARNING")
 
     # -- poll -------------------------------------------------------------------------------------------------
 
@@ -240,7 +242,7 @@ class Worker:
                 data = N.nvmlEventSetWait_v2(self.event_set, 0)
             except N.NVMLError as e:
                 if e.value != TIMEOUT and e.value not in LOST_CODES:
-                    _log(f"event wait: {reason(e.value)}")
+                    _log(f"event wait: {reason(e.value)}", "WARNING")
                 # GPU_IS_LOST has no device attribution here; the per-device calls tell which one.
                 break
             if data.eventType & N.nvmlEventTypeXidCriticalError:
@@ -297,7 +299,8 @@ def run(opts: dict[str, Any]) -> int:
         worker.start()
     except N.NVMLError as e:
         why = reason(e.value)
-        _log(f"nvmlInit failed: {why} ({e}){f' [{library}]' if library else ''}")
+        # DEBUG: the daemon reports an outage once (gpuwatchd.nvml_outage), not once per retry.
+        _log(f"nvmlInit failed: {why} ({e}){f' [{library}]' if library else ''}", "DEBUG")
         _emit({"timestamp": time.time(), "nvml_ok": False, "nvml_error": why})
         return EXIT_INIT_FAILED
     polls = 0

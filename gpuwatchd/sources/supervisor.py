@@ -8,6 +8,14 @@ is spawned after an exponential backoff. A worker that exits because a GPU was l
 or a change in the set of NVIDIA PCI functions in sysfs (Thunderbolt detach, hot-add), gets a fresh worker at
 once: only a fresh NVML session re-enumerates reliably (nvml-egpu.md §3.3).
 
+Logging: an operator reads one line per failure episode, not one per kill cycle. A hang is one WARNING naming
+the GPU and how long it had not answered, repeats at DEBUG, and one INFO when that GPU answers again; any other
+worker failure (crash, garbage, no start) is one WARNING while its reason stays the same, and one INFO once a
+worker runs healthy again. An init failure (no driver) is logged by the daemon (:mod:`gpuwatchd.nvml_outage`),
+so here it is DEBUG. The worker's stderr lines carry a level (``nvml_worker[pid] LEVEL: ...``); a line the
+previous worker also wrote is relayed at DEBUG, and output without that prefix (a Python traceback, a message
+from a C library) is relayed as one WARNING block whose last line also goes into the exit message.
+
 Timing: ``poll_interval``, ``poll_timeout`` and the backoff are scenario seconds (divided by ``clock.speed``, so
 ``gpuwatchd sim --speed X`` compresses them); ``kill_grace`` is about the OS and stays in real seconds.
 """
@@ -19,10 +27,11 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +58,25 @@ SYSFS_WATCH_MIN_SECONDS = 0.1
 EXIT_INIT_FAILED = 2
 EXIT_REENUMERATE = 3
 NOT_IN_A_GPU_CALL = (-1).to_bytes(4, "little", signed=True)  # progress word (see the worker's progress_fd)
+# The worker's stderr line format (nvml_worker._log); anything else is unexpected output.
+WORKER_LINE = re.compile(r"nvml_worker\[(\d+)\] (DEBUG|INFO|WARNING|ERROR): (.*)")
+# Unexpected stderr output (a traceback) is gathered into one log record; it ends at EOF, at a regular line,
+# or after this many real seconds without another line (a traceback is written in one go).
+STDERR_BLOCK_IDLE_SECONDS = 0.2
+# Lines kept per unexpected-output block: a traceback's tail says what happened; a worker printing without end
+# must not grow the daemon.
+STDERR_BLOCK_MAX_LINES = 60
+# Distinct worker messages remembered to relay repeats at DEBUG (bounded: a worker could vary its text).
+MAX_REMEMBERED_LINES = 256
+
+
+@dataclass
+class HangEpisode:
+    """A GPU whose NVML calls block: from the first missed deadline until it answers again."""
+
+    uuid: str | None
+    started: float  # loop time the GPU was last heard from before the hang (scenario time is derived)
+    kills: int = 1
 
 
 class NvmlSupervisor:
@@ -93,6 +121,13 @@ class NvmlSupervisor:
         self._skipping: set[int] = set()  # quarantined GPUs the running worker leaves alone
         self._last_bus_ids: list[str] = []
         self._stopping = False
+        self.hangs: dict[int, HangEpisode] = {}  # index -> the hang being reported (one WARNING per episode)
+        self._failing: str | None = None  # the reason of the failure episode logged at WARNING (not hangs)
+        self._failures = 0  # failed workers in that episode
+        self._prev_lines: set[str] = set()  # messages the previous worker wrote (relayed again at DEBUG)
+        self._cur_lines: set[str] = set()
+        self._last_words: str | None = None  # the last unexpected stderr line of the current worker
+        self._last_line_at = 0.0  # loop time of the last stdout line from the current worker
 
     # -- control ----------------------------------------------------------------------------------------------
 
@@ -101,7 +136,10 @@ class NvmlSupervisor:
 
     def request_restart(self, reason: str) -> None:
         """Replace the worker now (no backoff): re-enumeration after hot-plug, reconfiguration."""
-        log.info("NVML worker restart requested: %s", reason)
+        self._restart(reason, logging.INFO)
+
+    def _restart(self, reason: str, level: int) -> None:
+        log.log(level, "NVML worker restart requested: %s", reason)
         self._restart_reason = reason
         if self._wake is not None:
             self._wake.set()
@@ -227,15 +265,18 @@ class NvmlSupervisor:
             return 0, True
         self._proc = proc
         self.spawned += 1
+        self._prev_lines, self._cur_lines = self._cur_lines, set()
+        self._last_words = None
         if self._stopping:  # stop() ran while we were spawning
             self._signal(signal.SIGTERM)
         assert proc.stdout is not None and proc.stderr is not None
-        relay = asyncio.create_task(self._relay_stderr(proc.stderr), name="nvml-worker-stderr")
+        relay = asyncio.create_task(self._relay_stderr(proc.stderr, proc.pid), name="nvml-worker-stderr")
         delivered = 0
         failed = False
         init_failed = False
         try:
             loop = asyncio.get_running_loop()
+            self._last_line_at = loop.time()
             deadline = loop.time() + STARTUP_TIMEOUT_SECONDS
             hello = False
             while True:
@@ -245,8 +286,9 @@ class NvmlSupervisor:
                     if self._restart_reason is not None or self._stopping:
                         break
                     waited = "start" if not hello else "snapshot"
-                    where = self._quarantine_stuck(progress)
-                    self._stale(f"timeout: no {waited} from the NVML worker within its deadline{where}", "timeout")
+                    index, where = self._quarantine_stuck(progress)
+                    self._stale(f"timeout: no {waited} from the NVML worker within its deadline{where}", "timeout",
+                                hung=index)
                     failed = True
                     break
                 except ValueError:  # line longer than MAX_LINE_BYTES
@@ -256,6 +298,7 @@ class NvmlSupervisor:
                 if not line:
                     break  # EOF: the worker exited; its code says why
                 now = loop.time()
+                self._last_line_at = now
                 try:
                     msg = json.loads(line)
                     if "hello" in msg:
@@ -271,10 +314,12 @@ class NvmlSupervisor:
                 if not snap.nvml_ok:
                     init_failed = True
                     self.last_error = snap.nvml_error or "unknown"
-                    log.warning("NVML unavailable: %s", self.last_error)
+                    # The daemon logs the outage once (gpuwatchd.nvml_outage); every retry is DEBUG here.
+                    log.debug("NVML unavailable: %s (worker %d)", self.last_error, proc.pid)
                 else:
                     delivered += 1
                     self.last_error = None
+                    self._healthy(snap, delivered)
                 self.on_snapshot(snap)
                 deadline = now + self._real(self.nvml.poll_interval + self.nvml.poll_timeout)
         finally:
@@ -288,27 +333,78 @@ class NvmlSupervisor:
         if code == EXIT_REENUMERATE or self._restart_reason is not None or self._stopping:
             return delivered, False
         why = f"worker_exit_{code}" if code is not None and code >= 0 else f"worker_signal_{-(code or 0)}"
-        self._stale(f"NVML worker exited unexpectedly ({why})", why)
+        said = f": {self._last_words}" if self._last_words else ""
+        self._stale(f"NVML worker exited unexpectedly ({why}){said}"[:500], why)
         return delivered, True
 
-    def _quarantine_stuck(self, progress: int) -> str:
+    def _quarantine_stuck(self, progress: int) -> tuple[int | None, str]:
         """Which GPU the worker was calling when it missed its deadline; that GPU is left out of the next ones."""
         index = int.from_bytes(os.pread(progress, 4, 0), "little", signed=True)
         if index < 0:
-            return ""
+            return None, ""
         uuid, bus = self._known.get(index, (None, None))
         self._quarantine[index] = ({"uuid": uuid, "pci_bus_id": bus}, asyncio.get_running_loop().time())
-        return f" (stuck in a call on GPU {index}{' ' + uuid if uuid else ''})"
+        return index, f" (stuck in a call on GPU {index}{' ' + uuid if uuid else ''})"
 
-    def _stale(self, message: str, error: str) -> None:
-        log.warning("NVML data stale: %s", message)
+    def _stale(self, message: str, error: str, *, hung: int | None = None) -> None:
         self.last_error = error
+        if hung is not None:
+            self._log_hang(hung)
+        else:
+            self._failures += 1
+            if error != self._failing:
+                log.warning("NVML data stale: %s", message)
+                self._failing = error
+            else:
+                log.debug("NVML data stale again (%d failed workers): %s", self._failures, message)
         if self.on_stale is not None:
             self.on_stale(message)
+
+    def _log_hang(self, index: int) -> None:
+        now = asyncio.get_running_loop().time()
+        uuid = self._known.get(index, (None, None))[0]
+        ep = self.hangs.get(index)
+        name = f"GPU {index}{f' ({uuid})' if uuid else ''}"
+        if ep is not None and ep.uuid == uuid:
+            ep.kills += 1
+            log.debug("NVML data stale: %s still blocks NVML calls (%d workers killed, %.1fs since it answered)",
+                      name, ep.kills, (now - ep.started) * self.clock.speed)
+            return
+        self.hangs[index] = HangEpisode(uuid, self._last_line_at)
+        log.warning(
+            "NVML data stale: timeout: %s blocked an NVML call for more than %.1fs; the worker was killed, the other "
+            "GPUs keep reporting and %s is shown lost (reason timeout), retried every %gs",
+            name, (now - self._last_line_at) * self.clock.speed, f"GPU {index}", self.nvml.restart_backoff_max,
+        )
+
+    def _healthy(self, snap: Snapshot, delivered: int) -> None:
+        """A good snapshot: end the hang episodes of GPUs that answer again, and a failure episode after a run."""
+        if self.hangs:
+            now = asyncio.get_running_loop().time()
+            answering = {g.index: g.uuid for g in snap.gpus}
+            listed = answering.keys() | {x.index for x in snap.lost}
+            for index, ep in list(self.hangs.items()):
+                if index in answering and (ep.uuid is None or answering[index] == ep.uuid):
+                    del self.hangs[index]
+                    log.info("GPU %d (%s) answers NVML calls again after %.1fs without an answer (%d worker(s) "
+                             "killed)", index, answering[index], (now - ep.started) * self.clock.speed, ep.kills)
+                elif index not in listed or (index in answering and answering[index] != ep.uuid):
+                    del self.hangs[index]  # no longer enumerated there: nothing left to wait for
+                    log.info("GPU %d%s that blocked NVML calls is no longer enumerated at that index", index,
+                             f" ({ep.uuid})" if ep.uuid else "")
+        if self._failing is not None and delivered >= HEALTHY_POLLS_TO_RESET_BACKOFF:
+            log.info("NVML data fresh again after %d failed worker(s) (last failure: %s)", self._failures,
+                     self._failing)
+            self._failing = None
+            self._failures = 0
 
     def _receive(self, msg: dict[str, Any]) -> Snapshot:
         msg.pop("calls", None)
         msg["timestamp"] = self.clock.now()
+        # Xid events drained by this poll are stamped on the daemon's clock too: the worker's wall time is not the
+        # rules' time under `sim --speed` (the Xid rule would count them stale), and they are at most a poll old.
+        for ev in msg.get("xid_events") or ():
+            ev["timestamp"] = msg["timestamp"]
         snap = snapshot_from_dict(msg)
         if snap.lost and any(lost.uuid is None for lost in snap.lost):
             snap = replace(snap, lost=tuple(self._identify(lost) for lost in snap.lost))
@@ -328,12 +424,44 @@ class NvmlSupervisor:
             return lost
         return replace(lost, uuid=known[0], pci_bus_id=known[1])
 
-    async def _relay_stderr(self, stream: asyncio.StreamReader) -> None:
+    async def _relay_stderr(self, stream: asyncio.StreamReader, pid: int) -> None:
+        """Relay the worker's stderr at the level each line names; unexpected output as one WARNING block."""
+        block: list[str] = []
         while True:
-            line = await stream.readline()
-            if not line:
+            try:
+                if block:
+                    raw = await asyncio.wait_for(stream.readline(), STDERR_BLOCK_IDLE_SECONDS)
+                else:
+                    raw = await stream.readline()
+            except asyncio.TimeoutError:
+                self._flush_block(block, pid)
+                continue
+            if not raw:
+                self._flush_block(block, pid)
                 return
-            log.info("%s", line.decode(errors="replace").rstrip())
+            text = raw.decode(errors="replace").rstrip()
+            m = WORKER_LINE.fullmatch(text)
+            if m is None:
+                if text.strip():
+                    block.append(text)
+                    self._last_words = text.strip()[:300]
+                    del block[:-STDERR_BLOCK_MAX_LINES]
+                continue
+            self._flush_block(block, pid)
+            wpid, level, message = m.groups()
+            self._relay(getattr(logging, level), message, f"nvml_worker[{wpid}]: %s")
+
+    def _relay(self, level: int, message: str, fmt: str) -> None:
+        if message in self._prev_lines:
+            level = min(level, logging.DEBUG)
+        if len(self._cur_lines) < MAX_REMEMBERED_LINES:
+            self._cur_lines.add(message)
+        log.log(level, fmt, message)
+
+    def _flush_block(self, block: list[str], pid: int) -> None:
+        if block:
+            self._relay(logging.WARNING, "\n".join(block), f"unexpected output from the NVML worker [{pid}]:\n%s")
+            block.clear()
 
     async def _watch_sysfs(self) -> None:
         """NVIDIA PCI functions appearing or vanishing (Thunderbolt detach, hot-add) call for a fresh worker."""
@@ -351,6 +479,7 @@ class NvmlSupervisor:
                 due = [i for i in self._skipping if now - self._quarantine.get(i, ({}, 0.0))[1] >= retry]
                 if due:
                     self._skipping = set()
-                    self.request_restart(f"retrying GPU(s) {sorted(due)} that hung")
+                    # DEBUG: part of a hang episode, which is logged once (see _log_hang)
+                    self._restart(f"retrying GPU(s) {sorted(due)} that hung", logging.DEBUG)
             if self.on_links is not None and self._last_bus_ids:
                 self.on_links(read_links(self.sysfs.root, self._last_bus_ids))

@@ -1,0 +1,156 @@
+"""NvmlSupervisor failure paths and what they log: one line per episode, repeats at DEBUG, one line when over.
+
+Real worker processes against the stand-in driver; where the failure is the worker's own (a Python traceback),
+a real interpreter plays the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwatchd.sim.state import make_device, make_state
+from gpuwatchd.sources import supervisor
+
+from .test_supervisor import Harness, fast_nvml
+
+StateWriter = Callable[[dict[str, Any]], Path]
+LOGGER = "gpuwatchd.sources.supervisor"
+
+
+def records(caplog: pytest.LogCaptureFixture, level: int, text: str = "") -> list[str]:
+    """Messages logged by gpuwatchd at exactly ``level`` that contain ``text``."""
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("gpuwatchd") and r.levelno == level and text in r.getMessage()]
+
+
+async def test_hang_episode_is_one_warning_and_one_recovery_line(
+    standin_libdir: Path, write_sim_state: StateWriter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpuwatchd")
+    healthy = make_state(2)
+    hung = make_state(2)
+    hung["devices"][1]["delays_ms"] = {"*": -1}  # GPU 1's calls block, as in a wedged driver
+    path = write_sim_state(healthy)
+    # the hung GPU is retried every 0.3 s, so a few kill cycles happen within a second or two
+    nvml = fast_nvml(standin_libdir, poll_timeout=0.3, restart_backoff_max=0.3)
+    async with Harness(nvml, path, tmp_path) as h:
+        uuid = (await h.next_snapshot()).gpus[1].uuid
+        write_sim_state(hung)
+        await h.until(lambda: len(h.stale) >= 3, "three hang-and-kill cycles")
+        warnings = records(caplog, logging.WARNING)
+        repeats = records(caplog, logging.DEBUG, f"GPU 1 ({uuid}) still blocks NVML calls")
+        write_sim_state(healthy)
+        await h.next_snapshot(lambda s: s.nvml_ok and len(s.gpus) == 2, "GPU 1 answering again")
+        back = records(caplog, logging.INFO, "answers NVML calls again")
+    assert len(warnings) == 1, warnings  # not one per kill cycle, and nothing else warns
+    assert warnings[0].startswith(f"NVML data stale: timeout: GPU 1 ({uuid}) blocked an NVML call for more than ")
+    assert warnings[0].endswith("retried every 0.3s")
+    assert len(repeats) >= 2
+    assert len(back) == 1 and back[0].startswith(f"GPU 1 ({uuid}) answers NVML calls again after ")
+    assert f"({len(repeats) + 1} worker(s) killed)" in back[0]
+    assert h.sup.hangs == {}
+    # the quarantine retries are part of the episode: not an INFO line each
+    assert records(caplog, logging.INFO, "retrying GPU(s)") == []
+
+
+async def test_gpu_hanging_at_enumeration_is_named_by_index(
+    standin_libdir: Path, write_sim_state: StateWriter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpuwatchd")
+    state = make_state(2)
+    state["devices"][1]["delays_ms"] = {"nvmlDeviceGetHandleByIndex_v2": -1}  # never seen: no UUID to name it by
+    path = write_sim_state(state)
+    async with Harness(fast_nvml(standin_libdir, poll_timeout=0.3, restart_backoff_max=0.3), path, tmp_path) as h:
+        await h.until(lambda: bool(h.stale), "the hang at enumeration")
+        assert h.stale[0] == "timeout: no snapshot from the NVML worker within its deadline (stuck in a call on GPU 1)"
+        s = await h.next_snapshot(lambda s: s.nvml_ok, "GPU 0 reporting without GPU 1")
+        assert [g.index for g in s.gpus] == [0]
+        assert [(x.index, x.uuid, x.reason) for x in s.lost] == [(1, None, "timeout")]
+        await h.until(lambda: len(h.stale) >= 2, "the retry hanging again")
+        del state["devices"][1]["delays_ms"]
+        write_sim_state(state)
+        back = await h.next_snapshot(lambda s: len(s.gpus) == 2, "GPU 1 enumerated")
+    warnings = records(caplog, logging.WARNING)
+    assert len(warnings) == 1 and warnings[0].startswith("NVML data stale: timeout: GPU 1 blocked an NVML call")
+    assert records(caplog, logging.INFO, f"GPU 1 ({back.gpus[1].uuid}) answers NVML calls again") != []
+
+
+async def test_repeated_worker_warning_is_relayed_once(
+    standin_libdir: Path, write_sim_state: StateWriter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpuwatchd")
+    state = make_state(1, devices=[make_device(0, errors={"nvmlDeviceRegisterEvents": "UNKNOWN"})])
+    async with Harness(fast_nvml(standin_libdir), write_sim_state(state), tmp_path) as h:
+        for n in range(1, 4):
+            await h.until(lambda n=n: h.sup.spawned >= n, f"worker {n}")  # type: ignore[misc]
+            await h.next_snapshot()  # the worker registered events (and complained) before its first poll
+            h.sup.request_restart("test")
+        await h.until(lambda: h.sup.spawned >= 4, "the fourth worker")
+    uuid = state["devices"][0]["uuid"]
+    line = f"GPU {uuid}: Xid events not registered: unknown"
+    assert [m.split(": ", 1)[1] for m in records(caplog, logging.WARNING)] == [line]
+    assert sum(m.endswith(line) for m in records(caplog, logging.DEBUG)) >= 2
+    assert records(caplog, logging.WARNING)[0].startswith("nvml_worker[")
+
+
+async def test_worker_traceback_is_one_block_and_named_in_the_exit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpuwatchd")
+    fake = tmp_path / "crashing-python"
+    code = "import json; print(json.dumps({'hello': 1}), flush=True); raise RuntimeError('driver said: boom')"
+    fake.write_text(f'#!/bin/sh\nexec {sys.executable} -c "{code}"\n')
+    fake.chmod(0o755)
+    async with Harness(fast_nvml(None), tmp_path / "state", tmp_path, python=str(fake)) as h:
+        await h.until(lambda: len(h.stale) >= 3, "three crashed workers")
+    assert h.stale[0] == "NVML worker exited unexpectedly (worker_exit_1): RuntimeError: driver said: boom"
+    assert h.sup.last_error == "worker_exit_1"
+    warnings = records(caplog, logging.WARNING)
+    assert len(warnings) == 2, warnings  # the traceback once, the failure once: not per crashed worker
+    block = next(w for w in warnings if w.startswith("unexpected output from the NVML worker"))
+    assert block.splitlines()[1] == "Traceback (most recent call last):"
+    assert block.splitlines()[-1] == "RuntimeError: driver said: boom"
+    assert any(w.startswith("NVML data stale: NVML worker exited unexpectedly (worker_exit_1)") for w in warnings)
+    assert len(records(caplog, logging.DEBUG, "NVML data stale again")) >= 2
+
+
+async def test_failure_episode_ends_with_one_line(
+    standin_libdir: Path, write_sim_state: StateWriter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpuwatchd")
+    async with Harness(fast_nvml(standin_libdir), write_sim_state(make_state(1)), tmp_path) as h:
+        for _ in range(2):
+            await h.next_snapshot()
+            proc = h.sup._proc
+            assert proc is not None
+            proc.kill()  # as if the driver segfaulted the worker, twice in a row
+            await h.until(lambda p=proc: p.returncode is not None and h.sup._proc is not p,  # type: ignore[misc]
+                          "the crash noticed")
+        start = len(h.snaps)
+        await h.until(lambda: len(h.snaps) >= start + supervisor.HEALTHY_POLLS_TO_RESET_BACKOFF, "a healthy run")
+    warnings = records(caplog, logging.WARNING)
+    assert warnings == ["NVML data stale: NVML worker exited unexpectedly (worker_signal_9)"]
+    assert records(caplog, logging.INFO, "NVML data fresh again") == [
+        "NVML data fresh again after 2 failed worker(s) (last failure: worker_signal_9)"
+    ]
+
+
+async def test_oversized_line_replaces_the_worker(
+    standin_libdir: Path, write_sim_state: StateWriter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 64 MB is the real bound; 4 KB with 40 processes exercises the same path through a real worker
+    monkeypatch.setattr(supervisor, "MAX_LINE_BYTES", 4096)
+    procs = [{"pid": 100 + i, "used_memory": 1_000_000 + i, "name": "python3"} for i in range(40)]
+    state = make_state(1, devices=[make_device(0, processes={"compute": procs, "graphics": []})])
+    async with Harness(fast_nvml(standin_libdir), write_sim_state(state), tmp_path, top_n=40) as h:
+        await h.until(lambda: len(h.stale) >= 2, "two oversized lines")
+    assert h.stale[0] == "worker wrote an oversized line"
+    assert h.sup.last_error == "protocol_error" and h.snaps == []
+    assert records(caplog, logging.WARNING) == ["NVML data stale: worker wrote an oversized line"]
