@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import shutil
+import subprocess
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatchd.config import NvmlConfig
+from gpuwatchd.config import NvmlConfig, config_from_dict
+from gpuwatchd.daemon import Daemon
 from gpuwatchd.model import Snapshot
 from gpuwatchd.nvml_outage import NvmlOutageLog
+from gpuwatchd.sim.state import make_state
 
 
 def down(reason: str) -> Snapshot:
@@ -41,3 +53,164 @@ def test_each_outage_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
 def test_names_the_configured_library_path(caplog: pytest.LogCaptureFixture) -> None:
     NvmlOutageLog().observe(down("library_not_found"), NvmlConfig(library_path=Path("/opt/nvidia/lib")))
     assert "(libnvidia-ml.so.1 not in /opt/nvidia/lib: library_not_found)" in caplog.text
+
+
+# -- through the daemon and the stand-in -------------------------------------------------------------------------
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+WAIT_SECONDS = 30.0  # upper bound for a worker to start on a loaded 2-core box; tests end far sooner
+RULES = Path(__file__).resolve().parents[1] / "dashboards" / "gpuwatchd.rules.yml"
+# Series a GPU exports whatever NVML says: its identity and presence (runtime_families.presence_families).
+IDENTITY_SERIES = {"gpuwatchd_gpu_info", "gpuwatchd_gpu_present", "gpuwatchd_gpu_lost",
+                   "gpuwatchd_gpu_last_seen_timestamp_seconds"}
+
+
+async def scrape(url: str) -> Samples:
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+        assert r.status == 200
+        text = await r.text()
+    return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+            for fam in text_string_to_metric_families(text) for smp in fam.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    want = tuple(sorted(labels.items()))
+    return next((v for (n, lab), v in samples.items() if n == name and all(i in lab for i in want)), None)
+
+
+async def wait_for(cond: Callable[[], Awaitable[Any]], what: str) -> Any:
+    end = asyncio.get_running_loop().time() + WAIT_SECONDS
+    while not (result := await cond()):
+        assert asyncio.get_running_loop().time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+    return result
+
+
+def sim_daemon(tmp_path: Path, libdir: Path, state: Path) -> Daemon:
+    cfg = {
+        "listen": "127.0.0.1:0",
+        "state_dir": str(tmp_path / "state"),
+        "nvml": {"library_path": str(libdir), "poll_interval": "100ms", "restart_backoff_initial": "50ms",
+                 "restart_backoff_max": "200ms"},
+        "sysfs": {"root": str(tmp_path / "sysfs")},
+        "rules": {"expected_gpu_count": 2},
+    }
+    return Daemon(config_from_dict(cfg), worker_env={"GPUWATCHD_SIM_STATE": str(state)})
+
+
+def logged(caplog: pytest.LogCaptureFixture, text: str, level: int = logging.INFO) -> list[str]:
+    """gpuwatchd messages at ``level`` or above that contain ``text``."""
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("gpuwatchd") and r.levelno >= level and text in r.getMessage()]
+
+
+async def test_no_driver_is_one_line_for_the_whole_outage(
+    tmp_path: Path, standin_libdir: Path, write_sim_state: Callable[[dict[str, Any]], Path],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpuwatchd")
+    libdir = tmp_path / "driver"  # no libnvidia-ml.so.1 in it yet
+    libdir.mkdir()
+    daemon = sim_daemon(tmp_path, libdir, write_sim_state(make_state(2)))
+    await daemon.start()
+    try:
+        await wait_for(lambda: _true(daemon.supervisor.restarts >= 4), "a few init retries")
+        during = logged(caplog, "library_not_found")
+        retries = [r for r in caplog.records if r.levelno == logging.DEBUG and "NVML unavailable" in r.getMessage()]
+        (libdir / "libnvidia-ml.so.1").symlink_to(standin_libdir / "libnvidia-ml.so.1")  # the driver installed
+        await wait_for(lambda: _true(daemon.store.latest is not None and daemon.store.latest.nvml_ok), "NVML up")
+        up_at = daemon.store.version
+        await wait_for(lambda: _true(daemon.store.version >= up_at + 5), "more polls after recovery")
+    finally:
+        await daemon.stop()
+    assert len(during) == 1, during  # the one line, not one per retry (nor the worker's own stderr)
+    assert during[0].startswith("no NVIDIA driver found (libnvidia-ml.so.1 not in ")
+    assert during[0].endswith("To try gpuwatchd without a GPU: gpuwatchd sim --scenario idle")
+    assert len(retries) >= 4
+    assert logged(caplog, "NVML is up") == ["NVML is up: driver 535.161.08, 2 GPU(s)"]
+    assert logged(caplog, "", logging.WARNING) == during
+
+
+async def _true(x: bool) -> bool:
+    return x
+
+
+async def test_driver_outage_after_gpus_were_seen_is_nvml_down_not_gpus_lost(
+    tmp_path: Path, standin_libdir: Path, write_sim_state: Callable[[dict[str, Any]], Path],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="gpuwatchd")
+    state = make_state(2)
+    uuids = [d["uuid"] for d in state["devices"]]
+    daemon = sim_daemon(tmp_path, standin_libdir, write_sim_state(state))
+    await daemon.start()
+    try:
+        async def gpus_reporting() -> Samples | None:
+            s = await scrape(daemon.url)
+            return s if value(s, "gpuwatchd_gpu_memory_used_bytes", uuid=uuids[1]) is not None else None
+
+        healthy = await wait_for(gpus_reporting, "both GPUs on /metrics")
+        # The driver package is upgraded under the running daemon: every new NVML session now fails to init.
+        write_sim_state(make_state(2, init_error="LIB_RM_VERSION_MISMATCH"))
+        daemon.supervisor.request_restart("test: a fresh worker meets the upgraded library")
+
+        async def nvml_down() -> Samples | None:
+            s = await scrape(daemon.url)
+            return s if value(s, "gpuwatchd_nvml_up") == 0 else None
+
+        await wait_for(nvml_down, "nvml_up 0")
+        await wait_for(lambda: _true(daemon.supervisor.restarts >= 4), "a few init retries")
+        down = await scrape(daemon.url)
+        alerts = daemon.evaluate()
+        write_sim_state(state)  # rebooted into the new driver: same GPUs, same UUIDs
+        await wait_for(gpus_reporting, "GPU values back")
+    finally:
+        await daemon.stop()
+
+    assert value(down, "gpuwatchd_nvml_error_info", reason="lib_rm_version_mismatch") == 1
+    for uuid in uuids:  # presence is the last known fact; the readings are not exported while unknown
+        assert value(down, "gpuwatchd_gpu_present", uuid=uuid) == 1
+        assert value(down, "gpuwatchd_gpu_lost", uuid=uuid) == 0
+    assert value(down, "gpuwatchd_gpus") == 2
+    gpu_series = {n for n, _ in down if n.startswith("gpuwatchd_gpu_")} - IDENTITY_SERIES
+    assert {n for n, _ in healthy if n.startswith("gpuwatchd_gpu_memory")} and gpu_series == set(), gpu_series
+    # the daemon's own rules: a driver outage is not a lost, removed or missing GPU
+    assert [a.name for a in alerts if a.name in {"GpuLost", "GpuRemoved", "GpuCountLow"}] == []
+    # one line for the outage, with what to do, and one when NVML is back
+    out = logged(caplog, "lib_rm_version_mismatch")
+    assert out == ["NVML unavailable (lib_rm_version_mismatch: the NVIDIA library and kernel module differ, as "
+                   "after a driver upgrade without a reboot: reboot, or reload the nvidia kernel modules); serving "
+                   "metrics without GPU data; retrying every 0.2s at most"]
+    assert logged(caplog, "NVML is up") == ["NVML is up: driver 535.161.08, 2 GPU(s)"]
+    # the Prometheus rules shipped for fleets see the same: GpuwatchdNvmlDown, and no GPU alert
+    verdict = promtool_verdict(tmp_path, healthy, down)
+    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+    # ...and the same check fails if presence had dropped with the driver (so passing above means something)
+    dropped = {k: 0.0 if k[0] == "gpuwatchd_gpu_present" else v for k, v in down.items()}
+    assert promtool_verdict(tmp_path, healthy, dropped).returncode != 0
+
+
+def promtool_verdict(tmp_path: Path, before: Samples, during: Samples) -> subprocess.CompletedProcess[str]:
+    """``promtool test rules`` over the scraped series: 5 min as before, then 10 min as during the outage."""
+    exe = shutil.which("promtool")
+    if exe is None:
+        pytest.skip("promtool not installed (Debian package 'prometheus'; .ci/run installs it)")
+    series = []
+    for key in sorted(before.keys() | during.keys()):
+        name, labels = key
+        text = ",".join(f"{k}={json.dumps(v)}" for k, v in (*labels, ("instance", "h1"), ("job", "g")))
+        timeline = [before.get(key)] * 5 + [during.get(key)] * 10  # "_": no sample at that step
+        values = " ".join("_" if v is None else repr(float(v)) for v in timeline)
+        series.append({"series": f"{name}{{{text}}}", "values": values})
+    rules = yaml.safe_load(RULES.read_text())
+    nvml_down = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "GpuwatchdNvmlDown")
+    annotations = {k: v.replace("{{ $labels.instance }}", "h1") for k, v in nvml_down["annotations"].items()}
+    expect = [{"eval_time": "14m", "alertname": name, "exp_alerts": []}
+              for name in ("GpuLost", "GpuRemoved", "GpuCountLow")]
+    expect.append({"eval_time": "14m", "alertname": "GpuwatchdNvmlDown", "exp_alerts": [
+        {"exp_labels": {"severity": "critical", "job": "g", "instance": "h1"}, "exp_annotations": annotations}]})
+    test = {"rule_files": [str(RULES)], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": expect}]}
+    path = tmp_path / "outage_rules_test.yml"
+    path.write_text(yaml.safe_dump(test))
+    return subprocess.run([exe, "test", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False)
