@@ -294,7 +294,14 @@ class Dispatcher:
 
     def _flush(self, gid: tuple[str, str], g: Group, now: float) -> None:
         rc = self.config.receiver(g.route.receiver)
-        alerts = [a for a in g.alerts.values() if not self.muting(a, now).muted]
+        prev = self._sent.get(gid)
+        told = prev.firing if prev is not None else frozenset()
+        # A resolution is news only to a receiver that was told the alert fired: one muted (inhibited by a lost
+        # GPU, silenced) or over within group_wait was never shown, and its "resolved" would come out of nowhere.
+        alerts = [
+            a for a in g.alerts.values()
+            if not self.muting(a, now).muted and (a.state == "firing" or alert_fp(a) in told)
+        ]
         firing = frozenset(alert_fp(a) for a in alerts if a.state == "firing")
         resolved = frozenset(alert_fp(a) for a in alerts if a.state == "resolved")
         reason = needs_update(

@@ -380,9 +380,12 @@ class Player:
             from gpuwatchd.sim.state import write_state
 
             self._write = write_state
+        # The state file first, then the PCI tree: the daemon re-enumerates when the tree changes, and a worker
+        # started on a vanished directory must not find the old device list (the kernel, too, unbinds the driver
+        # before the sysfs directory goes). Tree first let the re-enumeration miss a removal altogether.
+        self._write(self.state_path, state)
         if self.sysfs_root is not None and (self._last is None or self._last["devices"] != state["devices"]):
             mirror_sysfs(self.sysfs_root, state)
-        self._write(self.state_path, state)
         self._last = state
         self.writes += 1
 

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gpuwatchd.clock import ScaledClock
 from gpuwatchd.config import Config, config_from_dict
+from gpuwatchd.notify.format import UUID_SHORT
 from gpuwatchd.sim.player import Player
 from gpuwatchd.sim.scenario import load_scenario
 
@@ -148,3 +149,18 @@ def message_text(body: Any, service: str) -> str:
     if service == "teams":
         return "\n".join(b["text"] for b in body["attachments"][0]["content"]["body"])
     return str(body["text"])
+
+
+def check_chat_text(sinks: dict[str, Sink]) -> None:
+    """Each chat message names the host, each alert's GPU (index, model, short uuid) and its summary."""
+    hooks = sinks["webhook"].bodies()
+    for service in ("slack", "discord", "teams", "mattermost"):
+        for hook, body in zip(hooks, sinks[service].bodies(), strict=True):
+            text = message_text(body, service)
+            assert "on sim-host" in text, service
+            for a in hook["alerts"]:
+                lab = a["labels"]
+                assert f"GPU {lab['gpu']} · {lab['model']} · {lab['uuid'][:UUID_SHORT]}" in text, service
+                assert a["annotations"]["summary"][:40] in text, service
+                if "sparkline" in a["annotations"]:  # the leak rule draws the memory trend
+                    assert f"Trend: {a['annotations']['sparkline']}" in text, service

@@ -19,9 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpuwatchd.notify.format import UUID_SHORT
-
-from .scenario_harness import SERVICES, ScenarioRun, message_text, play, summary
+from .scenario_harness import SERVICES, check_chat_text, play, summary
 
 pytest.importorskip("gpuwatchd.sim.player", reason="scenario player not available")
 
@@ -47,21 +45,6 @@ def flat(bodies: list[Any], service: str) -> list[list[tuple[str, str]]]:
     return [summary(b, service) for b in bodies]
 
 
-def check_chat_text(run: ScenarioRun) -> None:
-    """Each chat message names the host, each alert's GPU (index, model, short uuid) and its summary."""
-    hooks = run.sinks["webhook"].bodies()
-    for service in ("slack", "discord", "teams", "mattermost"):
-        for hook, body in zip(hooks, run.sinks[service].bodies(), strict=True):
-            text = message_text(body, service)
-            assert "on sim-host" in text, service
-            for a in hook["alerts"]:
-                lab = a["labels"]
-                assert f"GPU {lab['gpu']} · {lab['model']} · {lab['uuid'][:UUID_SHORT]}" in text, service
-                assert a["annotations"]["summary"][:40] in text, service
-                if "sparkline" in a["annotations"]:  # the leak rule draws the memory trend
-                    assert f"Trend: {a['annotations']['sparkline']}" in text, service
-
-
 @pytest.mark.parametrize("name", list(SCENARIOS))
 async def test_scenario_messages(name: str, tmp_path: Path) -> None:
     expected_names, speed = SCENARIOS[name]
@@ -77,7 +60,7 @@ async def test_scenario_messages(name: str, tmp_path: Path) -> None:
     want = flat(hooks, "webhook")
     for service in SERVICES:
         assert flat(run.sinks[service].bodies(), service) == want, service
-    check_chat_text(run)
+    check_chat_text(run.sinks)
 
     fired = {s.fingerprint for s in run.seen if s.state == "firing"}
     notified: set[str] = set()

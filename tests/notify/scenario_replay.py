@@ -1,0 +1,142 @@
+"""A stand-in scenario replayed deterministically through the daemon's own parts, to real local chat sinks.
+
+    state_at(scenario, t) -> stand-in state file -> the real NVML worker (``Worker``, real pynvml, in a child
+    process, polled on command) -> the supervisor's snapshot intake -> Store -> RulesEngine -> Dispatcher
+    -> real HTTP to one local sink per service
+
+Time is a ManualClock stepped by ``step`` scenario seconds, so every run gives the same messages (the exact-text
+tests compare them with golden files). What the supervisor does between polls is done here the same way: a fresh
+worker after one asked to re-enumerate (GPU lost, count changed) and when the set of NVIDIA PCI functions in sysfs
+changes (``pci_tree.sysfs_files`` is the tree ``gpuwatchd sim`` mirrors for the supervisor's hot-plug watch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gpuwatchd.clock import ManualClock
+from gpuwatchd.notify.dispatcher import Dispatcher
+from gpuwatchd.rules.engine import RulesEngine
+from gpuwatchd.sim.pci_tree import sysfs_files
+from gpuwatchd.sim.player import SCENARIO_EPOCH, state_at
+from gpuwatchd.sim.scenario import load_scenario
+from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
+from gpuwatchd.sources.supervisor import NvmlSupervisor
+from gpuwatchd.store import Store
+
+from .conftest import Sink, start_sink
+from .scenario_harness import SERVICES, sim_config
+
+CHILD = Path(__file__).with_name("nvml_child.py")
+# How long a deliverable notification may take to reach its sink once due: a liveness bound, not a timing check.
+DRAIN_TIMEOUT_S = 20.0
+
+
+class NvmlChild:
+    """One long-lived child process running the real NVML worker class against the stand-in."""
+
+    def __init__(self, libdir: Path) -> None:
+        pkg_parent = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, LD_LIBRARY_PATH=str(libdir), PYTHONPATH=pkg_parent)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILD)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )
+
+    def call(self, **cmd: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"NVML child ended on {cmd}: exit {self.proc.wait()}\n{err}")
+        out: dict[str, Any] = json.loads(line)
+        return out
+
+    def close(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
+class Replay:
+    sinks: dict[str, Sink]
+    workers: int  # NVML sessions started (1 + re-enumerations)
+
+
+async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: float) -> Replay:
+    """Run scenario ``name`` from 0 to its end plus ``tail``, one poll and one evaluation every ``step`` seconds."""
+    scen = load_scenario(name)
+    clock = ManualClock(SCENARIO_EPOCH)
+    runners: list[web.AppRunner] = []
+    sinks: dict[str, Sink] = {}
+    for s in SERVICES:
+        sink, runner = await start_sink(f"/{s}/SECRET{s}")
+        sinks[s] = sink
+        runners.append(runner)
+    config = sim_config(sinks, tmp / "state-dir", tmp)
+    store = Store(retention_seconds=config.history.retention, step_seconds=config.history.step)
+    engine = RulesEngine(config.rules, host=config.host)
+    # Only its snapshot intake is used (stamping, naming GPUs lost at enumeration); it never spawns a worker here.
+    intake = NvmlSupervisor(config.nvml, config.processes, config.sysfs, clock=clock, on_snapshot=store.apply)
+    dispatcher = Dispatcher(config.notify, state_dir=tmp / "state-dir", clock=clock, host=config.host)
+    await dispatcher.start()
+    state_path = tmp / "state"
+    workers = 0
+    try:
+        fresh = True
+        pci: set[str] = set()
+        i = 0
+        while (t := i * step) <= scen.duration + tail:
+            i += 1
+            state = state_at(scen, t)
+            write_state(state_path, state)
+            devices = set(sysfs_files(state))
+            if devices != pci:  # the supervisor's sysfs hot-plug watch
+                fresh, pci = True, devices
+            if fresh:
+                child.call(op="start", state=str(state_path), top_n=config.processes.top_n)
+                workers += 1
+                fresh = False
+            # Lets deliveries run, and the stand-in see the rewritten file. The clock moves only after this, and
+            # everything from the poll to the dispatcher runs without yielding: no flush sees a half-done step.
+            await asyncio.sleep(2 * RELOAD_CHECK_S)
+            clock.t = SCENARIO_EPOCH + t
+            msg = child.call(op="poll")
+            fresh = msg.pop("reenumerate") is not None  # the worker exits; the supervisor starts a fresh one
+            store.apply(intake._receive(msg))  # the supervisor's own intake, not a copy of it
+            dispatcher.update(list(engine.evaluate(store, clock.now())))
+        await _drain(dispatcher)
+    finally:
+        child.call(op="close")
+        await dispatcher.stop()
+        for r in runners:
+            await r.cleanup()
+    return Replay(sinks, workers)
+
+
+async def _drain(dispatcher: Dispatcher) -> None:
+    """Wait until every queued notification reached its sink."""
+
+    async def empty() -> None:
+        while any(dispatcher.outbox.depths().values()):
+            dispatcher.wake()
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(empty(), DRAIN_TIMEOUT_S)

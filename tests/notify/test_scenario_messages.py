@@ -1,0 +1,102 @@
+"""Exact chat messages per stand-in scenario (issue #4 item 6), replayed deterministically.
+
+Each scenario runs through the real NVML worker, store, rules engine and dispatcher on a ManualClock
+(``scenario_replay``), and every service's sink gets exactly the messages in ``golden/<scenario>/<service>.json``
+(fired and resolved, nothing more); the benign scenarios send nothing. ``UPDATE_GOLDEN=1`` rewrites the files;
+read the diff (``golden/<scenario>/slack.md`` shows the Slack text as a reader sees it) before committing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .scenario_harness import SERVICES, check_chat_text, message_text, summary
+from .scenario_replay import NvmlChild, replay
+
+GOLDEN = Path(__file__).with_name("golden")
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+TAIL_S = 60.0  # past the end: resolutions and the last group_interval (30 s) go out
+# Scenario -> (alerts it is about, exactly; poll/evaluation step in scenario seconds). 5 s is the store's history
+# step; the leak's half hour is sampled every 10 s to keep the run short (the leak window is many minutes).
+SCENARIOS: dict[str, tuple[set[str], float]] = {
+    "leak": ({"GpuMemoryLeak"}, 10.0),
+    "plateau": (set(), 5.0),
+    "throttle-thermal": ({"GpuThrottled", "GpuTemperatureHigh"}, 5.0),
+    "power-brake": ({"GpuThrottled"}, 5.0),
+    "sw-power-cap-idle": (set(), 5.0),
+    "egpu-unplug": ({"GpuXidError", "GpuLost", "GpuRemoved"}, 1.0),
+    "xid-storm": ({"GpuXidError", "GpuEccError", "GpuLost"}, 1.0),  # Xid 48 is a DBE, Xid 79 the loss
+    "ecc": ({"GpuEccError", "GpuXidError"}, 1.0),
+    "link-degraded": ({"GpuPcieLinkDegraded", "GpuPcieReplays"}, 5.0),
+}
+
+
+@pytest.fixture(scope="module")
+def child() -> Iterator[NvmlChild]:
+    from gpuwatchd.sim.build import build_standin
+
+    c = NvmlChild(build_standin())
+    yield c
+    c.close()
+
+
+def _golden(name: str, service: str, got: list[Any]) -> None:
+    path = GOLDEN / name / f"{service}.json"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(got, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert path.exists(), f"no golden file {path}: run with UPDATE_GOLDEN=1 and review it"
+    want = json.loads(path.read_text(encoding="utf-8"))
+    assert got == want, f"{service} messages of {name} differ from {path} (UPDATE_GOLDEN=1 rewrites it)"
+
+
+def _readable(name: str, slack: list[Any]) -> None:
+    """``golden/<scenario>/messages.txt``: the Slack messages as a reader sees them, to review by eye."""
+    text = "\n\n========\n\n".join(message_text(b, "slack") for b in slack) + "\n"
+    path = GOLDEN / name / "messages.txt"
+    if UPDATE:
+        path.write_text(text, encoding="utf-8")
+    assert path.read_text(encoding="utf-8") == text
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+async def test_exact_messages(name: str, child: NvmlChild, tmp_path: Path) -> None:
+    expected, step = SCENARIOS[name]
+    run = await replay(name, child, tmp_path, step=step, tail=TAIL_S)
+    got = {s: run.sinks[s].bodies() for s in SERVICES}
+    if not expected:
+        assert got == {s: [] for s in SERVICES}
+        assert not (GOLDEN / name).exists(), "a benign scenario has no messages to keep"
+        return
+    hooks = got["webhook"]
+    assert {a["labels"]["alertname"] for h in hooks for a in h["alerts"]} == expected
+    want = [summary(h, "webhook") for h in hooks]
+    for s in SERVICES:
+        assert [summary(b, s) for b in got[s]] == want, f"{s} says something else than the webhook"
+        _golden(name, s, got[s])
+    check_chat_text(run.sinks)
+    _readable(name, got["slack"])
+    if name == "egpu-unplug":
+        _check_unplug(hooks, run.workers)
+
+
+def _check_unplug(hooks: list[Any], workers: int) -> None:
+    """The dock pulled and plugged back: lost, then removed, then "reattached" at its new index, in that order."""
+    events = [
+        (a["status"], a["labels"]["alertname"], a["annotations"]["summary"])
+        for h in hooks
+        for a in h["alerts"]
+        if a["labels"]["alertname"] in ("GpuLost", "GpuRemoved")
+    ]
+    order = [(status, alert) for status, alert, _ in events]
+    assert order.index(("firing", "GpuLost")) < order.index(("firing", "GpuRemoved"))
+    assert order.index(("firing", "GpuRemoved")) < order.index(("resolved", "GpuRemoved"))
+    reattached = [text for status, alert, text in events if (status, alert) == ("resolved", "GpuRemoved")]
+    assert len(reattached) == 1 and "reattached at index 1" in reattached[0]
+    assert workers == 4  # NVML sessions: the first, after the loss, after the removal, after the replug
