@@ -101,6 +101,14 @@ class Worker:
             if row.next_attempt > now:
                 await nap(self._clock, row.next_attempt, self.wake)
                 continue
+            if not self._outbox.settled():
+                # The row is on disk before its first attempt, and the outcome of the previous one too: a kill
+                # during this request re-sends this row only (the outbox writes on its own thread).
+                await self._outbox.drain()
+                head = self._outbox.next_pending(self.rc.name)
+                if head is None or head.id != row.id:
+                    continue
+                row = head
             wait = self._bucket.wait_time(now)
             if wait > 0:
                 await nap(self._clock, now + wait, asyncio.Event())

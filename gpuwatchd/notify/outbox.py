@@ -7,20 +7,37 @@ duplicate a kill between "server answered" and "we committed" can cause) or a de
 
 Durability: WAL with ``synchronous=FULL``. In WAL mode NORMAL already survives a killed *process* (committed
 pages are in the OS cache); FULL also survives a host crash or power cut, which is the failure a GPU falling off
-the bus can cause. Writes are one small transaction per notification, so the fsync cost is negligible, and the
-calls are made inline on the event loop for that reason.
+the bus can cause.
+
+Threading: every commit fsyncs, and on a slow or busy disk an fsync can take seconds; on the event loop that would
+stall ``/metrics`` and the systemd watchdog. So the one SQLite connection belongs to one writer thread, fed in
+order through a queue. The loop answers its hot-path questions (next pending row, queue depths, dedup entries)
+from an in-memory mirror of the pending rows and the notification log, updated at once by every write; the SQL
+follows in the same order on the thread. A delivery worker waits for the queued writes (:meth:`Outbox.drain`) before
+each attempt, which keeps "stored before the first HTTP attempt" and "an acknowledged row is committed delivered
+before the next request goes out".
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
+import logging
+import queue
 import sqlite3
+import threading
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from gpuwatchd.notify.grouping import LogEntry
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DB_NAME = "gpuwatchd.db"
 SCHEMA = """
@@ -101,130 +118,288 @@ def _row(r: sqlite3.Row) -> OutboxRow:
     )
 
 
+_Job = tuple[Callable[[sqlite3.Connection], Any], "concurrent.futures.Future[Any]"]
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    # check_same_thread stays on: the connection is created and used by the writer thread only.
+    db = sqlite3.connect(path, isolation_level=None)  # explicit BEGIN/COMMIT in _tx
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    # Other subsystems may share the file: wait for their write locks rather than fail.
+    db.execute("PRAGMA busy_timeout=5000")
+    db.executescript(SCHEMA)
+    return db
+
+
+def _serve(path: Path, jobs: queue.SimpleQueue[_Job | None], ready: concurrent.futures.Future[None]) -> None:
+    """The writer thread: owns the connection, runs jobs in submission order until ``None``."""
+    try:
+        db = _open(path)
+    except sqlite3.Error as e:
+        ready.set_exception(e)
+        return
+    ready.set_result(None)
+    try:
+        while (job := jobs.get()) is not None:
+            fn, fut = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(db))
+            except Exception as e:  # handed to whoever awaits the job, and logged by Outbox._check
+                fut.set_exception(e)
+    finally:
+        db.close()
+
+
+def _tx(*statements: tuple[str, tuple[Any, ...]]) -> Callable[[sqlite3.Connection], int]:
+    """One transaction of ``statements``; returns the row count of the last one."""
+
+    def run(db: sqlite3.Connection) -> int:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            count = 0
+            for sql, args in statements:
+                count = db.execute(sql, args).rowcount
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return count
+
+    return run
+
+
+_LOG_UPSERT = (
+    "INSERT INTO nflog (receiver, group_key, firing, resolved, timestamp, expires) VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (receiver, group_key) DO UPDATE SET firing = excluded.firing,"
+    " resolved = excluded.resolved, timestamp = excluded.timestamp, expires = excluded.expires"
+)
+
+
 class Outbox:
-    """The SQLite store. Not thread-safe: used from the event loop only."""
+    """The SQLite store, written by its own thread. Its methods are called from one thread (the event loop)."""
 
     def __init__(self, state_dir: Path) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
         self.path = state_dir / DB_NAME
-        self._db = sqlite3.connect(self.path, isolation_level=None)  # explicit transactions below
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        # Other subsystems may share the file: wait for their write locks rather than fail.
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=_serve, args=(self.path, self._jobs, ready), name="gpuwatchd-outbox", daemon=True
+        )
+        self._thread.start()
+        ready.result()  # a database that cannot be opened fails here, at start-up, as before
+        # An Outbox dropped without close() still lets its thread finish the queue and exit.
+        self._stop = weakref.finalize(self, self._jobs.put, None)
+        self._closed = False
+        self._last: concurrent.futures.Future[Any] | None = None
+        self._stored: dict[int, concurrent.futures.Future[Any]] = {}
+        self.write_errors = 0  # failed writes since start (each one logged)
+        # The mirror: pending rows in id order, and the notification log with each entry's expiry.
+        self._pending: dict[int, OutboxRow] = {
+            r.id: r for r in self._query(lambda db: [_row(x) for x in db.execute(_PENDING_SQL, (PENDING,))])
+        }
+        self._log: dict[tuple[str, str], tuple[LogEntry, float]] = {
+            (r["receiver"], r["group_key"]): (
+                LogEntry(_set(r["firing"]), _set(r["resolved"]), r["timestamp"]),
+                r["expires"],
+            )
+            for r in self._query(lambda db: db.execute("SELECT * FROM nflog").fetchall())
+        }
+        self._next_id = 1 + int(self._query(lambda db: db.execute(_LAST_ID_SQL).fetchone()[0]))
 
     def close(self) -> None:
-        self._db.close()
+        """Finish the queued writes (blocking) and close the database."""
+        if not self._closed:
+            self._closed = True
+            self._stop()
+            self._thread.join()
+
+    # -- the writer thread ----------------------------------------------------------------------------------------
+    def _submit(self, fn: Callable[[sqlite3.Connection], T], what: str) -> concurrent.futures.Future[T]:
+        if self._closed:
+            raise RuntimeError(f"outbox closed: cannot {what}")
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._jobs.put((fn, fut))
+        fut.add_done_callback(lambda f: self._check(f, what))
+        self._last = fut
+        return fut
+
+    def _check(self, fut: concurrent.futures.Future[Any], what: str) -> None:
+        # Runs on the writer thread. The in-memory state already has the change, so delivery goes on; what is lost
+        # is only its survival of a crash. Say so loudly.
+        if not fut.cancelled() and fut.exception() is not None:
+            self.write_errors += 1
+            log.error("notification database %s: %s failed: %s; kept in memory only", self.path, what, fut.exception())
+
+    def _query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the writer thread after every queued write and wait for it (start-up, tests, diagnostics)."""
+        if self._closed:
+            raise RuntimeError("outbox closed")
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._jobs.put((fn, fut))
+        return fut.result()
+
+    def settled(self) -> bool:
+        """Whether every write submitted so far is finished (committed, or failed and logged)."""
+        return self._last is None or self._last.done()
+
+    async def stored(self, row_id: int) -> bool:
+        """Wait until row ``row_id`` is committed; False if writing it failed (already logged)."""
+        fut = self._stored.get(row_id)
+        if fut is None:
+            return True
+        # shield: a cancelled waiter (worker stopping) must not cancel the write itself.
+        try:
+            await asyncio.shield(asyncio.wrap_future(fut))
+        except sqlite3.Error:
+            return False
+        finally:
+            if fut.done():
+                self._stored.pop(row_id, None)
+        return True
+
+    async def drain(self) -> None:
+        """Wait until every write submitted so far is committed (or has failed)."""
+        if self._last is not None:
+            await asyncio.wait([asyncio.wrap_future(self._last)])
 
     # -- outbox ---------------------------------------------------------------------------------------------------
     def enqueue(
         self, receiver: str, group_key: str, payload: str, *, firing: Iterable[str], resolved: Iterable[str], now: float
     ) -> OutboxRow:
-        """Persist a notification (committed before this returns)."""
-        key = uuid.uuid4().hex
-        with self._db:
-            cur = self._db.execute(
-                "INSERT INTO outbox (receiver, group_key, idempotency_key, payload, firing, resolved, created,"
-                " next_attempt, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    receiver,
-                    group_key,
-                    key,
-                    payload,
-                    json.dumps(sorted(firing)),
-                    json.dumps(sorted(resolved)),
-                    now,
-                    now,
-                    PENDING,
-                ),
-            )
-        row = self.get(int(cur.lastrowid or 0))
-        assert row is not None
+        """Queue a notification for storing and return its row; :meth:`stored` says when it is on disk."""
+        row = OutboxRow(
+            id=self._next_id,
+            receiver=receiver,
+            group_key=group_key,
+            idempotency_key=uuid.uuid4().hex,
+            payload=payload,
+            firing=frozenset(firing),
+            resolved=frozenset(resolved),
+            created=now,
+            attempts=0,
+            next_attempt=now,
+            status=PENDING,
+            last_error=None,
+        )
+        self._next_id += 1
+        insert = (
+            "INSERT INTO outbox (id, receiver, group_key, idempotency_key, payload, firing, resolved, created,"
+            " next_attempt, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                row.id,
+                receiver,
+                group_key,
+                row.idempotency_key,
+                payload,
+                json.dumps(sorted(row.firing)),
+                json.dumps(sorted(row.resolved)),
+                now,
+                now,
+                PENDING,
+            ),
+        )
+        self._stored[row.id] = self._submit(_tx(insert), f"storing notification {row.id}")
+        self._pending[row.id] = row
         return row
 
     def get(self, row_id: int) -> OutboxRow | None:
-        r = self._db.execute("SELECT * FROM outbox WHERE id = ?", (row_id,)).fetchone()
+        if row_id in self._pending:
+            return self._pending[row_id]
+        r = self._query(lambda db: db.execute("SELECT * FROM outbox WHERE id = ?", (row_id,)).fetchone())
         return _row(r) if r else None
 
     def next_pending(self, receiver: str) -> OutboxRow | None:
         """The oldest undelivered notification of ``receiver`` (delivery is in order per receiver)."""
-        r = self._db.execute(
-            "SELECT * FROM outbox WHERE receiver = ? AND status = ? ORDER BY id LIMIT 1", (receiver, PENDING)
-        ).fetchone()
-        return _row(r) if r else None
+        return next((r for r in self._pending.values() if r.receiver == receiver), None)
 
     def rows(self, receiver: str | None = None) -> list[OutboxRow]:
-        """All rows (for tests and the status API), oldest first."""
+        """All rows (for tests and diagnostics), oldest first; waits for the queued writes."""
         if receiver is None:
-            cur = self._db.execute("SELECT * FROM outbox ORDER BY id")
+            found = self._query(lambda db: db.execute("SELECT * FROM outbox ORDER BY id").fetchall())
         else:
-            cur = self._db.execute("SELECT * FROM outbox WHERE receiver = ? ORDER BY id", (receiver,))
-        return [_row(r) for r in cur.fetchall()]
+            sql = "SELECT * FROM outbox WHERE receiver = ? ORDER BY id"
+            found = self._query(lambda db: db.execute(sql, (receiver,)).fetchall())
+        return [_row(r) for r in found]
 
     def mark_delivered(self, row: OutboxRow, now: float, log_expires: float, *, log: bool = True) -> None:
-        """Delivered + notification log update, atomically."""
-        with self._db:
-            self._db.execute(
+        """Delivered + notification log update, in one transaction."""
+        self._forget(row.id)
+        statements = [
+            (
                 "UPDATE outbox SET status = ?, attempts = attempts + 1, finished = ?, last_error = NULL WHERE id = ?",
                 (DELIVERED, now, row.id),
             )
-            if log:
-                self._write_log(
-                    row.receiver, row.group_key, firing=row.firing, resolved=row.resolved, now=now, expires=log_expires
-                )
+        ]
+        if log:
+            statements.append(
+                self._log_entry(row.receiver, row.group_key, row.firing, row.resolved, now=now, expires=log_expires)
+            )
+        self._submit(_tx(*statements), f"marking notification {row.id} delivered")
 
     def mark_retry(self, row_id: int, next_attempt: float, error: str) -> None:
-        with self._db:
-            self._db.execute(
-                "UPDATE outbox SET attempts = attempts + 1, next_attempt = ?, last_error = ? WHERE id = ?",
-                (next_attempt, error, row_id),
-            )
+        r = self._pending.get(row_id)
+        if r is not None:
+            self._pending[row_id] = replace(r, attempts=r.attempts + 1, next_attempt=next_attempt, last_error=error)
+        sql = "UPDATE outbox SET attempts = attempts + 1, next_attempt = ?, last_error = ? WHERE id = ?"
+        self._submit(_tx((sql, (next_attempt, error, row_id))), f"scheduling a retry of notification {row_id}")
 
     def mark_failed(self, row_id: int, now: float, error: str) -> None:
-        with self._db:
-            self._db.execute(
-                "UPDATE outbox SET status = ?, finished = ?, last_error = ? WHERE id = ?", (FAILED, now, error, row_id)
-            )
+        self._forget(row_id)
+        sql = "UPDATE outbox SET status = ?, finished = ?, last_error = ? WHERE id = ?"
+        self._submit(_tx((sql, (FAILED, now, error, row_id))), f"marking notification {row_id} failed")
 
     def supersede(self, receiver: str, before_id: int, now: float) -> int:
         """Drop older pending rows of ``receiver`` that a newer one makes pointless (Alertmanager state pushes)."""
-        with self._db:
-            cur = self._db.execute(
-                "UPDATE outbox SET status = ?, finished = ? WHERE receiver = ? AND status = ? AND id < ?",
-                (SUPERSEDED, now, receiver, PENDING, before_id),
-            )
-        return cur.rowcount
+        old = [i for i, r in self._pending.items() if r.receiver == receiver and i < before_id]
+        for i in old:
+            self._forget(i)
+        if old:
+            sql = "UPDATE outbox SET status = ?, finished = ? WHERE receiver = ? AND status = ? AND id < ?"
+            self._submit(_tx((sql, (SUPERSEDED, now, receiver, PENDING, before_id))), "superseding notifications")
+        return len(old)
+
+    def _forget(self, row_id: int) -> None:
+        self._pending.pop(row_id, None)
+        self._stored.pop(row_id, None)
 
     def depths(self) -> dict[str, int]:
         """Pending rows per receiver."""
-        cur = self._db.execute("SELECT receiver, COUNT(*) FROM outbox WHERE status = ? GROUP BY receiver", (PENDING,))
-        return {r[0]: int(r[1]) for r in cur.fetchall()}
+        out: dict[str, int] = {}
+        for r in self._pending.values():
+            out[r.receiver] = out.get(r.receiver, 0) + 1
+        return out
 
     def gc(self, now: float, keep_seconds: float) -> None:
         """Forget finished rows and expired log entries older than ``keep_seconds``."""
-        with self._db:
-            self._db.execute("DELETE FROM outbox WHERE status != ? AND finished < ?", (PENDING, now - keep_seconds))
-            self._db.execute("DELETE FROM nflog WHERE expires < ?", (now,))
+        for k in [k for k, (_, expires) in self._log.items() if expires < now]:
+            del self._log[k]
+        self._submit(
+            _tx(
+                ("DELETE FROM outbox WHERE status != ? AND finished < ?", (PENDING, now - keep_seconds)),
+                ("DELETE FROM nflog WHERE expires < ?", (now,)),
+            ),
+            "removing old rows",
+        )
 
     # -- notification log -----------------------------------------------------------------------------------------
-    def _write_log(
+    def _log_entry(
         self,
         receiver: str,
         group_key: str,
-        *,
         firing: Iterable[str],
         resolved: Iterable[str],
+        *,
         now: float,
         expires: float,
-    ) -> None:
-        self._db.execute(
-            "INSERT INTO nflog (receiver, group_key, firing, resolved, timestamp, expires) VALUES (?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (receiver, group_key) DO UPDATE SET firing = excluded.firing,"
-            " resolved = excluded.resolved, timestamp = excluded.timestamp, expires = excluded.expires",
-            (receiver, group_key, json.dumps(sorted(firing)), json.dumps(sorted(resolved)), now, expires),
-        )
+    ) -> tuple[str, tuple[Any, ...]]:
+        fs, rs = frozenset(firing), frozenset(resolved)
+        self._log[(receiver, group_key)] = (LogEntry(fs, rs, now), expires)
+        return _LOG_UPSERT, (receiver, group_key, json.dumps(sorted(fs)), json.dumps(sorted(rs)), now, expires)
 
     def write_log(
         self,
@@ -237,51 +412,50 @@ class Outbox:
         expires: float,
     ) -> None:
         """Log a notification that needs no delivery (resolved-only with ``send_resolved: false``)."""
-        with self._db:
-            self._write_log(receiver, group_key, firing=firing, resolved=resolved, now=now, expires=expires)
+        entry = self._log_entry(receiver, group_key, firing, resolved, now=now, expires=expires)
+        self._submit(_tx(entry), f"logging {group_key}")
 
     def effective_entries(self) -> dict[tuple[str, str], LogEntry]:
         """Per (receiver, group): the latest pending notification if any, else the delivered log entry.
 
         Dedup compares against what was *queued*, so an outage does not queue the same message every interval.
         """
-        out: dict[tuple[str, str], LogEntry] = {}
-        for r in self._db.execute("SELECT * FROM nflog").fetchall():
-            out[(r["receiver"], r["group_key"])] = LogEntry(_set(r["firing"]), _set(r["resolved"]), r["timestamp"])
-        for r in self._db.execute("SELECT * FROM outbox WHERE status = ? ORDER BY id", (PENDING,)).fetchall():
-            out[(r["receiver"], r["group_key"])] = LogEntry(_set(r["firing"]), _set(r["resolved"]), r["created"])
+        out = {k: e for k, (e, _) in self._log.items()}
+        for r in self._pending.values():
+            out[(r.receiver, r.group_key)] = LogEntry(r.firing, r.resolved, r.created)
         return out
 
     def effective_entry(self, receiver: str, group_key: str) -> LogEntry | None:
         """As :meth:`effective_entries` for one key."""
-        r = self._db.execute(
-            "SELECT firing, resolved, created FROM outbox WHERE receiver = ? AND group_key = ? AND status = ?"
-            " ORDER BY id DESC LIMIT 1",
-            (receiver, group_key, PENDING),
-        ).fetchone()
-        if r:
-            return LogEntry(_set(r[0]), _set(r[1]), r[2])
-        r = self._db.execute(
-            "SELECT firing, resolved, timestamp FROM nflog WHERE receiver = ? AND group_key = ?", (receiver, group_key)
-        ).fetchone()
-        return LogEntry(_set(r[0]), _set(r[1]), r[2]) if r else None
+        found = [r for r in self._pending.values() if r.receiver == receiver and r.group_key == group_key]
+        if found:
+            r = found[-1]
+            return LogEntry(r.firing, r.resolved, r.created)
+        e = self._log.get((receiver, group_key))
+        return e[0] if e else None
 
     # -- silences -------------------------------------------------------------------------------------------------
     def save_silence(
         self, sid: str, matchers: str, *, starts_at: float, ends_at: float, created_by: str, comment: str, now: float
     ) -> None:
-        with self._db:
-            self._db.execute(
-                "INSERT INTO silences (id, matchers, starts_at, ends_at, created_by, comment, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET matchers = excluded.matchers,"
-                " starts_at = excluded.starts_at, ends_at = excluded.ends_at, created_by = excluded.created_by,"
-                " comment = excluded.comment, updated_at = excluded.updated_at",
-                (sid, matchers, starts_at, ends_at, created_by, comment, now),
-            )
+        sql = (
+            "INSERT INTO silences (id, matchers, starts_at, ends_at, created_by, comment, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET matchers = excluded.matchers,"
+            " starts_at = excluded.starts_at, ends_at = excluded.ends_at, created_by = excluded.created_by,"
+            " comment = excluded.comment, updated_at = excluded.updated_at"
+        )
+        self._submit(_tx((sql, (sid, matchers, starts_at, ends_at, created_by, comment, now))), f"saving silence {sid}")
 
     def load_silences(self) -> list[sqlite3.Row]:
-        return list(self._db.execute("SELECT * FROM silences ORDER BY starts_at, id").fetchall())
+        return self._query(lambda db: list(db.execute("SELECT * FROM silences ORDER BY starts_at, id").fetchall()))
 
     def delete_silences_before(self, ends_before: float) -> None:
-        with self._db:
-            self._db.execute("DELETE FROM silences WHERE ends_at < ?", (ends_before,))
+        self._submit(_tx(("DELETE FROM silences WHERE ends_at < ?", (ends_before,))), "removing old silences")
+
+
+_PENDING_SQL = "SELECT * FROM outbox WHERE status = ? ORDER BY id"
+# Ids are assigned here, not by SQLite, so enqueue can return at once; never reuse one (AUTOINCREMENT's rule).
+_LAST_ID_SQL = (
+    "SELECT MAX(COALESCE((SELECT MAX(id) FROM outbox), 0),"
+    " COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'outbox'), 0))"
+)
