@@ -887,8 +887,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cur,
 
 /* ------------------------------------------------------------------------------------------------ processes */
 
-/* Two-pass protocol (nvml.h): a count smaller than needed (0 with NULL to ask) -> INSUFFICIENT_SIZE + count. */
-static nvmlReturn_t processes(int fid, int kind, nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos) {
+/* Two-pass protocol (nvml.h): a count smaller than needed (0 with NULL to ask) -> INSUFFICIENT_SIZE + count.
+ * Every version serves the same lists; v1 (the unversioned symbols; drivers before R450) fills the 16-byte
+ * nvmlProcessInfo_v1_t {pid, usedGpuMemory}, _v2 (R450 to 510) and _v3 the 24-byte nvmlProcessInfo_v2_t.
+ * `unused`: a build omitting every process symbol (the no-process-call driver test) leaves it without callers. */
+__attribute__((unused)) static nvmlReturn_t processes(int fid, int kind, nvmlDevice_t device, unsigned int *count,
+                                                      void *infos, int v1) {
     sdev *d;
     nvmlReturn_t r = enter_dev(fid, device, count != NULL, &d);
     if (r) return r;
@@ -901,11 +905,19 @@ static nvmlReturn_t processes(int fid, int kind, nvmlDevice_t device, unsigned i
     if (n && !infos) return leave(NVML_ERROR_INVALID_ARGUMENT);
     for (unsigned int i = 0; i < n; i++) {
         const sproc *p = &d->proc[kind][i];
-        infos[i].pid = p->pid;
-        infos[i].usedGpuMemory = p->used == UNSET ? (unsigned long long)NVML_VALUE_NOT_AVAILABLE
-                                                  : (unsigned long long)p->used;
-        infos[i].gpuInstanceId = 0xFFFFFFFFu; /* no MIG attribution */
-        infos[i].computeInstanceId = 0xFFFFFFFFu;
+        unsigned long long used = p->used == UNSET ? (unsigned long long)NVML_VALUE_NOT_AVAILABLE
+                                                   : (unsigned long long)p->used;
+        if (v1) {
+            nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + i;
+            o->pid = p->pid;
+            o->usedGpuMemory = used;
+        } else {
+            nvmlProcessInfo_v2_t *o = (nvmlProcessInfo_v2_t *)infos + i;
+            o->pid = p->pid;
+            o->usedGpuMemory = used;
+            o->gpuInstanceId = 0xFFFFFFFFu; /* no MIG attribution */
+            o->computeInstanceId = 0xFFFFFFFFu;
+        }
     }
     *count = n;
     return leave(NVML_SUCCESS);
@@ -914,14 +926,42 @@ static nvmlReturn_t processes(int fid, int kind, nvmlDevice_t device, unsigned i
 #ifndef OMIT_nvmlDeviceGetComputeRunningProcesses_v3
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos) {
-    return processes(F_nvmlDeviceGetComputeRunningProcesses_v3, 0, device, infoCount, infos);
+    return processes(F_nvmlDeviceGetComputeRunningProcesses_v3, 0, device, infoCount, infos, 0);
 }
 #endif
 
 #ifndef OMIT_nvmlDeviceGetGraphicsRunningProcesses_v3
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                              nvmlProcessInfo_t *infos) {
-    return processes(F_nvmlDeviceGetGraphicsRunningProcesses_v3, 1, device, infoCount, infos);
+    return processes(F_nvmlDeviceGetGraphicsRunningProcesses_v3, 1, device, infoCount, infos, 0);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetComputeRunningProcesses_v2
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                            nvmlProcessInfo_v2_t *infos) {
+    return processes(F_nvmlDeviceGetComputeRunningProcesses_v2, 0, device, infoCount, infos, 0);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetGraphicsRunningProcesses_v2
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_v2_t *infos) {
+    return processes(F_nvmlDeviceGetGraphicsRunningProcesses_v2, 1, device, infoCount, infos, 0);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetComputeRunningProcesses
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                         nvmlProcessInfo_v1_t *infos) {
+    return processes(F_nvmlDeviceGetComputeRunningProcesses, 0, device, infoCount, infos, 1);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetGraphicsRunningProcesses
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                          nvmlProcessInfo_v1_t *infos) {
+    return processes(F_nvmlDeviceGetGraphicsRunningProcesses, 1, device, infoCount, infos, 1);
 }
 #endif
 

@@ -46,7 +46,9 @@
     X(nvmlDeviceGetMaxPcieLinkGeneration) X(nvmlDeviceGetMaxPcieLinkWidth) \
     X(nvmlDeviceGetGpuMaxPcieLinkGeneration) X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetPcieReplayCounter) \
     X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetMigMode) X(nvmlDeviceGetComputeRunningProcesses_v3) \
-    X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetSupportedEventTypes) X(nvmlDeviceRegisterEvents)
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetSupportedEventTypes) X(nvmlDeviceRegisterEvents) \
+    X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetGraphicsRunningProcesses_v2) \
+    X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses)
 
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,

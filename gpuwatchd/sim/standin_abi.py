@@ -102,6 +102,12 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
         "nvmlDeviceGetSupportedEventTypes",
         "nvmlDeviceRegisterEvents",
+        # Older drivers' process calls (nvml.h legacy section): _v2 where _v3 is missing (before 510.39, nvitop#89), the
+        # unversioned v1 where _v2 is too (before R450, pynvml#43).
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetGraphicsRunningProcesses_v2",
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses",
     ]
 )
 # Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).

@@ -10,7 +10,9 @@ a later NOT_SUPPORTED (e.g. MIG switched on) is a per-poll error, retried, not a
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -281,46 +283,101 @@ def readings() -> list[tuple[str, tuple[Reader, ...]]]:
     return rs
 
 
-# nvmlProcessInfo_t (nvml.h, the struct the *_v3 process calls fill): uint pid; ull usedGpuMemory;
+# nvmlProcessInfo_v2_t (nvml.h, filled by the *_v3 and *_v2 process calls): uint pid; ull usedGpuMemory;
 # uint gpuInstanceId; uint computeInstanceId -- native alignment gives 24 bytes.
-_PROCESS_INFO = struct.Struct("@IQII")
+_PROCESS_INFO_V2 = struct.Struct("@IQII")
+# nvmlProcessInfo_v1_t (nvml.h legacy section, filled by the unversioned calls): uint pid; ull usedGpuMemory -- 16.
+_PROCESS_INFO_V1 = struct.Struct("@IQ")
+# The process calls best first, as (symbol suffix, struct). _v3 came with 510.39 and is missing on 470
+# (nvitop#89, nvml-wrapper#46); _v2 came with MIG (R450) and is missing on 440 (pynvml#43, k8s-device-plugin#331);
+# the unversioned v1 call is what those drivers have.
+PROCESS_API_LEVELS: tuple[tuple[str, struct.Struct], ...] = (
+    ("_v3", _PROCESS_INFO_V2),
+    ("_v2", _PROCESS_INFO_V2),
+    ("", _PROCESS_INFO_V1),
+)
 # usedGpuMemory when the driver cannot attribute memory (Windows WDDM): NVML_VALUE_NOT_AVAILABLE as unsigned.
 _NOT_AVAILABLE = (1 << 64) - 1
 # Initial process buffer capacity; grows to what the driver asks for (2n+5 like pynvml) and is kept.
 _INITIAL_PROCESS_CAPACITY = 64
 
 
+def worker_log(msg: str, level: str = "INFO") -> None:
+    """One stderr line in the worker's log format (``nvml_worker._log``; the supervisor parses it with
+    ``supervisor.WORKER_LINE``; tests/sources/test_nvml_worker_processes.py checks the two agree)."""
+    sys.stderr.write(f"nvml_worker[{os.getpid()}] {level}: {msg}\n")
+    sys.stderr.flush()
+
+
 class ProcessLister:
-    """``nvmlDevice{Compute,Graphics}RunningProcesses_v3`` -> [(pid, used bytes or None)], one call per poll.
+    """``nvmlDevice<Kind>RunningProcesses{_v3,_v2,}`` -> [(pid, used bytes or None)], one call per poll.
 
     pynvml's wrapper makes two calls per poll (size, then data) and turns every process into a "friendly
     object" whose attribute reads go through a Python ``__getattribute__``: at 16 GPUs x 256 processes that is
     most of a poll's CPU. This keeps a buffer per device, unpacks the structs in C (``struct.iter_unpack``), and
     only asks again when the driver answers INSUFFICIENT_SIZE. The symbol comes from pynvml's own loader.
+
+    Older drivers lack the newer symbols (:data:`PROCESS_API_LEVELS`): until a call has worked, FUNCTION_NOT_FOUND
+    moves to the next older one; with none left it is raised, and the worker learns the reading absent.
+    ``on_settled`` hears of the first success on an older call and of running out of calls, so that either is
+    logged once. NOT_SUPPORTED is the device's answer, which an older call would repeat, so it is raised as is.
     """
 
-    __slots__ = ("_buf", "_cap", "absent", "name", "symbol")
+    __slots__ = ("_buf", "_cap", "_struct", "absent", "base", "confirmed", "level", "name", "on_settled", "symbol")
 
-    def __init__(self, symbol: str, name: str) -> None:
-        self.symbol = symbol
+    def __init__(self, base: str, name: str,
+                 on_settled: Callable[[ProcessLister, bool], None] | None = None) -> None:
+        """``base``: the symbol without its version suffix, e.g. ``nvmlDeviceGetComputeRunningProcesses``."""
+        self.base = base
         self.name = name  # key in GpuSample.errors
-        self.absent = False
+        self.on_settled = on_settled
+        self.absent = False  # set by the worker once no level is left
+        self.confirmed = False  # a call has worked: the level is settled for the life of the worker
+        self.level = 0  # index into PROCESS_API_LEVELS
+        self.symbol = base + PROCESS_API_LEVELS[0][0]
+        self._struct = PROCESS_API_LEVELS[0][1]
         self._cap = _INITIAL_PROCESS_CAPACITY
-        self._buf: ctypes.Array[ctypes.c_char] = ctypes.create_string_buffer(self._cap * _PROCESS_INFO.size)
+        self._buf: ctypes.Array[ctypes.c_char] = ctypes.create_string_buffer(self._cap * self._struct.size)
+
+    def _use(self, level: int) -> None:
+        self.level = level
+        self.symbol = self.base + PROCESS_API_LEVELS[level][0]
+        self._struct = PROCESS_API_LEVELS[level][1]
+        self._buf = ctypes.create_string_buffer(self._cap * self._struct.size)
 
     def __call__(self, handle: Handle) -> list[tuple[int, int | None]]:
+        while True:
+            try:
+                result = self._call(handle)
+            except N.NVMLError as e:
+                if e.value != N.NVML_ERROR_FUNCTION_NOT_FOUND or self.confirmed:
+                    raise
+                if self.level + 1 >= len(PROCESS_API_LEVELS):
+                    if self.on_settled is not None:
+                        self.on_settled(self, False)
+                    raise
+                self._use(self.level + 1)
+                continue
+            if not self.confirmed:
+                self.confirmed = True
+                if self.level and self.on_settled is not None:
+                    self.on_settled(self, True)
+            return result
+
+    def _call(self, handle: Handle) -> list[tuple[int, int | None]]:
         fn = N._nvmlGetFunctionPointer(self.symbol)
+        size = self._struct.size
         count = ctypes.c_uint(self._cap)
         ret = fn(handle, ctypes.byref(count), self._buf)
         if ret == N.NVML_ERROR_INSUFFICIENT_SIZE:
             self._cap = count.value * 2 + 5
-            self._buf = ctypes.create_string_buffer(self._cap * _PROCESS_INFO.size)
+            self._buf = ctypes.create_string_buffer(self._cap * size)
             count = ctypes.c_uint(self._cap)
             ret = fn(handle, ctypes.byref(count), self._buf)
         if ret != N.NVML_SUCCESS:
             raise N.NVMLError(ret)
-        raw = ctypes.string_at(self._buf, min(count.value, self._cap) * _PROCESS_INFO.size)
-        return [(pid, None if mem == _NOT_AVAILABLE else mem) for pid, mem, _, _ in _PROCESS_INFO.iter_unpack(raw)]
+        raw = ctypes.string_at(self._buf, min(count.value, self._cap) * size)
+        return [(t[0], None if t[1] == _NOT_AVAILABLE else t[1]) for t in self._struct.iter_unpack(raw)]
 
 
 class _Slot:
@@ -341,8 +398,31 @@ class DeviceReadings:
         self._slots = [_Slot(n, i) for n, i in readings()]
         self.absent: list[str] = []  # names learned absent, in the order learned (logged once)
         self.fallbacks: dict[str, int] = {}  # name -> index of the fallback in use (0 = preferred)
-        self.process_listers = (ProcessLister("nvmlDeviceGetComputeRunningProcesses_v3", "processes.compute"),
-                                ProcessLister("nvmlDeviceGetGraphicsRunningProcesses_v3", "processes.graphics"))
+        self.process_listers = (
+            ProcessLister("nvmlDeviceGetComputeRunningProcesses", "processes.compute", self._process_api_settled),
+            ProcessLister("nvmlDeviceGetGraphicsRunningProcesses", "processes.graphics", self._process_api_settled),
+        )
+        self._process_api_logged: set[int] = set()  # levels logged (-1: none left); both lists normally agree
+
+    def _process_api_settled(self, lister: ProcessLister, ok: bool) -> None:
+        """Log, once per device, the older process call in use, or that the driver has none."""
+        level = lister.level if ok else -1
+        if ok:
+            self.fallbacks[lister.name] = level
+        if level in self._process_api_logged:
+            return
+        self._process_api_logged.add(level)
+        try:
+            gpu = N.nvmlDeviceGetUUID(self.handle)  # once per device: not worth keeping the UUID around
+        except N.NVMLError:
+            gpu = "?"
+        if ok:
+            api = PROCESS_API_LEVELS[level][0].lstrip("_") or "v1 (unversioned)"
+            worker_log(f"GPU {gpu}: process lists via the NVML {api} calls ({lister.symbol}); "
+                       "this driver has no *RunningProcesses_v3")
+        else:
+            worker_log(f"GPU {gpu}: no NVML process-list call in this driver (not even the unversioned one); "
+                       "processes are not reported", "WARNING")
 
     def poll(self, out: Out, errors: dict[str, str]) -> None:
         """Fill ``out`` with every supported reading; per-poll failures go to ``errors``.

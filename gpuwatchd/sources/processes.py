@@ -42,10 +42,14 @@ def merge_processes(
     graphics: Iterable[tuple[int, int | None]],
     limit: int = DEFAULT_PID_MAX,
 ) -> dict[int, list[Any]]:
-    """pid -> [kind, used bytes]: one entry per valid pid, memory summed over both lists (None = unattributed).
+    """pid -> [kind, used bytes]: one entry per valid pid (None = unattributed).
 
-    A process in both lists is a compute process that also draws; it is listed once, as compute. Pids <= 0 or
-    above ``limit`` are dropped: they come from a struct-layout mismatch, not from a process.
+    A process with both compute and graphics contexts (nvidia-smi type ``C+G``) is in both lists, each time with
+    its whole GPU memory: nvml.h documents usedGpuMemory of the process calls as "all of the memory used by the
+    application". So the two values are one quantity read twice, not two parts: the entry keeps the larger (the
+    two calls are moments apart; the larger is the one that saw the most recent allocation), and reports the
+    process as ``compute`` -- it holds a CUDA context, which is what the leak rule and the exported kind are about.
+    Pids <= 0 or above ``limit`` are dropped: they come from a struct-layout mismatch, not from a process.
     """
     merged: dict[int, list[Any]] = {}
     for kind, procs in (("compute", compute), ("graphics", graphics)):
@@ -55,8 +59,8 @@ def merge_processes(
             entry = merged.get(pid)
             if entry is None:
                 merged[pid] = [kind, mem]
-            elif mem is not None:
-                entry[1] = mem if entry[1] is None else entry[1] + mem
+            elif mem is not None and (entry[1] is None or mem > entry[1]):
+                entry[1] = mem
     return merged
 
 

@@ -154,7 +154,7 @@ def test_transient_errors_are_per_poll_and_retried(standin_libdir: Path, write_s
 def test_processes_top_n_merge_and_wddm(standin_libdir: Path, write_sim_state: StateWriter) -> None:
     compute = [{"pid": 100 + i, "used_memory": (i + 1) * 1_000_000, "name": f"job{i}", "user": "alice",
                 "host_rss": 1_000} for i in range(20)]
-    graphics = [{"pid": 119, "used_memory": 500_000, "name": "job19", "user": "alice"},  # also a compute process
+    graphics = [{"pid": 119, "used_memory": 19_999_000, "name": "job19", "user": "alice"},  # C+G: counted once
                 {"pid": 7, "used_memory": None, "name": "Xorg", "user": "root"}]  # WDDM-style: unattributed
     dev = make_device(0, processes={"compute": compute, "graphics": graphics})
     code, lines, err = run_worker(standin_libdir, write_sim_state(make_state(1, devices=[dev])), top_n=3)
@@ -162,7 +162,7 @@ def test_processes_top_n_merge_and_wddm(standin_libdir: Path, write_sim_state: S
     g = snap(lines[0]).gpus[0]
     assert g.processes_total == 21
     assert [(p.pid, p.kind, p.used_memory_bytes) for p in g.processes] == [
-        (119, "compute", 20_500_000), (118, "compute", 19_000_000), (117, "compute", 18_000_000)]
+        (119, "compute", 20_000_000), (118, "compute", 19_000_000), (117, "compute", 18_000_000)]
     assert (g.processes[0].name, g.processes[0].user, g.processes[0].host_rss_bytes) == ("job19", "alice", 1_000)
     code, lines, _ = run_worker(standin_libdir, write_sim_state(make_state(1, devices=[dev])), top_n=100)
     xorg = [p for p in snap(lines[0]).gpus[0].processes if p.pid == 7]

@@ -21,9 +21,15 @@ from gpuwatchd.sources.processes import (
 )
 
 
-def test_merge_sums_memory_by_pid_and_prefers_compute() -> None:
-    merged = merge_processes([(10, 100), (11, 50)], [(10, 7), (12, None), (13, 5)])
-    assert merged == {10: ["compute", 107], 11: ["compute", 50], 12: ["graphics", None], 13: ["graphics", 5]}
+def test_merge_counts_a_compute_and_graphics_process_once() -> None:
+    # C+G: both NVML lists carry the process's whole memory (nvml.h), so the larger value wins, never the sum
+    merged = merge_processes([(10, 100), (11, 50), (14, 3)], [(10, 107), (11, 40), (12, None), (13, 5), (14, None)])
+    assert merged == {10: ["compute", 107], 11: ["compute", 50], 12: ["graphics", None], 13: ["graphics", 5],
+                      14: ["compute", 3]}
+
+
+def test_merge_c_plus_g_with_memory_only_in_the_graphics_list() -> None:
+    assert merge_processes([(20, None)], [(20, 4096)]) == {20: ["compute", 4096]}
 
 
 def test_merge_drops_invalid_pids() -> None:
