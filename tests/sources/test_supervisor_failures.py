@@ -17,7 +17,7 @@ import pytest
 from gpuwatchd.sim.state import make_device, make_state
 from gpuwatchd.sources import supervisor
 
-from .test_supervisor import Harness, fast_nvml
+from .test_supervisor import Harness, _children, fast_nvml
 
 StateWriter = Callable[[dict[str, Any]], Path]
 LOGGER = "gpuwatchd.sources.supervisor"
@@ -154,3 +154,33 @@ async def test_oversized_line_replaces_the_worker(
     assert h.stale[0] == "worker wrote an oversized line"
     assert h.sup.last_error == "protocol_error" and h.snaps == []
     assert records(caplog, logging.WARNING) == ["NVML data stale: worker wrote an oversized line"]
+
+
+async def test_worker_that_never_starts_is_killed_even_if_it_ignores_term(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 30 s is the real start-up bound (a loaded box); 0.3 s exercises the same path
+    monkeypatch.setattr(supervisor, "STARTUP_TIMEOUT_SECONDS", 0.3)
+    fake = tmp_path / "stuck-python"
+    fake.write_text("#!/bin/sh\ntrap '' TERM\nwhile :; do sleep 0.05; done\n")  # no hello, deaf to SIGTERM
+    fake.chmod(0o755)
+    async with Harness(fast_nvml(None, kill_grace=0.2), tmp_path / "state", tmp_path, python=str(fake)) as h:
+        await h.until(lambda: len(h.stale) >= 2, "two workers that never started")
+    assert h.stale[0] == "timeout: no start from the NVML worker within its deadline"
+    assert h.sup.last_error == "timeout" and h.snaps == [] and h.sup.hangs == {}
+    assert _children() == []  # SIGKILL after the grace reached the whole process group
+    assert records(caplog, logging.WARNING) == ["NVML data stale: timeout: no start from the NVML worker within "
+                                                "its deadline"]
+
+
+async def test_snapshot_of_the_wrong_shape_replaces_the_worker(tmp_path: Path) -> None:
+    fake = tmp_path / "odd-python"
+    # valid JSON, but a GPU without a uuid: a worker of another version
+    fake.write_text('#!/bin/sh\necho \'{"hello": 1}\'\necho \'{"timestamp": 1, "nvml_ok": true, '
+                    '"gpus": [{"index": 0}]}\'\nexec sleep 30\n')
+    fake.chmod(0o755)
+    async with Harness(fast_nvml(None), tmp_path / "state", tmp_path, python=str(fake)) as h:
+        await h.until(lambda: len(h.stale) >= 1, "the odd line noticed")
+    assert h.stale[0].startswith("unreadable line from the NVML worker: TypeError(") and "uuid" in h.stale[0]
+    assert h.sup.last_error == "protocol_error" and h.snaps == []
+    assert _children() == []
