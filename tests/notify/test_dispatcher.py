@@ -263,6 +263,29 @@ async def test_gpu_lost_inhibits_that_gpus_other_alerts(sink: Sink, tmp_path: Pa
         await d.stop()
 
 
+async def test_no_resolution_for_an_alert_never_shown(sink: Sink, tmp_path: Path, clock: ManualClock) -> None:
+    """Inhibited while it fired, then resolved: the receiver never heard of it, so no "resolved" either."""
+    d = await make_dispatcher(cfg(sink, group_wait="0s", group_interval="30s"), tmp_path, clock)
+    try:
+        lost = mk_alert("GpuLost", severity="critical", t=clock.now())
+        xid = mk_alert("GpuXidError", severity="critical", t=clock.now())
+        d.update([lost, xid])
+        await settle(d, sink, 1)
+        # Both end together (the GPU came back at a new index: new labels, so the old Xid alert resolves): once
+        # GpuLost no longer inhibits, the Xid alert's resolution is no longer muted, but it was never shown firing.
+        clock.advance(60)
+        xid_again = mk_alert("GpuXidError", severity="critical", gpu="1", t=clock.now())
+        d.update([resolved(lost, clock.now()), resolved(xid, clock.now()), xid_again])
+        await settle(d, sink, 3)
+        await idle(d)
+        got = sorted(
+            (a["labels"]["alertname"], a["labels"]["gpu"], a["status"]) for r in sink.requests for a in r.json["alerts"]
+        )
+        assert got == [("GpuLost", "0", "firing"), ("GpuLost", "0", "resolved"), ("GpuXidError", "1", "firing")]
+    finally:
+        await d.stop()
+
+
 async def test_send_resolved_false_sends_no_resolution(sink: Sink, tmp_path: Path, clock: ManualClock) -> None:
     config = notify_config([receiver("hook", "webhook", sink.url, send_resolved=False)], group_wait="0s")
     d = await make_dispatcher(config, tmp_path, clock)
