@@ -1,42 +1,199 @@
-"""/metrics latency with 10 concurrent scrapers, normally and while the NVML worker hangs.
+"""/metrics latency with 10 concurrent scrapers against the real daemon under ``gpuwatchd sim``, normally and while
+one GPU's NVML calls hang.
 
-The server runs in its own process (so client work does not share its event loop): the real exporter app over a
-store of 8 GPUs x 32 processes, fed a fresh snapshot every second like the daemon's poll. In "hung" mode the
-store is marked stale and a supervisor task waits on a worker child that never answers (it sleeps), as the daemon
-does when one GPU's NVML calls block; the scrape path must not notice.
+    python bench/scrape.py [--seconds 15] [--rounds 2] [--scrapers 10] [--in-process]
 
-Usage: python bench/scrape.py [--requests N] [--scrapers K]
-Last line: p50_ms=... p99_ms=... p99_hung_ms=... (targets: p99 <= 5 ms, hung <= 2x normal), plus the uncached
-render time of the exposition and p99 with the render cache off.
+Normal: ``gpuwatchd sim`` on the built-in ``fleet`` scenario cut to 8 GPUs x 32 processes (``processes.top_n: 32``,
+so all 32 are exported: 8 x 32 per-process series on every page), polling every second as configured by default.
+Hung: the same fleet with the ``nvml-hang`` scenario's timeline added (from t=5 s every NVML call on GPU 1 blocks
+for 60 s): scraping starts once the daemon has seen the hang (a worker restart, GPU 1 not present) and must end
+inside the hang window, which the bench checks. The comparison is the same page size, hang or not.
+
+Each scraper is a closed loop (next request when the last answered) sending what Prometheus sends (its Accept
+header, gzip); the client does not gunzip (that is the scraper's CPU, not the exporter's latency). Rounds of both
+modes are interleaved and pooled, so other load on a small machine hits both alike.
+
+``--in-process`` instead serves the exporter app alone (no NVML worker, no rules, no dispatcher) over a store fed a
+synthetic 8 x 32 snapshot every second, as the first-round bench did: it isolates the exporter from the daemon.
+
+Last line: ``p50_ms=… p99_ms=… p99_hung_ms=…`` (targets: p99 <= 5 ms, hung <= 2x normal), then the page size, the
+request counts, and the uncached render time of that page with our encoder (``render_ms``) and with
+prometheus_client's (``render_library_ms``), both for OpenMetrics, which Prometheus asks for first.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import re
+import signal
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpuwatchd.sim.scenario import SCENARIO_DIR, load_scenario  # noqa: E402
 
 # What Prometheus 2.x sends (scrape.go acceptHeader) and its gzip request.
 PROM_ACCEPT = (
     "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
     "text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
 )
+HEADERS = {"Accept": PROM_ACCEPT, "Accept-Encoding": "gzip"}
 GPUS = 8
 PROCESSES = 32
-POLL_SECONDS = 1.0
-ROUNDS = 3
+HUNG_GPU = 1  # the GPU nvml-hang.yml wedges
+HANG_END_S = 65.0  # nvml-hang.yml: the calls return normally again at t=65 s
+WARMUP_S = 3.0  # a few polls and renders before measuring: connections open, caches warm, worker settled
+START_TIMEOUT_S = 60.0
+
+_RESTARTS = re.compile(r"^gpuwatchd_nvml_worker_restarts_total (\S+)$", re.MULTILINE)
+_PRESENT = re.compile(r'^gpuwatchd_gpu_present\{uuid="([^"]+)"\} (\S+)$', re.MULTILINE)
+_PROC_SERIES = re.compile(r"^gpuwatchd_gpu_process_memory_used_bytes\{", re.MULTILINE)
 
 
-def _snapshot(t: float):  # type: ignore[no-untyped-def]
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scenario_file(tmp: Path, hung: bool) -> Path:
+    """The fleet scenario at 8 x 32, plus the nvml-hang timeline when ``hung``; checked by the real loader."""
+    data: dict[str, Any] = yaml.safe_load((SCENARIO_DIR / "fleet.yml").read_text())
+    data["name"] = "bench-fleet-hung" if hung else "bench-fleet"
+    data["gpus"] = GPUS
+    data["processes"]["per_gpu"] = PROCESSES
+    if hung:
+        hang: dict[str, Any] = yaml.safe_load((SCENARIO_DIR / "nvml-hang.yml").read_text())
+        data["timeline"] = [*data["timeline"], *hang["timeline"]]
+    path = tmp / f"{data['name']}.yml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    load_scenario(path)  # fail here, with the loader's message, if the scenarios changed shape
+    return path
+
+
+# ``gpuwatchd sim`` itself, minus the CLI's check that the scenario is a built-in name (the runner loads files).
+_SIM = (
+    "import asyncio, sys; from pathlib import Path; from gpuwatchd.sim.runner import run_sim; "
+    "sys.exit(asyncio.run(run_sim(scenario=sys.argv[1], from_xml=None, gpus=None, speed=1.0, listen=sys.argv[3], "
+    "config_path=Path(sys.argv[2]), state_dir=None)))"
+)
+
+
+class Sim:
+    """``gpuwatchd sim`` (its runner) as a subprocess on a free loopback port."""
+
+    def __init__(self, tmp: Path, hung: bool) -> None:
+        cfg = tmp / "config.yml"
+        cfg.write_text(yaml.safe_dump({"processes": {"top_n": PROCESSES}}))
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log = (tmp / f"sim-{'hung' if hung else 'normal'}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SIM, str(scenario_file(tmp, hung)), str(cfg), self.url.removeprefix("http://")],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        self.started = time.monotonic()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+async def _page(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(f"{url}/metrics", headers=HEADERS) as r:
+        r.raise_for_status()
+        return await r.text()  # this session decompresses
+
+
+async def _wait_for(session: aiohttp.ClientSession, sim: Sim, ok: Callable[[str], bool], what: str) -> str:
+    end = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < end:
+        if sim.proc.poll() is not None:
+            raise SystemExit(f"gpuwatchd sim exited with {sim.proc.returncode} (log: {sim.log.name})")
+        try:
+            page = await _page(session, sim.url)
+            if ok(page):
+                return page
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.2)
+    raise SystemExit(f"gpuwatchd sim: {what} not seen within {START_TIMEOUT_S:.0f} s (log: {sim.log.name})")
+
+
+def _full(page: str) -> bool:
+    present = _PRESENT.findall(page)
+    return len(present) == GPUS and all(v == "1.0" for _, v in present) and len(_PROC_SERIES.findall(page)) == \
+        GPUS * PROCESSES
+
+
+def _hanging(page: str) -> bool:
+    restarts = _RESTARTS.search(page)
+    absent = [u for u, v in _PRESENT.findall(page) if v != "1.0"]
+    return restarts is not None and float(restarts.group(1)) >= 1 and len(absent) == 1
+
+
+async def _load(url: str, seconds: float, scrapers: int) -> list[float]:
+    """Closed-loop scrapers for ``seconds``; latency of every request answered in that time."""
+    latencies: list[float] = []
+    end = time.monotonic() + seconds
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            async with session.get(url, headers=HEADERS) as r:
+                body = await r.read()
+                assert r.status == 200 and body[:2] == b"\x1f\x8b", r.status
+            latencies.append(time.perf_counter() - t0)
+
+    connector = aiohttp.TCPConnector(limit=scrapers)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        await asyncio.gather(*(one(session) for _ in range(scrapers)))
+    return latencies
+
+
+async def _measure_sim(tmp: Path, hung: bool, seconds: float, scrapers: int) -> tuple[list[float], int]:
+    sim = Sim(tmp, hung)
+    try:
+        async with aiohttp.ClientSession() as session:
+            page = await _wait_for(session, sim, _full, f"{GPUS} GPUs x {PROCESSES} processes")
+            if hung:
+                page = await _wait_for(session, sim, _hanging, f"the hang of GPU {HUNG_GPU} (a restart, 1 GPU away)")
+            await asyncio.sleep(WARMUP_S)
+            # The hang must last the whole measurement, else "hung" would measure a recovered daemon.
+            if hung and time.monotonic() - sim.started + seconds > HANG_END_S - 5:
+                raise SystemExit(f"--seconds {seconds:g} does not fit in the hang window (t=5..{HANG_END_S:g} s)")
+            latencies = await _load(f"{sim.url}/metrics", seconds, scrapers)
+            after = await _page(session, sim.url)
+            if hung and not _hanging(after):
+                raise SystemExit("the hang ended before the measurement did; use fewer --seconds")
+        return latencies, len(page.encode())
+    finally:
+        sim.stop()
+
+
+# -- the in-process variant: the exporter app alone over a synthetic store -------------------------------------
+
+
+def _snapshot(t: float) -> Any:
     from gpuwatchd.model import GpuSample, ProcessSample, Snapshot
 
     gpus = []
@@ -69,25 +226,28 @@ def _snapshot(t: float):  # type: ignore[no-untyped-def]
     return Snapshot(timestamp=t, nvml_ok=True, driver_version="535.161.08", device_count=GPUS, gpus=tuple(gpus))
 
 
-async def _serve(mode: str, cache: bool) -> None:
-    from aiohttp import web
+def _store_registry() -> Any:
     from prometheus_client import CollectorRegistry
 
     from gpuwatchd.exporter.collector import StoreCollector
-    from gpuwatchd.exporter.http import make_app, ready_from_store, store_cache_key
-    from gpuwatchd.exporter.status import status_from_store
     from gpuwatchd.store import Store
 
     store = Store()
     store.apply(_snapshot(time.time()))
     registry = CollectorRegistry()
     registry.register(StoreCollector(store))
-    app = make_app(
-        registry=registry,
-        status=lambda: status_from_store(store),
-        ready=lambda: ready_from_store(store),
-        cache_key=(lambda: store_cache_key(store)) if cache else None,
-    )
+    return store, registry
+
+
+async def _serve(mode: str) -> None:
+    from aiohttp import web
+
+    from gpuwatchd.exporter.http import make_app, ready_from_store, store_cache_key
+    from gpuwatchd.exporter.status import status_from_store
+
+    store, registry = _store_registry()
+    app = make_app(registry=registry, status=lambda: status_from_store(store), ready=lambda: ready_from_store(store),
+                   cache_key=lambda: store_cache_key(store))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -95,9 +255,8 @@ async def _serve(mode: str, cache: bool) -> None:
 
     async def poll() -> None:
         while True:
-            await asyncio.sleep(POLL_SECONDS)
+            await asyncio.sleep(1.0)
             latest = store.latest
-            assert latest is not None
             store.apply(replace(_snapshot(time.time()), gpus=latest.gpus))
 
     async def hung_supervisor() -> None:
@@ -115,58 +274,36 @@ async def _serve(mode: str, cache: bool) -> None:
     await runner.cleanup()
 
 
-async def _scrape(port: int, requests: int, scrapers: int) -> list[float]:
-    url = f"http://127.0.0.1:{port}/metrics"
-    latencies: list[float] = []
-    headers = {"Accept": PROM_ACCEPT, "Accept-Encoding": "gzip"}
-
-    async def one(session: aiohttp.ClientSession, n: int) -> None:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            async with session.get(url, headers=headers) as r:
-                body = await r.read()
-                assert r.status == 200 and body[:2] == b"\x1f\x8b", r.status
-            latencies.append(time.perf_counter() - t0)
-
-    # The client does not gunzip: that is the scraper's CPU, not the exporter's latency.
-    connector = aiohttp.TCPConnector(limit=scrapers)
-    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-        await one(session, 20)  # warm-up: connections, first render
-        latencies.clear()
-        await asyncio.gather(*(one(session, requests // scrapers) for _ in range(scrapers)))
-    return latencies
-
-
-def _run(mode: str, cache: bool, requests: int, scrapers: int) -> list[float]:
-    args = [sys.executable, __file__, "--serve", mode] + ([] if cache else ["--no-cache"])
-    server = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def _measure_in_process(mode: str, seconds: float, scrapers: int) -> tuple[list[float], int]:
+    server = subprocess.Popen([sys.executable, __file__, "--serve", mode], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None and server.stdin is not None
-        port = int(server.stdout.readline())
-        return asyncio.run(_scrape(port, requests, scrapers))
+        url = f"http://127.0.0.1:{int(server.stdout.readline())}/metrics"
+        time.sleep(WARMUP_S)
+        return asyncio.run(_load(url, seconds, scrapers)), 0
     finally:
         if server.stdin is not None:
             server.stdin.close()
         server.wait(timeout=10)
 
 
-def _render_ms() -> float:
-    from prometheus_client import CollectorRegistry
+def _render_ms() -> tuple[float, float]:
+    """Median uncached OpenMetrics render of the 8 x 32 page: our encoder, prometheus_client's."""
     from prometheus_client.openmetrics.exposition import generate_latest
 
-    from gpuwatchd.exporter.collector import StoreCollector
-    from gpuwatchd.store import Store
+    from gpuwatchd.exporter.encode import openmetrics_latest
 
-    store = Store()
-    store.apply(_snapshot(time.time()))
-    registry = CollectorRegistry()
-    registry.register(StoreCollector(store))
-    times = []
-    for _ in range(50):
-        t0 = time.perf_counter()
-        generate_latest(registry)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    _, registry = _store_registry()
+    out = []
+    for encode in (openmetrics_latest, generate_latest):
+        times = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            encode(registry)
+            times.append(time.perf_counter() - t0)
+        out.append(statistics.median(times) * 1e3)
+    return out[0], out[1]
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -176,26 +313,36 @@ def _pct(xs: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--seconds", type=float, default=15.0, help="measured seconds per mode and round")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--scrapers", type=int, default=10)
+    ap.add_argument("--in-process", action="store_true", help="the exporter app alone over a synthetic store")
     ap.add_argument("--serve", choices=["normal", "hung"], help=argparse.SUPPRESS)
-    ap.add_argument("--no-cache", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
-        asyncio.run(_serve(a.serve, cache=not a.no_cache))
+        asyncio.run(_serve(a.serve))
         return
-    # Interleaved rounds, pooled: other load on a small machine then hits both modes alike.
     normal: list[float] = []
     hung: list[float] = []
-    for _ in range(ROUNDS):
-        normal += _run("normal", True, a.requests // ROUNDS, a.scrapers)
-        hung += _run("hung", True, a.requests // ROUNDS, a.scrapers)
-    nocache = _run("normal", False, a.requests // 4, a.scrapers)
-    render = _render_ms()
-    print(f"{GPUS} GPUs x {PROCESSES} processes, {a.scrapers} concurrent scrapers, {len(normal)} requests per mode")
+    page_bytes = 0
+    with tempfile.TemporaryDirectory(prefix="bench-scrape-") as tmp_name:
+        for _ in range(a.rounds):
+            for mode, into in (("normal", normal), ("hung", hung)):
+                if a.in_process:
+                    lat, size = _measure_in_process(mode, a.seconds, a.scrapers)
+                else:
+                    lat, size = asyncio.run(_measure_sim(Path(tmp_name), mode == "hung", a.seconds, a.scrapers))
+                into.extend(lat)
+                page_bytes = max(page_bytes, size)
+                print(f"{mode}: {len(lat)} requests, p50 {_pct(lat, 0.5):.2f} ms, p99 {_pct(lat, 0.99):.2f} ms",
+                      flush=True)
+    render, render_library = _render_ms()
+    where = "exporter app in-process" if a.in_process else "gpuwatchd sim (fleet 8x32; nvml-hang timeline)"
+    print(f"{where}: {GPUS} GPUs x {PROCESSES} processes, {a.scrapers} concurrent scrapers, {a.rounds} rounds")
     print(
         f"p50_ms={_pct(normal, 0.5):.2f} p99_ms={_pct(normal, 0.99):.2f} p99_hung_ms={_pct(hung, 0.99):.2f} "
-        f"p50_hung_ms={_pct(hung, 0.5):.2f} p99_nocache_ms={_pct(nocache, 0.99):.2f} render_ms={render:.2f}"
+        f"p50_hung_ms={_pct(hung, 0.5):.2f} requests={len(normal)} requests_hung={len(hung)} "
+        f"page_bytes={page_bytes} render_ms={render:.2f} render_library_ms={render_library:.2f}"
     )
 
 

@@ -91,7 +91,7 @@ def _plain_name(name: str) -> bool:
 
 
 def _samples(metric: Metric, out: list[str], text: bool) -> bool:
-    """Append the family's sample lines; False (and ``out`` untouched) when the library must encode it."""
+    """Append the family's sample lines to ``out``; False (``out`` untouched) when the library must encode it."""
     moved = tuple(metric.name + s for s in _TEXT_MOVED_SUFFIXES) if text else ()
     lines: list[str] = []
     # Within a family every sample has the same label names in the same order, so the unsorted items identify the
@@ -133,28 +133,35 @@ def _samples(metric: Metric, out: list[str], text: bool) -> bool:
     return True
 
 
-def openmetrics_latest(registry: Collector) -> bytes:
-    """OpenMetrics 1.0.0 with the default escaping; same bytes as ``openmetrics.exposition.generate_latest``."""
-    out: list[str] = []
-    for metric in registry.collect():
-        name = metric.name
+# Set on a family by ``freeze``: its encoded text per format, filled on first use.
+_ENCODED = "_gpuwatchd_encoded"
+
+
+def freeze(metric: Metric) -> Metric:
+    """Promise that ``metric`` will not change again, so its encoded text can be kept with it and reused.
+
+    The store collector builds per-GPU families once per snapshot (snapshots are immutable) and hands the same
+    family objects to every scrape of that snapshot; frozen, they are also encoded once per format.
+    """
+    setattr(metric, _ENCODED, {})
+    return metric
+
+
+def _om_family(metric: Metric) -> str:
+    name = metric.name
+    if _plain_name(name):
         doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-        head = f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n"
+        out = [f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n"]
         if metric.unit:
-            head += f"# UNIT {name} {metric.unit}\n"
-        n = len(out)
-        out.append(head)
-        if not (_plain_name(name) and _samples(metric, out, text=False)):
-            del out[n:]
-            out.append(om.generate_latest(_One(metric)).decode("utf-8").removesuffix("# EOF\n"))  # type: ignore[no-untyped-call]
-    out.append("# EOF\n")
-    return "".join(out).encode("utf-8")
+            out.append(f"# UNIT {name} {metric.unit}\n")
+        if _samples(metric, out, text=False):
+            return "".join(out)
+    library: Callable[[_One], bytes] = om.generate_latest
+    return library(_One(metric)).decode("utf-8").removesuffix("# EOF\n")
 
 
-def text_latest(registry: Collector) -> bytes:
-    """Prometheus text 0.0.4 with the default escaping; same bytes as ``exposition.generate_latest``."""
-    out: list[str] = []
-    for metric in registry.collect():
+def _text_family(metric: Metric) -> str:
+    if _plain_name(metric.name):
         mtype = metric.type
         name = metric.name
         if mtype == "counter":
@@ -163,12 +170,36 @@ def text_latest(registry: Collector) -> bytes:
             name += "_info"
         mtype = _TEXT_TYPES.get(mtype, mtype)
         doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
-        n = len(out)
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n")
-        if not (_plain_name(metric.name) and _samples(metric, out, text=True)):
-            del out[n:]
-            out.append(exposition.generate_latest(_One(metric)).decode("utf-8"))
+        out = [f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n"]
+        if _samples(metric, out, text=True):
+            return "".join(out)
+    return exposition.generate_latest(_One(metric)).decode("utf-8")
+
+
+def _encode(registry: Collector, family: Callable[[Metric], str], fmt: str) -> list[str]:
+    out: list[str] = []
+    for metric in registry.collect():
+        encoded: dict[str, str] | None = getattr(metric, _ENCODED, None)
+        if encoded is None:
+            out.append(family(metric))
+            continue
+        text = encoded.get(fmt)
+        if text is None:
+            text = encoded[fmt] = family(metric)
+        out.append(text)
+    return out
+
+
+def openmetrics_latest(registry: Collector) -> bytes:
+    """OpenMetrics 1.0.0 with the default escaping; same bytes as ``openmetrics.exposition.generate_latest``."""
+    out = _encode(registry, _om_family, "openmetrics")
+    out.append("# EOF\n")
     return "".join(out).encode("utf-8")
+
+
+def text_latest(registry: Collector) -> bytes:
+    """Prometheus text 0.0.4 with the default escaping; same bytes as ``exposition.generate_latest``."""
+    return "".join(_encode(registry, _text_family, "text")).encode("utf-8")
 
 
 def fast_encoder(encoder: Callable[[Any], bytes]) -> Encoder | None:

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatchd.exporter.collector import StoreCollector
@@ -264,3 +265,47 @@ def test_process_without_name_has_empty_process_label() -> None:
     store.apply(Snapshot(timestamp=1.0, nvml_ok=True, gpus=(g,)))
     text = exposition(store)
     assert value(text, "gpuwatchd_gpu_process_memory_used_bytes", pid="9") == 1.0
+
+
+def _family(metrics: list[Metric], name: str) -> Metric:
+    found = [m for m in metrics if m.name == name]
+    assert len(found) == 1, name
+    return found[0]
+
+
+def test_per_gpu_families_are_built_once_per_set_of_samples(mixed_store: Store) -> None:
+    collector = StoreCollector(mixed_store, build=BUILD)
+    first, second = list(collector.collect()), list(collector.collect())
+    # Same GpuSample objects: the per-GPU families are reused; the runtime groups are still built per scrape.
+    assert _family(first, "gpuwatchd_gpu_memory_used_bytes") is _family(second, "gpuwatchd_gpu_memory_used_bytes")
+    assert _family(first, "gpuwatchd_gpu_process_memory_used_bytes") is _family(
+        second, "gpuwatchd_gpu_process_memory_used_bytes"
+    )
+    assert _family(first, "gpuwatchd_nvml_up") is not _family(second, "gpuwatchd_nvml_up")
+    latest = mixed_store.latest
+    assert latest is not None
+    # A new poll with the very same samples (nothing read changed) still reuses them ...
+    mixed_store.apply(replace(latest, timestamp=latest.timestamp + 1))
+    third = list(collector.collect())
+    assert _family(third, "gpuwatchd_gpu_memory_used_bytes") is _family(first, "gpuwatchd_gpu_memory_used_bytes")
+    # ... and a new sample object, even for one GPU, rebuilds with its values.
+    a = replace(latest.gpus[0], memory_used_bytes=123)
+    mixed_store.apply(replace(latest, timestamp=latest.timestamp + 2, gpus=(a, *latest.gpus[1:])))
+    fourth = list(collector.collect())
+    used = _family(fourth, "gpuwatchd_gpu_memory_used_bytes")
+    assert used is not _family(first, "gpuwatchd_gpu_memory_used_bytes")
+    assert {s.labels["uuid"]: s.value for s in used.samples}[UUID_A] == 123.0
+
+
+def test_reused_families_follow_presence(mixed_store: Store) -> None:
+    # The reuse is keyed on the present GPUs' samples: a GPU that drops out changes the key, not only the snapshot.
+    collector = StoreCollector(mixed_store, build=BUILD)
+    reg = registry_for(mixed_store, collector)
+    generate_latest(reg)
+    latest = mixed_store.latest
+    assert latest is not None
+    mixed_store.apply(replace(latest, timestamp=latest.timestamp + 1, gpus=latest.gpus[:1]))
+    text = generate_latest(reg).decode()
+    assert value(text, "gpuwatchd_gpu_memory_used_bytes", uuid=UUID_A) is not None
+    assert value(text, "gpuwatchd_gpu_memory_used_bytes", uuid=UUID_B) is None
+    assert value(text, "gpuwatchd_gpu_present", uuid=UUID_B) == 0.0

@@ -11,6 +11,7 @@ import math
 import random
 import struct
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry, exposition
@@ -31,7 +32,7 @@ from prometheus_client.samples import Exemplar, Timestamp
 from prometheus_client.utils import floatToGoString
 
 from gpuwatchd.exporter.collector import StoreCollector
-from gpuwatchd.exporter.encode import fast_encoder, go_float, openmetrics_latest, text_latest
+from gpuwatchd.exporter.encode import fast_encoder, freeze, go_float, openmetrics_latest, text_latest
 from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.engine import RulesEngine
@@ -186,3 +187,30 @@ def test_fast_encoder_covers_the_default_escaping_only(accept: str, ours: object
     reg = daemon_registry()
     if fast is not None:
         assert fast(reg) == chosen(reg)
+
+
+def test_a_frozen_family_is_encoded_once_per_format() -> None:
+    g = GaugeMetricFamily("frozen", "Frozen.", labels=["x"])
+    g.add_metric(["a"], 1)
+    assert freeze(g) is g
+    reg = registry(Fixed([g]))
+    first_om, first_text = openmetrics_latest(reg), text_latest(reg)
+    assert first_om == library_openmetrics(reg) and first_text == exposition.generate_latest(reg)
+    # Frozen is a promise not to change; the encoders hold it to that and serve the first encoding.
+    g.add_metric(["b"], 2)
+    assert openmetrics_latest(reg) == first_om and text_latest(reg) == first_text
+    assert b'frozen{x="b"}' in library_openmetrics(reg)
+
+
+def test_scrapes_of_a_changing_store_stay_identical_to_the_library() -> None:
+    # Per-GPU families are reused between snapshots with the same samples; the bytes must not notice.
+    store = store_from_fixture("store_mixed.json")
+    reg = registry(StoreCollector(store, build=BUILD))
+    assert_same(reg)
+    assert_same(reg)
+    latest = store.latest
+    assert latest is not None
+    store.apply(replace(latest, timestamp=latest.timestamp + 1))
+    assert_same(reg)
+    store.apply(replace(latest, timestamp=latest.timestamp + 2, gpus=latest.gpus[:1]))
+    assert_same(reg)
