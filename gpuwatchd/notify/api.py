@@ -3,10 +3,16 @@
 Shapes follow Alertmanager's API v2 where one exists (silence matchers ``{name, value, isRegex, isEqual}``,
 ``status.state``, alert ``status.silencedBy/inhibitedBy``); times are RFC 3339 strings. Nothing here ever includes
 a receiver URL or token: receivers are named, never described.
+
+Reading is open (like ``/metrics``); writing (create, expire) is guarded by ``notify.api``: loopback peers only by
+default, and a bearer token when ``write_token`` is set. The peer is the TCP peer: a reverse proxy on this host
+makes every request local, so put the token on when one is in front.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -16,16 +22,19 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gpuwatchd.model import Alert
+from gpuwatchd.notify.config import ApiConfig
 from gpuwatchd.notify.grouping import alert_annotations, alert_fp
-from gpuwatchd.notify.silences import parse_matchers_json, silence_json
+from gpuwatchd.notify.silences import SilenceError, parse_matchers_json, silence_json
 from gpuwatchd.notify.webhook import rfc3339
 
 if TYPE_CHECKING:
     from gpuwatchd.notify.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
-# Longest accepted silence comment / author: the API is unauthenticated on loopback; keep rows small.
+# Longest accepted silence comment / author: keep rows small (a ticket link and a sentence fit easily).
 MAX_TEXT = 2000
+# Largest silence request body: 16 matchers of 256-character regexes plus texts fit in a tenth of this.
+MAX_BODY_BYTES = 64 * 1024
 # A silence without endsAt lasts this long (amtool's default duration is 1h).
 DEFAULT_SILENCE_SECONDS = 3600.0
 
@@ -39,6 +48,47 @@ def _time(value: object, field: str) -> float:
         except ValueError:
             pass
     raise ValueError(f"{field}: expected an RFC 3339 time or unix seconds")
+
+
+def _is_loopback(peer: str | None) -> bool:
+    if not peer:
+        return False
+    try:
+        ip = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+def write_refusal(request: web.Request, api: ApiConfig) -> web.Response | None:
+    """The error answer if ``request`` may not change silences, else None."""
+    if api.write_from_loopback_only and not _is_loopback(request.remote):
+        log.warning("silences: refused a write from %s (not loopback)", request.remote)
+        return _error(
+            403,
+            "silences can be changed from this host only (notify.api.write_from_loopback_only)",
+            "remote",
+        )
+    if api.write_token is not None:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        expected = api.write_token.get_secret_value().encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+            log.warning("silences: refused a write from %s (missing or wrong token)", request.remote)
+            resp = _error(401, "Authorization: expected Bearer <notify.api.write_token>", "Authorization")
+            resp.headers["WWW-Authenticate"] = 'Bearer realm="gpuwatchd"'
+            return resp
+    return None
+
+
+def _text(body: dict[str, Any], field: str) -> str:
+    value = body.get(field, "")
+    if not isinstance(value, str):
+        raise SilenceError(field, f"{field}: expected a string")
+    if len(value) > MAX_TEXT:
+        raise SilenceError(field, f"{field}: longer than {MAX_TEXT} characters")
+    return value
 
 
 def _ts(value: float | None) -> str | None:
@@ -75,38 +125,57 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
         return web.json_response([silence_json(s, now) for s in d.silences.listing(now)])
 
     async def post_silence(request: web.Request) -> web.Response:
+        api = d.config.api
+        refused = write_refusal(request, api)
+        if refused is not None:
+            return refused
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            return _error(413, f"body: larger than {MAX_BODY_BYTES} bytes", "body")
         now = d.now()
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "body: expected a JSON object")
+            return _error(400, "body: expected a JSON object", "body")
         if not isinstance(body, dict):
-            return _error(400, "body: expected a JSON object")
+            return _error(400, "body: expected a JSON object", "body")
         try:
-            matchers = parse_matchers_json(body.get("matchers"))
-            starts = _time(body["startsAt"], "startsAt") if "startsAt" in body else now
-            ends = _time(body["endsAt"], "endsAt") if "endsAt" in body else starts + DEFAULT_SILENCE_SECONDS
-            created_by = str(body.get("createdBy", ""))[:MAX_TEXT]
-            comment = str(body.get("comment", ""))[:MAX_TEXT]
+            matchers = parse_matchers_json(body.get("matchers"), max_regex_length=api.max_regex_length)
+            try:
+                starts = _time(body["startsAt"], "startsAt") if "startsAt" in body else now
+                ends = _time(body["endsAt"], "endsAt") if "endsAt" in body else starts + DEFAULT_SILENCE_SECONDS
+            except ValueError as e:
+                raise SilenceError(str(e).split(":", 1)[0], str(e)) from None
+            created_by = _text(body, "createdBy")
+            comment = _text(body, "comment")
             if not created_by:
-                raise ValueError("createdBy: required")
+                raise SilenceError("createdBy", "createdBy: required")
             s = d.silences.add(
-                matchers, starts_at=starts, ends_at=ends, created_by=created_by, comment=comment, now=now
+                matchers,
+                starts_at=starts,
+                ends_at=ends,
+                created_by=created_by,
+                comment=comment,
+                now=now,
+                max_live=api.max_silences,
+                max_duration=api.max_silence_duration,
             )
-        except ValueError as e:
-            return _error(400, str(e))
+        except SilenceError as e:
+            return _error(e.status, str(e), e.field)
         log.info("silence %s created by %s: %s", s.id, s.created_by, ", ".join(str(m) for m in s.matchers))
         d.wake()
         return web.json_response({"silenceID": s.id})
 
     async def expire_silence(request: web.Request) -> web.Response:
+        refused = write_refusal(request, d.config.api)
+        if refused is not None:
+            return refused
         sid = request.match_info["id"]
         try:
             d.silences.expire(sid, d.now())
         except KeyError:
-            return _error(404, f"silence {sid} not found")
-        except ValueError as e:
-            return _error(409, str(e))
+            return _error(404, f"silence {sid} not found", "id")
+        except SilenceError as e:
+            return _error(e.status, str(e), e.field)
         log.info("silence %s expired", sid)
         d.wake()
         return web.json_response({"silenceID": sid, "status": {"state": "expired"}})
@@ -119,5 +188,6 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
     ]
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _error(status: int, message: str, field: str | None = None) -> web.Response:
+    """A 4xx answer: ``{"error": message, "field": the request field at fault or null}``."""
+    return web.json_response({"error": message, "field": field}, status=status)

@@ -36,6 +36,18 @@ DEFAULT_MAX_RETRY_AGE = 24 * 3600.0
 DEFAULT_RATE_LIMIT_PER_MINUTE = 60.0
 
 
+# A silence is for a maintenance window or a known issue; one longer than a week is usually a forgotten one
+# (Alertmanager has no cap; a week is amtool's longest example). Extend by creating a new one.
+DEFAULT_MAX_SILENCE_DURATION = 7 * 86400.0
+# One host has a few GPUs and a handful of alert names: 100 live silences is far past any real need, and bounds the
+# matching done on every evaluation (Alertmanager: --silences.max-silences, unlimited by default).
+DEFAULT_MAX_SILENCES = 100
+# Shortest write token accepted: 16 characters is 64+ bits from `openssl rand -hex`, past online guessing.
+MIN_TOKEN_LENGTH = 16
+# Longest regex a silence may carry: RE2 caps program size; Python has no such guard, so we cap the text.
+DEFAULT_MAX_REGEX_LENGTH = 256
+
+
 def _matchers(values: list[str]) -> tuple[Matcher, ...]:
     return tuple(parse_matcher(v) for v in values)
 
@@ -126,6 +138,39 @@ def _default_routes() -> tuple[RouteConfig, ...]:
     return (RouteConfig(matchers=(parse_matcher('severity="critical"'),), group_wait=0.0),)
 
 
+class ApiConfig(Section):
+    """Who may change silences over HTTP, and how big they may get (reading is open, like ``/metrics``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    # When set, POST/DELETE need ``Authorization: Bearer <token>`` (compared in constant time).
+    write_token: SecretStr | None = None
+    # Refuse writes from non-loopback peers: the daemon listens on all interfaces for Prometheus, and anyone who
+    # reaches the port must not be able to mute alerts. A local ``curl`` still works.
+    write_from_loopback_only: bool = True
+    # Pending plus active silences at most; more are refused with 409 until one expires.
+    max_silences: int = Field(default=DEFAULT_MAX_SILENCES, ge=1)
+    # Longest silence (endsAt - startsAt); a longer one is refused: extend by creating a new one.
+    max_silence_duration: Duration = Field(default=DEFAULT_MAX_SILENCE_DURATION, gt=0)
+    # Longest regex in a silence matcher; nested quantifiers, backreferences and lookaround are refused too.
+    max_regex_length: int = Field(default=DEFAULT_MAX_REGEX_LENGTH, ge=1)
+
+    @field_validator("write_token")
+    @classmethod
+    def _token(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < MIN_TOKEN_LENGTH:
+            raise ValueError(f"at least {MIN_TOKEN_LENGTH} characters (e.g. `openssl rand -hex 16`)")
+        return v
+
+    @model_validator(mode="after")
+    def _not_open(self) -> ApiConfig:
+        if not self.write_from_loopback_only and self.write_token is None:
+            raise ValueError(
+                "write_from_loopback_only: false needs write_token, or anyone who reaches the port can silence alerts"
+            )
+        return self
+
+
 class NotifyConfig(Section):
     """Everything about alert delivery; with no receivers nothing is sent."""
 
@@ -144,6 +189,7 @@ class NotifyConfig(Section):
     retry_initial: Duration = 0.5
     retry_max: Duration = 60.0
     alertmanager_resend: Duration = DEFAULT_ALERTMANAGER_RESEND
+    api: ApiConfig = ApiConfig()
     # Shown in messages and in the webhook's externalURL (e.g. this host's /api/v1/alerts); empty: omitted.
     external_url: str = ""
 
