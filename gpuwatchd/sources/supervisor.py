@@ -12,9 +12,9 @@ Logging: an operator reads one line per failure episode, not one per kill cycle.
 the GPU and how long it had not answered, repeats at DEBUG, and one INFO when that GPU answers again; any other
 worker failure (crash, garbage, no start) is one WARNING while its reason stays the same, and one INFO once a
 worker runs healthy again. An init failure (no driver) is logged by the daemon (:mod:`gpuwatchd.nvml_outage`),
-so here it is DEBUG. The worker's stderr lines carry a level (``nvml_worker[pid] LEVEL: ...``); a line the
-previous worker also wrote is relayed at DEBUG, and output without that prefix (a Python traceback, a message
-from a C library) is relayed as one WARNING block whose last line also goes into the exit message.
+so here it is DEBUG. The worker's stderr lines carry a level (``nvml_worker[pid] LEVEL: ...``); a line this
+worker or the previous one already wrote is relayed at DEBUG, and output without that prefix (a Python traceback,
+a message from a C library) is relayed as one WARNING block whose last line also goes into the exit message.
 
 Timing: ``poll_interval``, ``poll_timeout`` and the backoff are scenario seconds (divided by ``clock.speed``, so
 ``gpuwatchd sim --speed X`` compresses them); ``kill_grace`` is about the OS and stays in real seconds.
@@ -66,6 +66,9 @@ STDERR_BLOCK_IDLE_SECONDS = 0.2
 # Lines kept per unexpected-output block: a traceback's tail says what happened; a worker printing without end
 # must not grow the daemon.
 STDERR_BLOCK_MAX_LINES = 60
+# A worker's log line is a sentence or a traceback line; anything longer is noise, dropped with one warning.
+MAX_STDERR_LINE_BYTES = 64 * 1024
+STDERR_CHUNK_BYTES = 64 * 1024
 # Distinct worker messages remembered to relay repeats at DEBUG (bounded: a worker could vary its text).
 MAX_REMEMBERED_LINES = 256
 
@@ -425,34 +428,56 @@ class NvmlSupervisor:
         return replace(lost, uuid=known[0], pci_bus_id=known[1])
 
     async def _relay_stderr(self, stream: asyncio.StreamReader, pid: int) -> None:
-        """Relay the worker's stderr at the level each line names; unexpected output as one WARNING block."""
+        """Relay the worker's stderr at the level each line names; unexpected output as one WARNING block.
+
+        Read in chunks and split here, not with ``readline``: a line past the bound is dropped whole (one
+        warning), where ``readline`` would raise and then hand over its tail as if it were a line.
+        """
         block: list[str] = []
+        pending = b""
+        dropping = False  # inside a line too long to relay: skip up to its newline
         while True:
             try:
                 if block:
-                    raw = await asyncio.wait_for(stream.readline(), STDERR_BLOCK_IDLE_SECONDS)
+                    chunk = await asyncio.wait_for(stream.read(STDERR_CHUNK_BYTES), STDERR_BLOCK_IDLE_SECONDS)
                 else:
-                    raw = await stream.readline()
+                    chunk = await stream.read(STDERR_CHUNK_BYTES)
             except asyncio.TimeoutError:
                 self._flush_block(block, pid)
                 continue
-            if not raw:
+            if not chunk:
+                if pending and not dropping:
+                    self._stderr_line(pending, block, pid)
                 self._flush_block(block, pid)
                 return
-            text = raw.decode(errors="replace").rstrip()
-            m = WORKER_LINE.fullmatch(text)
-            if m is None:
-                if text.strip():
-                    block.append(text)
-                    self._last_words = text.strip()[:300]
-                    del block[:-STDERR_BLOCK_MAX_LINES]
-                continue
-            self._flush_block(block, pid)
-            wpid, level, message = m.groups()
-            self._relay(getattr(logging, level), message, f"nvml_worker[{wpid}]: %s")
+            *lines, pending = (pending + chunk).split(b"\n")
+            for raw in lines:
+                if dropping:
+                    dropping = False
+                    continue
+                self._stderr_line(raw, block, pid)
+            if len(pending) > MAX_STDERR_LINE_BYTES:
+                if not dropping:
+                    self._flush_block(block, pid)
+                    self._relay(logging.WARNING, "a stderr line too long to relay (dropped)",
+                                f"nvml_worker[{pid}]: %s")
+                dropping, pending = True, b""
+
+    def _stderr_line(self, raw: bytes, block: list[str], pid: int) -> None:
+        text = raw.decode(errors="replace").rstrip()
+        m = WORKER_LINE.fullmatch(text)
+        if m is None:
+            if text.strip():
+                block.append(text)
+                self._last_words = text.strip()[:300]
+                del block[:-STDERR_BLOCK_MAX_LINES]
+            return
+        self._flush_block(block, pid)
+        wpid, level, message = m.groups()
+        self._relay(getattr(logging, level), message, f"nvml_worker[{wpid}]: %s")
 
     def _relay(self, level: int, message: str, fmt: str) -> None:
-        if message in self._prev_lines:
+        if message in self._prev_lines or message in self._cur_lines:
             level = min(level, logging.DEBUG)
         if len(self._cur_lines) < MAX_REMEMBERED_LINES:
             self._cur_lines.add(message)

@@ -184,3 +184,20 @@ async def test_snapshot_of_the_wrong_shape_replaces_the_worker(tmp_path: Path) -
     assert h.stale[0].startswith("unreadable line from the NVML worker: TypeError(") and "uuid" in h.stale[0]
     assert h.sup.last_error == "protocol_error" and h.snaps == []
     assert _children() == []
+
+
+async def test_overlong_stderr_line_is_dropped_not_fatal(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpuwatchd")
+    fake = tmp_path / "chatty-python"
+    size = 3 * supervisor.MAX_STDERR_LINE_BYTES
+    fake.write_text(f"#!/bin/sh\necho '{{\"hello\": 1}}'\nhead -c {size} /dev/zero | tr '\\000' x >&2\necho >&2\n"
+                    "echo 'nvml_worker[1] INFO: still here' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    async with Harness(fast_nvml(None), tmp_path / "state", tmp_path, python=str(fake)) as h:
+        await h.until(lambda: len(h.stale) >= 2, "two workers that wrote an overlong stderr line")
+    assert h.stale[0] == "NVML worker exited unexpectedly (worker_exit_1)"  # no fragment taken for its last words
+    # one warning for the whole line, in the first worker; the second worker's same line is DEBUG
+    assert len(records(caplog, logging.WARNING, "too long to relay")) == 1
+    assert len(records(caplog, logging.DEBUG, "too long to relay")) >= 1
+    assert records(caplog, logging.INFO, "still here") == ["nvml_worker[1]: still here"]  # the relay went on
+    assert records(caplog, logging.WARNING, "unexpected output") == []
