@@ -45,7 +45,7 @@ class ScenarioRun:
     end: float  # scenario time at the end of the run
 
 
-def sim_config(sinks: dict[str, Sink], state_dir: Path, libdir: Path) -> Config:
+def sim_config(sinks: dict[str, Sink], state_dir: Path, libdir: Path, sysfs_root: Path | None = None) -> Config:
     receivers = [
         {"name": f"{s}-1", "type": s, "url": sinks[s].url, "rate_limit_per_minute": 6000, "timeout": "5s"}
         for s in SERVICES
@@ -56,6 +56,10 @@ def sim_config(sinks: dict[str, Sink], state_dir: Path, libdir: Path) -> Config:
             "listen": "127.0.0.1:0",
             "state_dir": str(state_dir),
             "nvml": {"library_path": str(libdir)},
+            # The fake PCI tree the player keeps in step (as `gpuwatchd sim` does): hot-plug reaches the daemon
+            # through its sysfs watch, the way a dock detach does on a real host. Without it only the worker's own
+            # re-enumeration after a loss could notice a removal, at whatever moment its respawn happened to land.
+            **({"sysfs": {"root": str(sysfs_root)}} if sysfs_root is not None else {}),
             "notify": {
                 "receivers": receivers,
                 # Every alert to every service; group_wait short so a message is never held past the run's end.
@@ -83,9 +87,9 @@ async def play(name: str, tmp: Path, *, speed: float, tail: float) -> ScenarioRu
         runners.append(runner)
     clock = ScaledClock(speed=speed)
     state_path = tmp / "state"
-    player = Player(scen, state_path, clock)
+    player = Player(scen, state_path, clock, sysfs_root=tmp / "sysfs")
     player.write_initial()
-    config = sim_config(sinks, tmp / "state-dir", build_standin())
+    config = sim_config(sinks, tmp / "state-dir", build_standin(), tmp / "sysfs")
     daemon = Daemon(config, clock=clock, worker_env={**os.environ, STATE_ENV: str(state_path)})
     seen: list[Seen] = []
     await daemon.start()
@@ -164,3 +168,21 @@ def check_chat_text(sinks: dict[str, Sink]) -> None:
                 assert a["annotations"]["summary"][:40] in text, service
                 if "sparkline" in a["annotations"]:  # the leak rule draws the memory trend
                     assert f"Trend: {a['annotations']['sparkline']}" in text, service
+
+
+def check_unplug(hooks: list[Any]) -> None:
+    """egpu-unplug as a user sees it: GpuLost fired, then GpuRemoved fired, then GpuRemoved resolved, once, saying
+    the GPU was reattached at its new index (1)."""
+    events = [
+        (a["status"], a["labels"]["alertname"], a["annotations"]["summary"])
+        for h in hooks
+        for a in h["alerts"]
+        if a["labels"]["alertname"] in ("GpuLost", "GpuRemoved")
+    ]
+    order = [(status, alert) for status, alert, _ in events]
+    for step in (("firing", "GpuLost"), ("firing", "GpuRemoved"), ("resolved", "GpuRemoved")):
+        assert step in order, f"egpu-unplug: no {step[1]} {step[0]} message; got {order}"
+    assert order.index(("firing", "GpuLost")) < order.index(("firing", "GpuRemoved"))
+    assert order.index(("firing", "GpuRemoved")) < order.index(("resolved", "GpuRemoved"))
+    reattached = [text for status, alert, text in events if (status, alert) == ("resolved", "GpuRemoved")]
+    assert len(reattached) == 1 and "reattached at index 1" in reattached[0], reattached

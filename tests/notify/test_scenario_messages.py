@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .scenario_harness import SERVICES, check_chat_text, message_text, summary
+from .scenario_harness import SERVICES, check_chat_text, check_unplug, message_text, summary
 from .scenario_replay import NvmlChild, replay
 
 GOLDEN = Path(__file__).with_name("golden")
@@ -83,20 +83,5 @@ async def test_exact_messages(name: str, child: NvmlChild, tmp_path: Path) -> No
     check_chat_text(run.sinks)
     _readable(name, got["slack"])
     if name == "egpu-unplug":
-        _check_unplug(hooks, run.workers)
-
-
-def _check_unplug(hooks: list[Any], workers: int) -> None:
-    """The dock pulled and plugged back: lost, then removed, then "reattached" at its new index, in that order."""
-    events = [
-        (a["status"], a["labels"]["alertname"], a["annotations"]["summary"])
-        for h in hooks
-        for a in h["alerts"]
-        if a["labels"]["alertname"] in ("GpuLost", "GpuRemoved")
-    ]
-    order = [(status, alert) for status, alert, _ in events]
-    assert order.index(("firing", "GpuLost")) < order.index(("firing", "GpuRemoved"))
-    assert order.index(("firing", "GpuRemoved")) < order.index(("resolved", "GpuRemoved"))
-    reattached = [text for status, alert, text in events if (status, alert) == ("resolved", "GpuRemoved")]
-    assert len(reattached) == 1 and "reattached at index 1" in reattached[0]
-    assert workers == 4  # NVML sessions: the first, after the loss, after the removal, after the replug
+        check_unplug(hooks)
+        assert run.workers == 4  # NVML sessions: the first, after the loss, after the removal, after the replug

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .scenario_harness import SERVICES, check_chat_text, play, summary
+from .scenario_harness import SERVICES, check_chat_text, check_unplug, play, summary
 
 pytest.importorskip("gpuwatchd.sim.player", reason="scenario player not available")
 
@@ -31,9 +31,11 @@ SCENARIOS: dict[str, tuple[set[str], float]] = {
     "throttle-thermal": ({"GpuThrottled"}, 150.0),
     "power-brake": ({"GpuThrottled"}, 150.0),
     "sw-power-cap-idle": (set(), 150.0),
-    # GpuRemoved / GpuEccError / GpuLost also show up, but their timing depends on worker re-enumeration under
-    # load; the invariants below cover them whenever the rules raise them.
-    "egpu-unplug": ({"GpuLost"}, 100.0),
+    # Slower: the dock stays detached 45 scenario seconds, and the worker respawn that sees it gone (on the sysfs
+    # change) takes a few tenths of a wall second on a loaded 2-core box; at 30x that window is 1.5 wall seconds.
+    # Xid 79 comes 2 s before the loss, less than one player tick (0.1 wall s) here: whether the worker drains it
+    # before the loss ends event delivery is timing, so it is not required (the replayed test pins it).
+    "egpu-unplug": ({"GpuLost", "GpuRemoved"}, 30.0),
     "xid-storm": ({"GpuXidError"}, 100.0),
     "ecc": ({"GpuEccError"}, 100.0),
     "link-degraded": ({"GpuPcieLinkDegraded"}, 150.0),
@@ -94,3 +96,5 @@ async def test_scenario_messages(name: str, tmp_path: Path) -> None:
 
     names = {a["labels"]["alertname"] for h in hooks for a in h["alerts"]}
     assert expected_names <= names
+    if name == "egpu-unplug":
+        check_unplug(hooks)

@@ -200,3 +200,26 @@ def test_pci_tree_follows_unplug_and_replug(tmp_path: Path) -> None:
     player.step()
     assert nvidia_devices(root) == {"0000:41:00.0", "0000:71:00.0"}
     assert read_link(root, "0000:71:00.0").present is True
+
+
+def test_state_file_is_written_before_the_pci_tree_changes(tmp_path: Path) -> None:
+    """The daemon re-enumerates when the PCI tree changes: by then the state must already list the new devices,
+    or the fresh worker enumerates the old list and (the stand-in's list being fixed at init) misses the removal."""
+    from gpuwatchd.sources.sysfs_pcie import nvidia_devices
+
+    root = tmp_path / "sysfs"
+    seen: list[tuple[int, set[str]]] = []  # (devices in the state being written, PCI tree at that moment)
+
+    def write(path: Path, state: dict[str, Any]) -> None:
+        seen.append((len(state["devices"]), nvidia_devices(root) if root.exists() else set()))
+        write_state(path, state)
+
+    clock = ManualClock(T0)
+    player = Player(load_scenario("egpu-unplug"), tmp_path / "state", clock, sysfs_root=root, write=write)
+    player.write_initial()
+    for dt in (61, 15, 50):  # lost, removed, replugged
+        clock.advance(dt)
+        player.step()
+    # The removal (2 -> 1 devices) is written while the tree still shows both; the replug while it shows one.
+    assert [(n, len(tree)) for n, tree in seen] == [(2, 0), (2, 2), (1, 2), (2, 1)]
+    assert nvidia_devices(root) == {"0000:41:00.0", "0000:71:00.0"}
