@@ -16,15 +16,18 @@ modes are interleaved and pooled, so other load on a small machine hits both ali
 ``--in-process`` instead serves the exporter app alone (no NVML worker, no rules, no dispatcher) over a store fed a
 synthetic 8 x 32 snapshot every second, as the first-round bench did: it isolates the exporter from the daemon.
 
-Last line: ``p50_ms=… p99_ms=… p99_hung_ms=…`` (targets: p99 <= 5 ms, hung <= 2x normal), then the page size, the
-request counts, and the uncached render time of that page with our encoder (``render_ms``) and with
-prometheus_client's (``render_library_ms``), both for OpenMetrics, which Prometheus asks for first.
+Last line: ``p50_ms=… p99_ms=… p99_hung_ms=…`` (targets: p99 <= 5 ms, hung <= 2x normal), then the request counts,
+``p99_healthz_ms`` (the same scrapers on /healthz, which renders nothing: the floor that the daemon's other work on
+its event loop and the machine's load set), the page size, and in-process medians of an OpenMetrics render of the
+page after a new snapshot with our encoder (``render_ms``) and with prometheus_client's (``render_library_ms``), and
+of a re-render with the same snapshot (``rerender_ms``; per-GPU families are reused).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import re
 import signal
@@ -151,7 +154,7 @@ def _hanging(page: str) -> bool:
     return restarts is not None and float(restarts.group(1)) >= 1 and len(absent) == 1
 
 
-async def _load(url: str, seconds: float, scrapers: int) -> list[float]:
+async def _load(url: str, seconds: float, scrapers: int, gzipped: bool = True) -> list[float]:
     """Closed-loop scrapers for ``seconds``; latency of every request answered in that time."""
     latencies: list[float] = []
     end = time.monotonic() + seconds
@@ -161,7 +164,7 @@ async def _load(url: str, seconds: float, scrapers: int) -> list[float]:
             t0 = time.perf_counter()
             async with session.get(url, headers=HEADERS) as r:
                 body = await r.read()
-                assert r.status == 200 and body[:2] == b"\x1f\x8b", r.status
+                assert r.status == 200 and (body[:2] == b"\x1f\x8b" or not gzipped), r.status
             latencies.append(time.perf_counter() - t0)
 
     connector = aiohttp.TCPConnector(limit=scrapers)
@@ -170,7 +173,9 @@ async def _load(url: str, seconds: float, scrapers: int) -> list[float]:
     return latencies
 
 
-async def _measure_sim(tmp: Path, hung: bool, seconds: float, scrapers: int) -> tuple[list[float], int]:
+async def _measure_sim(
+    tmp: Path, hung: bool, seconds: float, scrapers: int, healthz: list[float]
+) -> tuple[list[float], int]:
     sim = Sim(tmp, hung)
     try:
         async with aiohttp.ClientSession() as session:
@@ -182,6 +187,8 @@ async def _measure_sim(tmp: Path, hung: bool, seconds: float, scrapers: int) -> 
             if hung and time.monotonic() - sim.started + seconds > HANG_END_S - 5:
                 raise SystemExit(f"--seconds {seconds:g} does not fit in the hang window (t=5..{HANG_END_S:g} s)")
             latencies = await _load(f"{sim.url}/metrics", seconds, scrapers)
+            if not hung:
+                healthz += await _load(f"{sim.url}/healthz", seconds / 3, scrapers, gzipped=False)
             after = await _page(session, sim.url)
             if hung and not _hanging(after):
                 raise SystemExit("the hang ended before the measurement did; use fewer --seconds")
@@ -288,25 +295,30 @@ def _measure_in_process(mode: str, seconds: float, scrapers: int) -> tuple[list[
         server.wait(timeout=10)
 
 
-def _render_ms() -> tuple[float, float]:
-    """Median uncached OpenMetrics render of the 8 x 32 page: our encoder, prometheus_client's."""
+def _render_ms() -> tuple[float, float, float]:
+    """Median OpenMetrics render of the 8 x 32 page: a new snapshot with our encoder, the same with
+    prometheus_client's, and a re-render of an unchanged snapshot with ours (per-GPU families reused)."""
     from prometheus_client.openmetrics.exposition import generate_latest
 
     from gpuwatchd.exporter.encode import openmetrics_latest
 
-    _, registry = _store_registry()
+    store, registry = _store_registry()
     out = []
-    for encode in (openmetrics_latest, generate_latest):
+    for encode, fresh in ((openmetrics_latest, True), (generate_latest, True), (openmetrics_latest, False)):
         times = []
         for _ in range(30):
+            if fresh:
+                store.apply(_snapshot(time.time()))  # new GpuSample objects, as every poll brings
             t0 = time.perf_counter()
             encode(registry)
             times.append(time.perf_counter() - t0)
         out.append(statistics.median(times) * 1e3)
-    return out[0], out[1]
+    return out[0], out[1], out[2]
 
 
 def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return math.nan
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] * 1e3
 
@@ -324,6 +336,7 @@ def main() -> None:
         return
     normal: list[float] = []
     hung: list[float] = []
+    healthz: list[float] = []  # /healthz under the same daemon: the floor the event loop and the machine set
     page_bytes = 0
     with tempfile.TemporaryDirectory(prefix="bench-scrape-") as tmp_name:
         for _ in range(a.rounds):
@@ -331,18 +344,22 @@ def main() -> None:
                 if a.in_process:
                     lat, size = _measure_in_process(mode, a.seconds, a.scrapers)
                 else:
-                    lat, size = asyncio.run(_measure_sim(Path(tmp_name), mode == "hung", a.seconds, a.scrapers))
+                    lat, size = asyncio.run(
+                        _measure_sim(Path(tmp_name), mode == "hung", a.seconds, a.scrapers, healthz)
+                    )
                 into.extend(lat)
                 page_bytes = max(page_bytes, size)
                 print(f"{mode}: {len(lat)} requests, p50 {_pct(lat, 0.5):.2f} ms, p99 {_pct(lat, 0.99):.2f} ms",
                       flush=True)
-    render, render_library = _render_ms()
+    render, render_library, rerender = _render_ms()
     where = "exporter app in-process" if a.in_process else "gpuwatchd sim (fleet 8x32; nvml-hang timeline)"
     print(f"{where}: {GPUS} GPUs x {PROCESSES} processes, {a.scrapers} concurrent scrapers, {a.rounds} rounds")
     print(
         f"p50_ms={_pct(normal, 0.5):.2f} p99_ms={_pct(normal, 0.99):.2f} p99_hung_ms={_pct(hung, 0.99):.2f} "
-        f"p50_hung_ms={_pct(hung, 0.5):.2f} requests={len(normal)} requests_hung={len(hung)} "
-        f"page_bytes={page_bytes} render_ms={render:.2f} render_library_ms={render_library:.2f}"
+        f"p999_ms={_pct(normal, 0.999):.2f} p50_hung_ms={_pct(hung, 0.5):.2f} requests={len(normal)} "
+        f"requests_hung={len(hung)} "
+        f"p99_healthz_ms={_pct(healthz, 0.99):.2f} page_bytes={page_bytes} render_ms={render:.2f} "
+        f"render_library_ms={render_library:.2f} rerender_ms={rerender:.2f}"
     )
 
 
