@@ -13,10 +13,12 @@ would write (``tests/exporter/test_encode.py`` compares both on the real daemon'
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import exposition
@@ -176,30 +178,51 @@ def _text_family(metric: Metric) -> str:
     return exposition.generate_latest(_One(metric)).decode("utf-8")
 
 
-def _encode(registry: Collector, family: Callable[[Metric], str], fmt: str) -> list[str]:
-    out: list[str] = []
-    for metric in registry.collect():
-        encoded: dict[str, str] | None = getattr(metric, _ENCODED, None)
-        if encoded is None:
-            out.append(family(metric))
-            continue
-        text = encoded.get(fmt)
-        if text is None:
-            text = encoded[fmt] = family(metric)
-        out.append(text)
-    return out
+def _family_text(metric: Metric, family: Callable[[Metric], str], fmt: str) -> str:
+    encoded: dict[str, str] | None = getattr(metric, _ENCODED, None)
+    if encoded is None:
+        return family(metric)
+    text = encoded.get(fmt)
+    if text is None:
+        text = encoded[fmt] = family(metric)
+    return text
 
 
 def openmetrics_latest(registry: Collector) -> bytes:
     """OpenMetrics 1.0.0 with the default escaping; same bytes as ``openmetrics.exposition.generate_latest``."""
-    out = _encode(registry, _om_family, "openmetrics")
+    out = [_family_text(m, _om_family, "openmetrics") for m in registry.collect()]
     out.append("# EOF\n")
     return "".join(out).encode("utf-8")
 
 
 def text_latest(registry: Collector) -> bytes:
     """Prometheus text 0.0.4 with the default escaping; same bytes as ``exposition.generate_latest``."""
-    return "".join(_encode(registry, _text_family, "text")).encode("utf-8")
+    return "".join([_family_text(m, _text_family, "text") for m in registry.collect()]).encode("utf-8")
+
+
+# How long encoding runs before letting the event loop serve others: a scrape arriving during a render waits
+# about this long at most (it is answered from the previous body, see http.MetricsRenderer).
+SLICE_SECONDS = 0.001
+
+
+async def encode_yielding(metrics: Iterable[Metric], encoder: Encoder) -> bytes:
+    """What ``encoder`` (``openmetrics_latest`` or ``text_latest``) writes for ``metrics``, same bytes, yielding to
+    the event loop every ``SLICE_SECONDS`` of work so that a render never holds the loop for long."""
+    if encoder is openmetrics_latest:
+        family, fmt, tail = _om_family, "openmetrics", "# EOF\n"
+    elif encoder is text_latest:
+        family, fmt, tail = _text_family, "text", ""
+    else:
+        raise ValueError(f"not one of this module's encoders: {encoder!r}")
+    out: list[str] = []
+    deadline = time.perf_counter() + SLICE_SECONDS
+    for m in metrics:
+        out.append(_family_text(m, family, fmt))
+        if time.perf_counter() >= deadline:
+            await asyncio.sleep(0)
+            deadline = time.perf_counter() + SLICE_SECONDS
+    out.append(tail)
+    return "".join(out).encode("utf-8")
 
 
 def fast_encoder(encoder: Callable[[Any], bytes]) -> Encoder | None:

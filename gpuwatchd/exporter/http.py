@@ -1,15 +1,17 @@
 """The aiohttp application: ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/status`` and a landing page.
 
 Every handler runs on the daemon's event loop and reads only in-memory state, so a hung NVML worker can never
-stall a scrape. ``/metrics`` renders the registry inline (CPU only) with the encoders of ``encode`` (same bytes as
-prometheus_client's, about 4x cheaper); the loop serialises concurrent scrapes, so with ``cache_key`` given the
-rendered body is reused until the key changes (the store's version: a new poll, a stale mark, new links...). The
-families are still built fresh from the store for every distinct store state; only identical re-renders are
-skipped.
+stall a scrape. ``/metrics`` renders the registry on the loop (CPU only) with the encoders of ``encode`` (same bytes
+as prometheus_client's, about 4x cheaper). With ``cache_key`` given, the rendered body is reused until the key
+changes (the store's version: a new poll, a stale mark, new links...); the families are still built from the store
+for every distinct store state. The encoding yields to the loop in short slices, and scrapes that arrive during a
+render get the previous body, so a render never makes the other scrapers wait (``bench/scrape.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import gzip
 import html
 import json
@@ -20,7 +22,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from gpuwatchd.exporter.encode import fast_encoder
+from gpuwatchd.exporter.encode import Encoder, encode_yielding, fast_encoder, openmetrics_latest, text_latest
 from gpuwatchd.store import Store
 
 NOT_READY_REASON = "waiting for the first NVML poll (a snapshot or a definitive NVML failure)"
@@ -42,6 +44,11 @@ GZIP_LEVEL = 1
 # Distinct Accept headers whose negotiated encoder is remembered; real scrapers send one or two, the cap only
 # bounds what an odd client can make us keep.
 ENCODER_CACHE_SIZE = 32
+# Previous bodies kept to answer scrapes during a render: one per (format, name filter, gzip) slot in use; real
+# scrapers use one or two slots, the cap bounds what odd name filters can make us keep.
+PREVIOUS_BODIES = 16
+
+_Slot = tuple[str, tuple[str, ...], bool]  # content type, name[] filter, gzip
 
 
 class MetricsRenderer:
@@ -51,12 +58,14 @@ class MetricsRenderer:
         self._registry = registry
         self._cache_key = cache_key
         self._key: Hashable = None
-        self._cache: dict[tuple[str, tuple[str, ...], bool], bytes] = {}
+        self._cache: dict[_Slot, bytes] = {}
         self._encoders: dict[str, tuple[Callable[[CollectorRegistry], bytes], str]] = {}
+        self._pending: dict[_Slot, asyncio.Future[bytes]] = {}  # renders under way on the request path
+        self._previous: dict[_Slot, bytes] = {}  # the last body rendered per slot, whatever its key
         self.renders = 0  # how many times the registry was actually collected (tests, bench)
+        self.previous_served = 0  # scrapes answered with the previous body while a render was under way
 
-    def render(self, accept: str, names: Sequence[str] = (), gzipped: bool = False) -> tuple[bytes, str]:
-        """The body for an ``Accept`` header value and optional name filter, and its Content-Type."""
+    def _negotiate(self, accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
         negotiated = self._encoders.get(accept)
         if negotiated is None:
             chosen, content_type = choose_encoder(accept)
@@ -64,18 +73,75 @@ class MetricsRenderer:
             if len(self._encoders) >= ENCODER_CACHE_SIZE:
                 self._encoders.clear()
             self._encoders[accept] = negotiated
-        encoder, content_type = negotiated
-        if self._cache_key is None:
-            return self._encode(encoder, names, gzipped), content_type
+        return negotiated
+
+    def _current(self) -> None:
+        assert self._cache_key is not None
         key = self._cache_key()
         if key != self._key:
             self._cache.clear()
             self._key = key
+
+    def render(self, accept: str, names: Sequence[str] = (), gzipped: bool = False) -> tuple[bytes, str]:
+        """The body for an ``Accept`` header value and optional name filter, and its Content-Type."""
+        encoder, content_type = self._negotiate(accept)
+        if self._cache_key is None:
+            return self._encode(encoder, names, gzipped), content_type
+        self._current()
         slot = (content_type, tuple(names), gzipped)
         body = self._cache.get(slot)
         if body is None:
             body = self._cache[slot] = self._encode(encoder, names, gzipped)
         return body, content_type
+
+    async def render_async(self, accept: str, names: Sequence[str] = (), gzipped: bool = False) -> tuple[bytes, str]:
+        """``render`` for the request path: the encoding yields to the event loop every ``encode.SLICE_SECONDS``,
+        and a scrape that arrives while its body is being rendered gets the previous body rather than waiting.
+
+        The scrape that finds the store changed waits for its own render, so a client that scrapes after a change
+        always sees it; only scrapes concurrent with a render may get the body of the state just before.
+        """
+        encoder, content_type = self._negotiate(accept)
+        if self._cache_key is None or (encoder is not openmetrics_latest and encoder is not text_latest):
+            return self.render(accept, names, gzipped)
+        self._current()
+        slot = (content_type, tuple(names), gzipped)
+        body = self._cache.get(slot)
+        if body is not None:
+            return body, content_type
+        pending = self._pending.get(slot)
+        if pending is None:
+            pending = self._pending[slot] = asyncio.ensure_future(self._render_slot(self._key, slot, encoder, names))
+            pending.add_done_callback(functools.partial(self._render_done, slot))
+        else:
+            previous = self._previous.get(slot)
+            if previous is not None:
+                self.previous_served += 1
+                return previous, content_type
+        # Shielded: a scraper that hangs up must not cancel the render the others are waiting for.
+        return await asyncio.shield(pending), content_type
+
+    async def _render_slot(self, key: Hashable, slot: _Slot, encoder: Encoder, names: Sequence[str]) -> bytes:
+        self.renders += 1
+        registry: Any = self._registry.restricted_registry(names) if names else self._registry
+        # Collected in one go, without yielding: the families are one consistent view of the store. Only the
+        # encoding of those (now private) families is spread out.
+        metrics = list(registry.collect())
+        body = await encode_yielding(metrics, encoder)
+        if slot[2]:
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+        if len(self._previous) >= PREVIOUS_BODIES:
+            self._previous.clear()
+        self._previous[slot] = body
+        if self._key == key:
+            self._cache[slot] = body
+        return body
+
+    def _render_done(self, slot: _Slot, task: asyncio.Future[bytes]) -> None:
+        if self._pending.get(slot) is task:
+            del self._pending[slot]
+        if not task.cancelled():
+            task.exception()  # retrieved: the scrapes awaiting it got it (aiohttp answers 500 and logs it)
 
     def _encode(self, encoder: Callable[[CollectorRegistry], bytes], names: Sequence[str], gzipped: bool) -> bytes:
         self.renders += 1
@@ -86,7 +152,7 @@ class MetricsRenderer:
     async def handle(self, request: web.Request) -> web.Response:
         accept = ",".join(request.headers.getall(hdrs.ACCEPT, []))
         gzipped = "gzip" in request.headers.get(hdrs.ACCEPT_ENCODING, "").lower()
-        body, content_type = self.render(accept, request.query.getall("name[]", []), gzipped)
+        body, content_type = await self.render_async(accept, request.query.getall("name[]", []), gzipped)
         headers = {hdrs.CONTENT_TYPE: content_type}
         if gzipped:
             headers[hdrs.CONTENT_ENCODING] = "gzip"

@@ -210,3 +210,76 @@ async def test_metrics_cache_reuses_a_render_until_the_store_changes(client: aio
         assert renderer.renders == 4
     finally:
         await runner.cleanup()
+
+
+def _renderer(store: Store) -> Any:
+    from gpuwatchd.exporter.http import MetricsRenderer, store_cache_key
+
+    return MetricsRenderer(registry_for(store), lambda: store_cache_key(store))
+
+
+PROM_ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+
+
+@pytest.mark.parametrize("accept", [PROM_ACCEPT, "text/plain;version=0.0.4", ""])
+@pytest.mark.parametrize("gzipped", [False, True])
+async def test_request_path_render_is_the_same_body(accept: str, gzipped: bool) -> None:
+    store = store_from_fixture("store_mixed.json")
+    got, got_type = await _renderer(store).render_async(accept, (), gzipped)
+    want, want_type = _renderer(store).render(accept, (), gzipped)
+    if gzipped:
+        got, want = gzip.decompress(got), gzip.decompress(want)
+    assert (got, got_type) == (want, want_type)
+
+
+async def test_scrapes_during_a_render_get_the_previous_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuwatchd.exporter import encode
+
+    monkeypatch.setattr(encode, "SLICE_SECONDS", 0.0)  # yield after every family, so a render surely spans turns
+    store = store_from_fixture("store_mixed.json")
+    renderer = _renderer(store)
+    old, _ = await renderer.render_async(PROM_ACCEPT)
+    store.mark_stale()
+    first = asyncio.ensure_future(renderer.render_async(PROM_ACCEPT))
+    await asyncio.sleep(0)  # the first scrape has collected and is encoding
+    # A scrape during that render is answered at once, from the body before the change ...
+    during, _ = await asyncio.wait_for(renderer.render_async(PROM_ACCEPT), timeout=0.5)
+    assert not first.done()
+    assert during == old and b"gpuwatchd_nvml_stale 0.0" in during
+    assert renderer.previous_served == 1
+    # ... while the scrape that found the change gets the new state, which later scrapes then share.
+    new, _ = await first
+    assert b"gpuwatchd_nvml_stale 1.0" in new
+    assert (await renderer.render_async(PROM_ACCEPT))[0] == new
+    assert renderer.renders == 2
+
+
+async def test_concurrent_first_scrapes_share_one_render() -> None:
+    # With no previous body to give, scrapes during the very first render wait for it rather than render again.
+    store = store_from_fixture("store_mixed.json")
+    renderer = _renderer(store)
+    bodies = await asyncio.gather(*(renderer.render_async(PROM_ACCEPT) for _ in range(5)))
+    assert len({b for b, _ in bodies}) == 1 and bodies[0][0].endswith(b"# EOF\n")
+    assert renderer.renders == 1 and renderer.previous_served == 0
+
+
+async def test_a_failing_render_fails_its_scrapes_and_the_next_one_retries() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from gpuwatchd.exporter.http import MetricsRenderer
+
+    class Flaky:
+        calls = 0
+
+        def collect(self) -> list[Any]:
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise RuntimeError("collector broke")
+            return []
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Flaky())  # type: ignore[arg-type]
+    renderer = MetricsRenderer(registry, lambda: 1)
+    with pytest.raises(RuntimeError, match="collector broke"):
+        await renderer.render_async(PROM_ACCEPT)
+    assert (await renderer.render_async(PROM_ACCEPT))[0] == b"# EOF\n"
