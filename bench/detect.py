@@ -54,7 +54,19 @@ T0 = 1_700_000_000.0
 MINUTES = 100
 UUID = "GPU-bench-0000"
 
-Series = Callable[[float], tuple[int, float]]  # seconds since start -> (pid, bytes)
+Series = Callable[[float], tuple[int, float]]  # seconds since start -> (pid, GPU bytes)
+RssSeries = Callable[[float], float]  # seconds since start -> host RSS bytes of the same process
+
+# Leaks at or above this rate are "fast" (delay_fast_s): 1 GiB/min fills a 24 GiB GPU in well under half an hour.
+FAST_RATE_MIB = 1024.0
+# A leak counts as detected in time (detected_before_oom) with at least this share of its time-to-OOM left: the
+# user needs time to read the message, find the job and checkpoint or stop it.
+IN_TIME_SHARE = 0.25
+SLOW_RATES_MIB = (16.0, 48.0, 128.0, 384.0)
+FAST_RATES_MIB = (1024.0, 2048.0, 4096.0)
+# Largest step of a stepwise leak: a cache that never evicts adds an entry per step (a batch's activations, a
+# sequence length); a fast stepwise leak steps often rather than in quarter-GPU jumps.
+MAX_STEP_BYTES = 1 * GIB
 
 
 @dataclass
@@ -62,6 +74,8 @@ class Case:
     name: str
     series: Series
     leak_start: float | None  # None: not a leak
+    rate_mib: float = 0.0
+    rss: RssSeries | None = None
 
 
 def warm(s: float, level: float, over: float = 120.0) -> float:
@@ -71,11 +85,11 @@ def warm(s: float, level: float, over: float = 120.0) -> float:
 def leak_cases(seed: int) -> list[Case]:
     rng = random.Random(seed)
     out = []
-    for rate_mib in (16.0, 48.0, 128.0, 384.0):
+    for rate_mib in SLOW_RATES_MIB + FAST_RATES_MIB:
         rate = rate_mib * MIB / 60
         base = rng.uniform(3, 8) * GIB
         start = rng.choice([0.0, 300.0, 900.0])  # leak from the start, or after a while on a plateau
-        period = rng.uniform(240, 480)
+        period = min(rng.uniform(240, 480), MAX_STEP_BYTES / rate)
         noise = rng.uniform(20, 80) * MIB
         r = random.Random(seed * 1000 + int(rate_mib))
 
@@ -99,7 +113,7 @@ def leak_cases(seed: int) -> list[Case]:
             return 4242, warm(s, base) + grow(s) + spike
 
         for shape, fn in (("linear", linear), ("stepwise", stepwise), ("noisy", noisy), ("spiky", spiky)):
-            out.append(Case(f"leak-{shape}-{rate_mib:.0f}-s{seed}", fn, start))
+            out.append(Case(f"leak-{shape}-{rate_mib:.0f}-s{seed}", fn, start, rate_mib))
     return out
 
 
@@ -110,6 +124,17 @@ def nonleak_cases(seed: int) -> list[Case]:
     r = random.Random(seed + 77)
     steps = sorted(rng.uniform(0, 540) for _ in range(4))
     restart_at = rng.uniform(1200, 3000)
+    # A long warm-up: the pool keeps stepping for 8-12 min (first evaluation pass, first checkpoint, new
+    # sequence lengths), 4-7 steps of 0.25-1 GiB, then stops for good.
+    long_end = rng.uniform(480, 720)
+    long_base = rng.uniform(2, 6) * GIB
+    long_times = sorted([long_end, *(rng.uniform(60, long_end) for _ in range(rng.randint(3, 6)))])
+    long_sizes = [rng.uniform(0.25, 1.0) * GIB for _ in long_times]
+    # A dataloader: workers fill their prefetch queues and page cache, host RSS grows 2-6 GiB over 5-15 min and
+    # levels off; GPU memory is flat after warm-up.
+    rss_base = rng.uniform(2, 6) * GIB
+    rss_growth = rng.uniform(2, 6) * GIB
+    rss_over = rng.uniform(300, 900)
 
     def plateau(s: float) -> tuple[int, float]:
         return 4242, warm(s, level) + r.gauss(0, noise)
@@ -120,6 +145,9 @@ def nonleak_cases(seed: int) -> list[Case]:
     def stepwise_warmup(s: float) -> tuple[int, float]:
         return 4242, 2 * GIB + GIB * sum(1 for x in steps if s >= x)
 
+    def long_warmup(s: float) -> tuple[int, float]:
+        return 4242, warm(s, long_base) + sum(z for x, z in zip(long_times, long_sizes, strict=True) if s >= x)
+
     def restart(s: float) -> tuple[int, float]:
         if s < restart_at:
             return 4242, warm(s, level)
@@ -129,12 +157,20 @@ def nonleak_cases(seed: int) -> list[Case]:
         low = r.random() < 0.25  # inference freeing memory between batches (csv04: 17.4 vs 17.9 GB)
         return 4242, warm(s, level) - (512 * MIB if low else 0.0) + r.gauss(0, 10 * MIB)
 
+    def dataloader_gpu(s: float) -> tuple[int, float]:
+        return 4242, warm(s, level) + r.gauss(0, noise)
+
+    def dataloader_rss(s: float) -> float:
+        return rss_base + rss_growth * min(1.0, s / rss_over) + r.gauss(0, 20 * MIB)
+
     return [
         Case(f"plateau-s{seed}", plateau, None),
         Case(f"eval-spikes-s{seed}", spikes, None),
         Case(f"stepwise-warmup-s{seed}", stepwise_warmup, None),
+        Case(f"long-warmup-s{seed}", long_warmup, None),
         Case(f"job-restart-s{seed}", restart, None),
         Case(f"flipping-s{seed}", flipping, None),
+        Case(f"dataloader-rss-s{seed}", dataloader_gpu, None, rss=dataloader_rss),
     ]
 
 
@@ -146,11 +182,13 @@ class Outcome:
 
 
 def simulate(case: Case) -> Outcome:
+    """Feed the case snapshot by snapshot; a leak counts when kind=gpu fires, a non-leak fails on any kind."""
     store = Store()
     engine = RulesEngine(RulesConfig(), host="bench")
     capacity = TOTAL - OVERHEAD
     full_at: float | None = None
     fired: tuple[float, float | None] | None = None
+    kinds = {"gpu"} if case.leak_start is not None else {"gpu", "unattributed", "host_rss"}
     s = 0.0
     # Scan the whole timeline for when it is full (ground truth), simulating until then.
     while s <= MINUTES * 60:
@@ -159,14 +197,15 @@ def simulate(case: Case) -> Outcome:
         if used >= capacity and full_at is None:
             full_at = s
             break
-        proc = ProcessSample(pid=pid, used_memory_bytes=int(used), name="python")
+        rss = int(case.rss(s)) if case.rss is not None else None
+        proc = ProcessSample(pid=pid, used_memory_bytes=int(used), name="python", host_rss_bytes=rss)
         mem = int(OVERHEAD + used)
         g = GpuSample(uuid=UUID, index=0, name="NVIDIA A10G", memory_total_bytes=TOTAL, memory_used_bytes=mem,
                       memory_free_bytes=TOTAL - mem, processes=(proc,), processes_total=1)
         store.apply(Snapshot(timestamp=T0 + s, nvml_ok=True, gpus=(g,)))
         if fired is None and s % EVERY == 0:
             for a in engine.evaluate(store, T0 + s):
-                if a.name == "GpuMemoryLeak" and a.labels.get("kind") == "gpu" and a.state == "firing":
+                if a.name == "GpuMemoryLeak" and a.labels.get("kind") in kinds and a.state == "firing":
                     fired = (s, a.value)
                     break
             if fired is not None and case.leak_start is None:
@@ -182,28 +221,65 @@ def simulate(case: Case) -> Outcome:
     return Outcome(fired[0] if fired else None, fired[1] if fired else None, full_at)
 
 
-def leak_figures(seeds: int) -> tuple[float, int, float, float, list[str]]:
-    detected, missed, false_alerts = [], [], []
-    delays, eta_errors = [], []
+@dataclass
+class Figures:
+    recall: float
+    false_alerts: int
+    delay_s: float  # median over all detected leaks
+    delay_fast_s: float  # median over detected leaks >= FAST_RATE_MIB
+    delay_slow_s: float
+    eta_error: float
+    detected_before_oom: float  # share of all leaks detected with >= IN_TIME_SHARE of their time-to-OOM left
+    leaks: int
+    nonleaks: int
+    notes: list[str]
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def leak_figures(seeds: int) -> Figures:
+    detected, missed, late, false_alerts = [], [], [], []
+    delays: dict[bool, list[float]] = {True: [], False: []}
+    eta_errors: list[float] = []
+    in_time = leaks = nonleaks = 0
     for seed in range(seeds):
         for case in leak_cases(seed):
+            leaks += 1
             o = simulate(case)
             assert case.leak_start is not None
             if o.fired_at is not None and (o.full_at is None or o.fired_at < o.full_at):
                 detected.append(case.name)
-                delays.append(o.fired_at - case.leak_start)
+                delays[case.rate_mib >= FAST_RATE_MIB].append(o.fired_at - case.leak_start)
+                if o.full_at is None or o.full_at - o.fired_at >= IN_TIME_SHARE * (o.full_at - case.leak_start):
+                    in_time += 1
+                else:
+                    late.append(f"{case.name}({o.fired_at - case.leak_start:.0f}s of "
+                                f"{(o.full_at or 0) - case.leak_start:.0f}s)")
                 if o.eta is not None and o.full_at is not None:
                     true_eta = o.full_at - o.fired_at
                     eta_errors.append(abs(o.eta - true_eta) / true_eta)
             else:
                 missed.append(case.name)
         for case in nonleak_cases(seed):
+            nonleaks += 1
             if simulate(case).fired_at is not None:
                 false_alerts.append(case.name)
-    recall = len(detected) / (len(detected) + len(missed))
-    notes = [f"missed: {', '.join(missed) or '-'}", f"false alerts: {', '.join(false_alerts) or '-'}"]
-    return (recall, len(false_alerts), statistics.median(delays) if delays else math.nan,
-            statistics.median(eta_errors) if eta_errors else math.nan, notes)
+    notes = [f"missed: {', '.join(missed) or '-'}", f"late (<{IN_TIME_SHARE:.0%} of time-to-OOM left): "
+             f"{', '.join(late) or '-'}", f"false alerts: {', '.join(false_alerts) or '-'}"]
+    return Figures(
+        recall=len(detected) / leaks,
+        false_alerts=len(false_alerts),
+        delay_s=_median(delays[True] + delays[False]),
+        delay_fast_s=_median(delays[True]),
+        delay_slow_s=_median(delays[False]),
+        eta_error=_median(eta_errors),
+        detected_before_oom=in_time / leaks,
+        leaks=leaks,
+        nonleaks=nonleaks,
+        notes=notes,
+    )
 
 
 # -- part 2: GPU lost -> message -------------------------------------------------------------------------------
@@ -367,10 +443,10 @@ def main() -> None:
     ap.add_argument("--lost-gpus", type=int, default=8, help="GPUs lost one by one per run")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    recall, false_alerts, delay, eta_error, notes = leak_figures(args.seeds)
-    for n in notes:
+    fig = leak_figures(args.seeds)
+    for n in fig.notes:
         print(n)
-    print(f"leak corpus: {args.seeds * 16} leaks, {args.seeds * 5} non-leaks in {time.perf_counter() - t0:.1f}s")
+    print(f"leak corpus: {fig.leaks} leaks, {fig.nonleaks} non-leaks in {time.perf_counter() - t0:.1f}s")
     try:
         lat = asyncio.run(lost_latency_daemon(args.lost_runs, args.lost_gpus))
         path = "daemon + stand-in + webhook sink"
@@ -380,8 +456,9 @@ def main() -> None:
         path = "in-process engine + dispatcher + webhook sink"
     print(f"lost->message ({path}) over {len(lat)} trials: p50={statistics.median(lat):.3f}s "
           f"max={max(lat):.3f}s")
-    print(f"recall={recall:.3f} false_alerts={false_alerts} delay_s={delay:.0f} eta_error={eta_error:.3f} "
-          f"lost_to_message_p99_s={p99(lat):.3f}")
+    print(f"recall={fig.recall:.3f} false_alerts={fig.false_alerts} delay_s={fig.delay_s:.0f} "
+          f"eta_error={fig.eta_error:.3f} lost_to_message_p99_s={p99(lat):.3f} delay_fast_s={fig.delay_fast_s:.0f} "
+          f"delay_slow_s={fig.delay_slow_s:.0f} detected_before_oom={fig.detected_before_oom:.3f}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ the condition holds now; the engine owns time (``for:``, ``keep_firing_for``, re
 - ``hold``: between the clear and the raise threshold; keeps an active alert going, never starts one.
 - ``clear``: known to be clear; only supplies the message of the resolution (e.g. "reattached at index 1").
 An identity absent from the list is clear too.
+
+``hold_for`` and ``fire_on_hold`` let one condition tighten or relax its rule's ``for:`` (see the fields).
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ class Condition:
     value: float | None = None
     level: Level = "raise"
     annotations: Mapping[str, str] = field(default_factory=dict)
+    # This condition's ``for:`` in seconds, instead of its rule's (the leak rule waits less for a leak projected
+    # to fill the GPU soon). None: the rule's ``for``.
+    hold_for: float | None = None
+    # False: a pending alert completes its ``for:`` only at a ``raise``; ``hold`` keeps it pending but cannot
+    # fire it (the leak rule's ``hold`` test is loose and would confirm a warm-up that already stopped).
+    fire_on_hold: bool = True
 
 
 class RuleView(Protocol):

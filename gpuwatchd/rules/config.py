@@ -37,7 +37,8 @@ class LeakRule(RuleSection):
     """``GpuMemoryLeak``: robust trend of a process' GPU memory, unattributed GPU memory and host RSS."""
 
     # A 5 min hold on top of the 10 min minimum span: an allocator pool still growing in steps 10-15 min into a
-    # job looks like a stepwise leak for a few minutes; a leak keeps looking like one. Leaks are hours from OOM.
+    # job looks like a stepwise leak for a few minutes; a leak keeps looking like one. This is the hold of a
+    # slow leak (hours from OOM); one due sooner holds urgent_hold_share of its time to full instead.
     for_: Duration = Field(default=300.0, alias="for")
     # A leak that stops (memory freed, job ended) resolves after 5 min; a brief plateau inside a leak does not.
     keep_firing_for: Duration = 300.0
@@ -71,11 +72,30 @@ class LeakRule(RuleSection):
     # ... and by at least this many noise sigmas (robust scatter of the bucket floors around their trend line):
     # 3 sigma keeps the end effect of a noisy plateau's envelope from looking like growth.
     noise_factor: float = Field(default=3.0, ge=0)
+    # Urgency: a leak projected to fill the GPU soon is judged on short windows (2-8 min) and held for less, so
+    # the message comes with time left to act. Off: every leak waits min_span + for.
+    urgent: bool = True
+    # On a short window, the growth seen must span at least this share of the projected time to full: a leak
+    # due in 20 min is judged on 6 min of growth, one due in 2 h on the long window. With the hold below, a
+    # linear leak fires at ~1/3 of its time to OOM, leaving ~2/3 to act; a ramp that stops (model loading, a
+    # long warm-up) stays silent unless it ate about a third of the free memory first. In bench/detect.py
+    # --seeds 16, 0.25 with a hold share of 0.1 or 0.2 fired on a 10 min stepwise warm-up; 0.3/0.3 on nothing,
+    # and every leak still fired with >= 25 % of its time to OOM left.
+    urgent_evidence_share: float = Field(default=0.3, gt=0, le=1)
+    # The for: hold of a leak: this share of its projected time to full, between urgent_min_hold and for. The
+    # hold is the proof that the growth goes on (pending fires only while the floor still rises).
+    urgent_hold_share: float = Field(default=0.3, ge=0, le=1)
+    # The shortest hold: two leak evaluations (interval 30 s), so one trend computation never fires on its own.
+    urgent_min_hold: Duration = 60.0
     unattributed: bool = True
     host_rss: bool = True
     # Host RSS has no "total" to project against; fire when it grew this much over the window (pinned buffers
     # are allocated in MiB-to-GiB chunks, so a real pinned-memory leak clears this within the window).
     host_rss_min_growth_bytes: int = Field(default=512 * MIB, gt=0)
+    # Host RSS has no time-to-full, so no urgency; its for: is longer than the GPU's because DataLoader workers
+    # fill prefetch queues and caches for 5-15 min before levelling off, which looks like a pinned-memory leak
+    # until it stops (a pinned leak keeps growing through the hold; host memory is usually far larger).
+    host_rss_for: Duration = 900.0
 
     @model_validator(mode="after")
     def _window_holds_span(self) -> LeakRule:

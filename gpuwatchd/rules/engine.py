@@ -176,8 +176,9 @@ class RulesEngine:
             if c.level == "clear" or (c.level == "hold" and not active):
                 continue
             sec = self._timing(family, c.name)
+            hold_for = sec.for_ if c.hold_for is None else c.hold_for
             if tracked is None or not active:
-                state: AlertState = "firing" if sec.for_ <= 0 else "pending"
+                state: AlertState = "firing" if hold_for <= 0 else "pending"
                 alert = Alert(
                     name=c.name,
                     severity=c.severity,
@@ -194,7 +195,11 @@ class RulesEngine:
                 continue
             assert tracked is not None
             a = tracked.alert
-            fire = a.state == "pending" and now - a.active_at >= sec.for_
+            fire = (
+                a.state == "pending"
+                and now - a.active_at >= hold_for
+                and (c.level == "raise" or c.fire_on_hold)
+            )
             tracked.alert = replace(
                 a,
                 summary=c.summary,

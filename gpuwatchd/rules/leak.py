@@ -7,6 +7,9 @@ being assessed) and the new pid starts from zero history, so its warm-up is neve
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from gpuwatchd.model import GpuSample, ProcessSample
 from gpuwatchd.rules.condition import Condition, Level, RuleView, fmt_bytes, fmt_duration, gpu_labels, gpu_title
 from gpuwatchd.rules.config import LeakRule, RulesConfig
@@ -50,6 +53,79 @@ def _annotations(t: Trend, v: Verdict) -> dict[str, str]:
     return ann
 
 
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """A series' trend, the verdict on it, and the ``for:`` hold that verdict needs."""
+
+    trend: Trend
+    verdict: Verdict
+    hold_for: float
+
+
+# Urgency: a leak projected to fill the GPU in T is judged on a short window as soon as the growth seen spans
+# ``urgent_evidence_share`` x T, instead of waiting for ``min_span`` of the long window. Short windows to try,
+# shortest first: 2 min is the least that shows a ramp (12 buckets of 10 s from 5 s samples); they stop below
+# the 10 min ``min_span`` where the long window takes over.
+URGENT_WINDOWS = (120.0, 180.0, 240.0, 360.0, 480.0)
+# Buckets per short window: the long window's 30 buckets would hold one or two samples each at 2 min; 12 keep
+# two or more samples per bucket (store step 5 s) and still leave a recent half of ~5 envelope points.
+URGENT_BUCKETS = 12
+# The span of history a short window must hold (of its length): a series younger than that (a job that just
+# started) is not judged on it, so a cut-off warm-up is never half a window.
+URGENT_SPAN_SHARE = 0.9
+# On a short window the floor must rise in at least this share of the recent half's steps: a fast leak raises it
+# almost every bucket, a single allocation step (warm-up, an evaluation pass still running) once.
+URGENT_MIN_RISE_SHARE = 0.4
+
+
+def _assess(trend: Trend, cfg: LeakRule, *, min_span: float, min_rises: int, free: float | None,
+            min_growth: float, floor_growth: float) -> Verdict:
+    return assess(
+        trend,
+        min_span=min_span,
+        min_rate=cfg.min_rate_bytes_per_second,
+        min_recent_ratio=cfg.min_recent_ratio,
+        min_recent_rises=min_rises,
+        noise_factor=cfg.noise_factor,
+        free=free,
+        horizon=cfg.horizon,
+        min_growth=min_growth,
+        floor_growth=floor_growth,
+    )
+
+
+def hold_for(cfg: LeakRule, eta: float | None) -> float:
+    """The ``for:`` a leak needs: ``urgent_hold_share`` of its projected time to full, between
+    ``urgent_min_hold`` and the rule's ``for`` (no projection, or urgency off: the rule's ``for``)."""
+    if eta is None or not cfg.urgent:
+        return cfg.for_
+    return min(cfg.for_, max(cfg.urgent_min_hold, cfg.urgent_hold_share * eta))
+
+
+def _urgent(
+    points: list[tuple[float, float]],
+    now: float,
+    cfg: LeakRule,
+    *,
+    free: float,
+    min_growth: float,
+    floor_growth: float,
+) -> Judged | None:
+    """The shortest short window on which the series is a leak fast enough for that window to be evidence."""
+    for window in URGENT_WINDOWS:
+        if window >= cfg.min_span:
+            break
+        trend = measure(points, now=now, window=window, bucket=window / URGENT_BUCKETS)
+        if trend is None:
+            continue
+        rises = max(cfg.min_recent_rises, math.ceil(URGENT_MIN_RISE_SHARE * (trend.recent_points - 1)))
+        v = _assess(trend, cfg, min_span=URGENT_SPAN_SHARE * window, min_rises=rises, free=free,
+                    min_growth=min_growth, floor_growth=floor_growth)
+        if v.leak and v.eta_decision is not None and cfg.urgent_evidence_share * v.eta_decision <= window:
+            return Judged(trend, v, hold_for(cfg, v.eta_decision))
+    return None
+
+
 def _judge(
     points: list[tuple[float, float]],
     now: float,
@@ -58,23 +134,21 @@ def _judge(
     free: float | None,
     min_growth: float,
     floor_growth: float = 0.0,
-) -> tuple[Trend, Verdict] | None:
+) -> Judged | None:
     trend = measure(points, now=now, window=cfg.window, bucket=cfg.bucket)
-    if trend is None:
+    verdict = None
+    if trend is not None:
+        verdict = _assess(trend, cfg, min_span=cfg.min_span, min_rises=cfg.min_recent_rises, free=free,
+                          min_growth=min_growth, floor_growth=floor_growth)
+    # A fast leak that started after a long plateau is diluted in the long window (its slope, hence its rate and
+    # time to full, lag behind for many minutes): the short window's verdict, when there is one, is the truer.
+    if cfg.urgent and free is not None:
+        urgent = _urgent(points, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth)
+        if urgent is not None:
+            return urgent
+    if trend is None or verdict is None:
         return None
-    verdict = assess(
-        trend,
-        min_span=cfg.min_span,
-        min_rate=cfg.min_rate_bytes_per_second,
-        min_recent_ratio=cfg.min_recent_ratio,
-        min_recent_rises=cfg.min_recent_rises,
-        noise_factor=cfg.noise_factor,
-        free=free,
-        horizon=cfg.horizon,
-        min_growth=min_growth,
-        floor_growth=floor_growth,
-    )
-    return trend, verdict
+    return Judged(trend, verdict, hold_for(cfg, verdict.eta_decision))
 
 
 def _level(v: Verdict) -> Level | None:
@@ -123,8 +197,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
             who = f"{_process_name(p)}[{p.pid}]"
             gpu_pts = [(x.t, float(x.used_memory_bytes)) for x in hist if x.used_memory_bytes is not None]
             judged = _judge(gpu_pts, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth)
-            if judged is not None and (level := _level(judged[1])) is not None:
-                t, v = judged
+            if judged is not None and (level := _level(judged.verdict)) is not None:
+                t, v = judged.trend, judged.verdict
                 out.append(
                     Condition(
                         NAME,
@@ -135,13 +209,15 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                         value=v.eta_seconds,
                         level=level,
                         annotations=_annotations(t, v),
+                        hold_for=judged.hold_for,
+                        fire_on_hold=False,
                     )
                 )
             if cfg.host_rss:
                 rss_pts = [(x.t, float(x.host_rss_bytes)) for x in hist if x.host_rss_bytes is not None]
                 judged = _judge(rss_pts, now, cfg, free=None, min_growth=float(cfg.host_rss_min_growth_bytes))
-                if judged is not None and (level := _level(judged[1])) is not None:
-                    t, v = judged
+                if judged is not None and (level := _level(judged.verdict)) is not None:
+                    t, v = judged.trend, judged.verdict
                     out.append(
                         Condition(
                             NAME,
@@ -153,6 +229,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                             value=t.recent_rate,
                             level=level,
                             annotations=_annotations(t, v),
+                            hold_for=max(cfg.for_, cfg.host_rss_for),
+                            fire_on_hold=False,
                         )
                     )
         if cfg.unattributed:
@@ -181,9 +259,9 @@ def _unattributed(
         if x.memory_used_bytes is not None and x.processes_memory_bytes is not None
     ]
     judged = _judge(pts, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth)
-    if judged is None or (level := _level(judged[1])) is None:
+    if judged is None or (level := _level(judged.verdict)) is None:
         return []
-    t, v = judged
+    t, v = judged.trend, judged.verdict
     return [
         Condition(
             NAME,
@@ -195,5 +273,7 @@ def _unattributed(
             value=v.eta_seconds,
             level=level,
             annotations=_annotations(t, v),
+            hold_for=judged.hold_for,
+            fire_on_hold=False,
         )
     ]

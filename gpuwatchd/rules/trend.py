@@ -136,11 +136,17 @@ class Trend:
     latest: float  # latest raw value, bytes
     excursion: float  # highest peak above the envelope in the window (evaluation spikes), bytes
     envelope: tuple[float, ...]  # for the sparkline
+    recent_points: int = 0  # envelope points in the recent half (recent_rises is out of recent_points - 1)
+    latest_growth: float = 0.0  # rise of the envelope, unconfirmed buckets included, over its last LATEST_BUCKETS
+    latest_span: float = 0.0  # seconds those buckets cover
 
 
 # A new floor counts once it has held this many buckets: the envelope's last buckets are the minimum of only a
 # few values (the end effect above), so they are left out of the slopes.
 CONFIRM_BUCKETS = 2
+# "Still growing" looks at the envelope's last this many buckets (3 min on the long window): the slopes describe
+# the window and stay up for half of it after a stepwise warm-up stops; this part sees the stop within minutes.
+LATEST_BUCKETS = 3
 
 
 def measure(points: Sequence[tuple[float, float]], *, now: float, window: float, bucket: float) -> Trend | None:
@@ -168,6 +174,9 @@ def measure(points: Sequence[tuple[float, float]], *, now: float, window: float,
         latest=pts[-1][1],
         excursion=_excursion(stats, full_env),
         envelope=tuple(v for _, v in env),
+        recent_points=len(recent),
+        latest_growth=full_env[-1][1] - full_env[-1 - LATEST_BUCKETS][1],
+        latest_span=full_env[-1][0] - full_env[-1 - LATEST_BUCKETS][0],
     )
 
 
@@ -185,6 +194,7 @@ class Verdict:
     leak: bool
     growing: bool
     eta_seconds: float | None  # projected time until full at the recent rate, counting the peaks (spikes)
+    eta_decision: float | None = None  # the same at the slower of the two slopes (what the decision used)
 
 
 def assess(
@@ -226,8 +236,17 @@ def assess(
         and trend.recent_rises >= min_recent_rises
         and trend.recent_growth >= noise_factor * trend.noise
     )
+    # Still growing: the floor rose over the last few buckets at no less than min_recent_ratio of the window's
+    # pace. A stepwise leak fails this between steps (its pending alert waits for the next step); a warm-up
+    # that stopped fails it for good.
+    still = trend.latest_growth >= min_recent_ratio * trend.rate * trend.latest_span
     enough = trend.span >= min_span
     significant = trend.growth >= floor_growth and (
         (eta_decision is not None and eta_decision <= horizon) or trend.growth >= min_growth
     )
-    return Verdict(leak=sustained and rose and enough and significant, growing=growing, eta_seconds=eta)
+    return Verdict(
+        leak=sustained and rose and still and enough and significant,
+        growing=growing,
+        eta_seconds=eta,
+        eta_decision=eta_decision,
+    )

@@ -1,0 +1,273 @@
+"""Urgency-aware leak detection: a leak projected to fill the GPU soon is judged on a short window and held for
+a share of its time to full, so the message comes with time left; slow leaks still wait; a long stepwise
+warm-up, a warm-up that stopped and a DataLoader's host RSS ramp that levels off stay silent. Also the engine's
+per-condition ``for:`` (``hold_for``) and ``fire_on_hold`` that the leak rule relies on."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from gpuwatchd.model import Alert, Snapshot
+from gpuwatchd.rules.condition import Condition, Level, RuleView
+from gpuwatchd.rules.config import LeakRule, RulesConfig
+from gpuwatchd.rules.engine import FamilySpec, RulesEngine
+from gpuwatchd.rules.leak import hold_for
+from gpuwatchd.rules.trend import assess, measure
+from gpuwatchd.store import Store
+
+from .conftest import GIB, MIB, T0, UUID, gpu, proc, run, snap, with_processes
+
+CAPACITY = 24 * GIB - 300 * MIB  # what the process can use: conftest's GPU minus its driver overhead
+
+
+def simulate(
+    make: Callable[[float], Snapshot], minutes: float, config: RulesConfig | None = None
+) -> list[tuple[float, list[Alert]]]:
+    """5 s snapshots, evaluations every 30 s like the daemon's leak interval."""
+    store = Store(retention_seconds=3600.0, step_seconds=5.0)
+    engine = RulesEngine(config or RulesConfig(), host="node1")
+    return run(store, engine, make, start=T0, end=T0 + minutes * 60, every=30.0)
+
+
+def first_firing(hist: list[tuple[float, list[Alert]]], kind: str = "gpu") -> tuple[float, Alert] | None:
+    for t, alerts in hist:
+        for a in alerts:
+            if a.name == "GpuMemoryLeak" and a.labels.get("kind") == kind and a.state == "firing":
+                return t - T0, a
+    return None
+
+
+def any_leak_alert(hist: list[tuple[float, list[Alert]]]) -> list[Alert]:
+    return [a for _, alerts in hist for a in alerts if a.name == "GpuMemoryLeak" and a.state == "firing"]
+
+
+def warm(s: float, level: float, over: float = 120.0) -> float:
+    return level * (1 - math.exp(-3 * max(0.0, s) / over))
+
+
+def leak_after_plateau(rate_mib_min: float, start: float, base: float = 5 * GIB) -> Callable[[float], Snapshot]:
+    rate = rate_mib_min * MIB / 60
+
+    def make(t: float) -> Snapshot:
+        s = t - T0
+        used = min(CAPACITY, warm(s, base) + rate * max(0.0, s - start))
+        return snap(t, with_processes(gpu(), [proc(4242, used)]))
+
+    return make
+
+
+def oom_after(rate_mib_min: float, start: float, base: float = 5 * GIB) -> float:
+    """Seconds from the leak's start until the process has used the whole GPU (its warm-up is long over)."""
+    return (CAPACITY - base) / (rate_mib_min * MIB / 60)
+
+
+# -- fast leaks fire in time ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate_mib_min", [1024.0, 2048.0, 4096.0])
+def test_fast_leak_after_a_plateau_fires_with_a_quarter_of_its_time_left(rate_mib_min: float) -> None:
+    start = 15 * 60.0  # a quarter hour of healthy plateau first: the long window is full of flat history
+    hist = simulate(leak_after_plateau(rate_mib_min, start), 15 + oom_after(rate_mib_min, start) / 60)
+    fired = first_firing(hist)
+    assert fired is not None, "a fast leak must fire before the GPU is full"
+    t, a = fired
+    time_to_oom = oom_after(rate_mib_min, start)
+    left = start + time_to_oom - t
+    assert left >= 0.25 * time_to_oom, f"fired {t - start:.0f}s into a {time_to_oom:.0f}s leak"
+    # The message carries the leak's own rate and time to full, not the long window's diluted ones.
+    assert a.value is not None and abs(a.value - left) / left < 0.25
+    assert float(a.annotations["rate_bytes_per_second"]) == pytest.approx(rate_mib_min * MIB / 60, rel=0.1)
+
+
+def test_a_leak_due_in_20_minutes_fires_within_a_few_minutes() -> None:
+    # 1 GiB/min on a 24 GiB GPU holding 5 GiB: full ~18.5 min after the leak starts.
+    start = 15 * 60.0
+    fired = first_firing(simulate(leak_after_plateau(1024.0, start), 35))
+    assert fired is not None
+    t, _ = fired
+    assert t - start <= 8 * 60, f"fired {t - start:.0f}s after the leak started"
+
+
+def test_urgency_follows_time_to_full_not_rate() -> None:
+    # The same 1 GiB/min leak on a GPU with twice the room left is less urgent, so it waits longer.
+    start = 15 * 60.0
+    near = first_firing(simulate(leak_after_plateau(1024.0, start, base=8 * GIB), 35))
+    far_make = leak_after_plateau(1024.0, start, base=0.5 * GIB)
+    far = first_firing(simulate(far_make, 35))
+    assert near is not None and far is not None
+    assert near[0] < far[0]
+
+
+def test_slow_leak_still_waits_for_the_long_window() -> None:
+    # 64 MiB/min: hours from full; judged on min_span (10 min) of history plus for (5 min) as before.
+    fired = first_firing(simulate(leak_after_plateau(64.0, 0.0), 30))
+    assert fired is not None and fired[0] >= 10 * 60 + 5 * 60
+
+
+def test_urgency_off_waits_min_span_and_for() -> None:
+    cfg = RulesConfig.model_validate({"leak": {"urgent": False}})
+    fired = first_firing(simulate(leak_after_plateau(2048.0, 0.0, base=2 * GIB), 12, cfg))
+    # Full after ~10.6 min: with urgency off it cannot fire before min_span + for = 15 min.
+    assert fired is None
+
+
+# -- non-leaks stay silent ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_warmup_growing_in_steps_for_ten_minutes_then_stopping_is_silent(seed: int) -> None:
+    # The pool keeps stepping for 8-12 min (first evaluation pass, first checkpoint, new sequence lengths):
+    # 4-7 steps of 0.25-1 GiB spread over that span, then flat for good.
+    rng = random.Random(seed)
+    end = rng.uniform(480, 720)
+    n = rng.randint(4, 7)
+    times = sorted(60 + (end - 60) * (i + rng.uniform(0.0, 0.8)) / n for i in range(n))
+    sizes = [rng.uniform(0.25, 1.0) * GIB for _ in times]
+
+    def make(t: float) -> Snapshot:
+        s = t - T0
+        used = warm(s, 3 * GIB) + sum(z for x, z in zip(times, sizes, strict=True) if s >= x)
+        return snap(t, with_processes(gpu(), [proc(4242, used)]))
+
+    hist = simulate(make, 40)
+    assert not any_leak_alert(hist)
+    assert hist[-1][1] == []  # nothing left pending either
+
+
+def test_dataloader_host_rss_that_levels_off_is_silent() -> None:
+    # Workers fill prefetch queues: host RSS +4 GiB over 12 min, then flat; GPU memory flat after warm-up.
+    def make(t: float) -> Snapshot:
+        s = t - T0
+        rss = 3 * GIB + 4 * GIB * min(1.0, s / 720)
+        return snap(t, with_processes(gpu(), [proc(4242, warm(s, 8 * GIB), rss=rss)]))
+
+    hist = simulate(make, 45)
+    assert not any_leak_alert(hist)
+
+
+def test_pinned_host_leak_fires_after_the_longer_host_hold() -> None:
+    def make(t: float) -> Snapshot:
+        s = t - T0
+        return snap(t, with_processes(gpu(), [proc(4242, 6 * GIB, rss=3 * GIB + 300 * MIB / 60 * s)]))
+
+    fired = first_firing(simulate(make, 40), "host_rss")
+    assert fired is not None
+    # min_span 10 min of history, then host_rss_for 15 min of continued growth
+    assert fired[0] >= 25 * 60
+
+
+def test_evaluation_spike_is_not_a_fast_leak() -> None:
+    # A 3 GiB evaluation pass lasting 90 s every 10 min on a flat job: a steep rise, but one step, and it ends.
+    rng = random.Random(3)
+
+    def make(t: float) -> Snapshot:
+        s = t - T0
+        spike = 3 * GIB if s % 600 > 510 else 0.0
+        return snap(t, with_processes(gpu(), [proc(4242, warm(s, 12 * GIB) + spike + rng.gauss(0, 30 * MIB))]))
+
+    assert not any_leak_alert(simulate(make, 40))
+
+
+# -- the pieces --------------------------------------------------------------------------------------------------
+
+
+def test_hold_for_scales_with_time_to_full_within_bounds() -> None:
+    cfg = LeakRule()
+    assert hold_for(cfg, None) == cfg.for_  # no projection (host RSS): the rule's for
+    assert hold_for(cfg, 60.0) == cfg.urgent_min_hold  # due in a minute: the shortest hold
+    assert hold_for(cfg, 600.0) == pytest.approx(cfg.urgent_hold_share * 600.0)
+    assert hold_for(cfg, 86400.0) == cfg.for_  # a slow leak: never longer than for
+    assert hold_for(LeakRule.model_validate({"urgent": False}), 600.0) == cfg.for_
+
+
+def test_still_growing_fails_once_the_floor_stops() -> None:
+    # A staircase that stepped every minute for 9 min and has been flat for 4 min: the window's slopes still say
+    # "growing", the latest buckets do not.
+    pts = [(T0 + s, float(GIB * min(9, s // 60))) for s in range(0, 13 * 60, 5)]
+    now = pts[-1][0]
+    trend = measure(pts, now=now, window=1800.0, bucket=60.0)
+    assert trend is not None and trend.rate > 0 and trend.latest_growth == 0.0
+    kw: dict[str, float | int | None] = {
+        "min_span": 600.0, "min_rate": 1.0, "min_recent_ratio": 0.5, "min_recent_rises": 2, "noise_factor": 3.0,
+        "free": 10 * GIB, "horizon": 86400.0, "min_growth": 2.4 * GIB,
+    }
+    verdict = assess(trend, **kw)  # type: ignore[arg-type]
+    assert verdict.growing and not verdict.leak
+    # The same staircase still stepping: a leak.
+    pts2 = [(T0 + s, float(GIB * (s // 60))) for s in range(0, 13 * 60, 5)]
+    trend2 = measure(pts2, now=pts2[-1][0], window=1800.0, bucket=60.0)
+    assert trend2 is not None and trend2.latest_growth > 0
+    assert assess(trend2, **kw).leak  # type: ignore[arg-type]
+
+
+class Fixed:
+    """A family returning one GpuMemoryLeak condition at the level, hold and fire_on_hold a test sets."""
+
+    def __init__(self) -> None:
+        self.level: Level | None = None
+        self.hold_for: float | None = None
+        self.fire_on_hold = True
+
+    def __call__(self, view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
+        if self.level is None:
+            return []
+        return [
+            Condition(
+                "GpuMemoryLeak", "warning", {"uuid": UUID, "gpu": "0", "model": "NVIDIA A10G", "kind": "gpu"},
+                "grows", "fix it", level=self.level, hold_for=self.hold_for, fire_on_hold=self.fire_on_hold,
+            )
+        ]
+
+
+def make_engine() -> tuple[RulesEngine, Fixed]:
+    fam = Fixed()
+    spec = FamilySpec("fixed", fam, {"GpuMemoryLeak": lambda c: c.leak})
+    return RulesEngine(RulesConfig(), host="node1", families=(spec,)), fam
+
+
+def test_engine_uses_the_conditions_own_hold() -> None:
+    eng, fam = make_engine()  # the leak rule's for is 5 min
+    fam.level, fam.hold_for = "raise", 60.0
+    assert [a.state for a in eng.evaluate(Store(), T0)] == ["pending"]
+    assert [a.state for a in eng.evaluate(Store(), T0 + 30)] == ["pending"]
+    assert [a.state for a in eng.evaluate(Store(), T0 + 60)] == ["firing"]
+    # None: the rule's for
+    eng2, fam2 = make_engine()
+    fam2.level = "raise"
+    eng2.evaluate(Store(), T0)
+    assert [a.state for a in eng2.evaluate(Store(), T0 + 60)] == ["pending"]
+    assert [a.state for a in eng2.evaluate(Store(), T0 + 300)] == ["firing"]
+    # 0: fires at once
+    eng3, fam3 = make_engine()
+    fam3.level, fam3.hold_for = "raise", 0.0
+    assert [a.state for a in eng3.evaluate(Store(), T0)] == ["firing"]
+
+
+def test_hold_level_keeps_pending_but_fires_only_on_raise_when_asked() -> None:
+    eng, fam = make_engine()
+    fam.level, fam.hold_for, fam.fire_on_hold = "raise", 60.0, False
+    eng.evaluate(Store(), T0)
+    fam.level = "hold"
+    # past the hold, but only "hold": still pending (a warm-up that stopped must not be confirmed by it)
+    assert [a.state for a in eng.evaluate(Store(), T0 + 90)] == ["pending"]
+    assert [a.state for a in eng.evaluate(Store(), T0 + 120)] == ["pending"]
+    fam.level = "raise"  # growth again (the next step of a stepwise leak): fires, active_at kept
+    alerts = eng.evaluate(Store(), T0 + 150)
+    assert [a.state for a in alerts] == ["firing"] and alerts[0].active_at == T0
+    # once firing, "hold" keeps it going (hysteresis), and nothing at all resolves it after keep_firing_for
+    fam.level = "hold"
+    assert [a.state for a in eng.evaluate(Store(), T0 + 180)] == ["firing"]
+    fam.level = None
+    assert [a.state for a in eng.evaluate(Store(), T0 + 500)] == ["resolved"]
+
+
+def test_pending_leak_vanishes_when_the_condition_is_gone() -> None:
+    eng, fam = make_engine()
+    fam.level, fam.hold_for, fam.fire_on_hold = "raise", 60.0, False
+    eng.evaluate(Store(), T0)
+    fam.level = None
+    assert eng.evaluate(Store(), T0 + 90) == []
