@@ -2,13 +2,18 @@
 
 Part 1, leak detection: a generated, seeded corpus of per-process GPU memory timelines on a 24 GiB GPU, fed
 snapshot by snapshot (5 s) into the real Store and RulesEngine (evaluated every 30 s, default rules config):
-- leaks: rates 16/48/128/384 MiB/min x shapes linear, stepwise (+x every 4-8 min), noisy (Gaussian), spiky
-  (evaluation passes every 10 min), each after a caching-allocator warm-up, several seeds;
-- non-leaks: plateau with noise, plateau with evaluation spikes, stepwise warm-up, job restart (new pid), a
-  level flipping between two values (like the real csv04 capture).
-A leak counts as detected if GpuMemoryLeak (kind=gpu) fires before the memory is full.
-Figures: recall, false_alerts (non-leak timelines that fired), delay_s (median time from leak start to firing),
-eta_error (median |predicted - true| / true time-to-full at the first firing).
+- leaks: rates 16/48/128/384 MiB/min (slow: hours to OOM) and 1/2/4 GiB/min (fast: minutes to OOM) x shapes
+  linear, stepwise (+x every 4-8 min, at most 1 GiB a step), noisy (Gaussian), spiky (evaluation passes every
+  10 min), each after a caching-allocator warm-up, from the start or after 5 or 15 min of plateau, several seeds;
+- non-leaks: plateau with noise, plateau with evaluation spikes, stepwise warm-up (9 min), a long warm-up
+  (4-7 steps of 0.25-1 GiB for 8-12 min, then flat), job restart (new pid), a level flipping between two values
+  (like the real csv04 capture), a DataLoader whose host RSS grows 2-6 GiB over 5-15 min and levels off.
+A leak counts as detected if GpuMemoryLeak (kind=gpu) fires before the memory is full; a non-leak is a false
+alert if GpuMemoryLeak of any kind (gpu, unattributed, host_rss) fires.
+Figures: recall, false_alerts (non-leak timelines that fired), delay_s (median time from leak start to firing,
+all leaks), delay_fast_s / delay_slow_s (the same for >= / < 1 GiB/min), eta_error (median |predicted - true| /
+true time-to-full at the first firing), detected_before_oom (share of all leaks that fired with at least 25 % of
+their time-to-OOM, leak start to full, still left).
 
 Part 2, lost_to_message_p99_s: the real path. The daemon runs in-process against the stand-in NVML driver (its
 NVML worker is a child process polling at the default 1 s) with a webhook receiver pointing at a local aiohttp
@@ -18,7 +23,8 @@ stand-in cannot be built (no C compiler / NVML header) it falls back to engine +
 a simulated 1 s poll, and says so.
 
 Usage: python bench/detect.py [--seeds N] [--lost-runs N] [--lost-gpus N]
-Last line: recall=... false_alerts=... delay_s=... eta_error=... lost_to_message_p99_s=...
+Last line: recall=... false_alerts=... delay_s=... eta_error=... lost_to_message_p99_s=... delay_fast_s=...
+delay_slow_s=... detected_before_oom=...
 """
 
 from __future__ import annotations

@@ -112,6 +112,10 @@ def _urgent(
     floor_growth: float,
 ) -> Judged | None:
     """The shortest short window on which the series is a leak fast enough for that window to be evidence."""
+    # No short window can show more growth than the raw values span; most series are flat, skip them cheaply.
+    latest = [v for t, v in points if t >= now - URGENT_WINDOWS[-1]]
+    if not latest or max(latest) - min(latest) < max(floor_growth, 1.0):
+        return None
     for window in URGENT_WINDOWS:
         if window >= cfg.min_span:
             break
