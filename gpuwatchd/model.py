@@ -198,6 +198,7 @@ class GpuPresence:
     state: GpuState
     last_seen: float  # timestamp of the last snapshot that had readings for it
     since: float  # when it entered ``state``
+    first_seen: float | None = None  # first sight by this daemon; since > first_seen while present = came back
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,7 +136,8 @@ class Store:
             ident = GpuIdentity(g.uuid, g.index, g.name, g.pci_bus_id, g.serial)
             prev = self._presence.get(g.uuid)
             since = prev.since if prev is not None and prev.state == "present" else t
-            self._presence[g.uuid] = GpuPresence(ident, "present", t, since)
+            first = prev.first_seen if prev is not None else t
+            self._presence[g.uuid] = GpuPresence(ident, "present", t, since, first)
             self._gpu_hist.setdefault(g.uuid, _Ring(self.step_seconds, self.retention_seconds)).add(_point(t, g))
             for p in g.processes:
                 key = (g.uuid, p.pid)
@@ -150,7 +151,9 @@ class Store:
                 prev = self._presence.get(lost.uuid)
                 ident = prev.identity if prev else GpuIdentity(lost.uuid, lost.index, None, lost.pci_bus_id)
                 if prev is None or prev.state != "lost":
-                    self._presence[lost.uuid] = GpuPresence(ident, "lost", prev.last_seen if prev else t, t)
+                    self._presence[lost.uuid] = GpuPresence(
+                        ident, "lost", prev.last_seen if prev else t, t, prev.first_seen if prev else t
+                    )
             # A GPU missing from a successful enumeration has been removed (dock detached, unbound).
             for uuid, pres in list(self._presence.items()):
                 if uuid not in seen and pres.state != "removed":

@@ -152,11 +152,27 @@ class RulesEngine:
         for c in conds:
             if c.name not in enabled:
                 continue
-            fp = fingerprint(self._labels(c))
+            fp = self._identity(self._labels(c))
             prev = seen.get(fp)
             # Two conditions for one identity: the strongest level wins (raise > hold > clear).
             if prev is None or _rank(c) > _rank(prev[1]):
                 seen[fp] = (family, c)
+
+    def _identity(self, labels: dict[str, str]) -> str:
+        """The fingerprint an incoming condition belongs to.
+
+        A GPU re-enumerated at another index (eGPU replugged, a hot-add shifting indices) is the same GPU: an
+        ongoing alert on it keeps the identity and the ``gpu`` label it was announced with, instead of becoming a
+        second alert that would be notified again. Identity follows the UUID; only ``gpu`` may differ.
+        """
+        fp = fingerprint(labels)
+        if fp in self._tracked or "gpu" not in labels or labels.get("uuid", "unknown") == "unknown":
+            return fp
+        key = _without_gpu(labels)
+        for tfp, t in self._tracked.items():
+            if t.alert.state != "resolved" and _without_gpu(t.alert.labels) == key:
+                return tfp
+        return fp
 
     def _labels(self, c: Condition) -> dict[str, str]:
         labels = {"alertname": c.name, "severity": c.severity, "host": self._host}
@@ -239,6 +255,10 @@ class RulesEngine:
             if note is not None:
                 summary, description = note.summary, note.description
             tracked.alert = replace(a, state="resolved", resolved_at=now, summary=summary, description=description)
+
+
+def _without_gpu(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "gpu"))
 
 
 def _rank(c: Condition) -> int:

@@ -138,6 +138,18 @@ def _uuid_for(view: RuleView, ev: XidEvent) -> str | None:
     return None
 
 
+def _reattached_since(view: RuleView, uuid: str, t: float) -> bool:
+    """The GPU went away (lost or removed) after ``t`` and is present again: it has been reset or re-plugged."""
+    pres = view.presence.get(uuid)
+    return (
+        pres is not None
+        and pres.state == "present"
+        and pres.first_seen is not None
+        and pres.since > pres.first_seen  # it has been away at least once...
+        and pres.since > t  # ...and came back after the Xid
+    )
+
+
 def _bdf(text: str) -> tuple[int, int, int] | None:
     """(domain, bus, device) of ``PCI:0000:06:00``, ``0000:06:00.0`` or ``00000000:06:00.0``; None if unparsable."""
     parts = text.strip().lower().removeprefix("pci:").rsplit(".", 1)[0].split(":")
@@ -168,6 +180,23 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
             title = f"GPU at PCI {bus}" if bus else "unknown GPU"
         meaning, action = describe(code)
         last = events[-1]
+        if uuid is not None and severity(code) == "critical" and _reattached_since(view, uuid, last.timestamp):
+            # A reset-class or link Xid asks for a GPU reset, a re-plug or a reboot; a GPU that has been
+            # re-enumerated since the last one has had exactly that. Saying "reboot" after an eGPU came back
+            # would be noise; the resolution says why it ended.
+            pres = view.presence[uuid]
+            out.append(
+                Condition(
+                    NAME,
+                    severity(code),
+                    {**labels, "xid": str(code)},
+                    f"{title}: Xid {code} ({meaning}) cleared: the GPU was re-attached or reset "
+                    f"(present again since {fmt_duration(now - pres.since)} ago)",
+                    "The GPU answers again after a re-enumeration; check that its jobs restarted.",
+                    level="clear",
+                )
+            )
+            continue
         count = len(events)
         times = f"{count} times in the last {fmt_duration(now - events[0].timestamp)}" if count > 1 else "once"
         detail = f" — {last.message}" if last.message else ""

@@ -25,6 +25,7 @@ class Switch:
         self.level: Level | None = None
         self.value = 1.0
         self.calls = 0
+        self.index = "0"
 
     def __call__(self, view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
         self.calls += 1
@@ -32,7 +33,7 @@ class Switch:
             return []
         return [
             Condition(
-                "GpuTemperatureHigh", "warning", {"uuid": UUID, "gpu": "0", "model": "NVIDIA A10G"},
+                "GpuTemperatureHigh", "warning", {"uuid": UUID, "gpu": self.index, "model": "NVIDIA A10G"},
                 f"hot {self.value}", "cool it", value=self.value, level=self.level,
             )
         ]
@@ -234,3 +235,25 @@ def test_alerts_exposition_passes_promtool(store: Store) -> None:
     assert text.count(b"gpuwatchd_alerts{") == 3
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_gpu_at_a_new_index_keeps_its_ongoing_alert() -> None:
+    # An eGPU replugged at another index is the same GPU (same UUID): its firing alert must not turn into a second
+    # alert (which the dispatcher would announce again); it keeps the labels it was announced with.
+    eng, sw = make({"temperature": {"for": "0s"}})
+    store = Store()
+    sw.level = "raise"
+    a0 = only(eng.evaluate(store, T0))
+    assert a0.state == "firing" and a0.labels["gpu"] == "0"
+    sw.index = "1"
+    sw.value = 2.0
+    a1 = only(eng.evaluate(store, T0 + 10))
+    assert a1.fingerprint == a0.fingerprint and a1.labels["gpu"] == "0"
+    assert a1.state == "firing" and a1.active_at == T0 and a1.summary == "hot 2.0"
+    # Once it has resolved, a new episode at the new index is a new alert with the new label.
+    sw.level = None
+    assert only(eng.evaluate(store, T0 + 20)).state == "resolved"
+    sw.level = "raise"
+    alerts = eng.evaluate(store, T0 + 30)
+    fresh = [a for a in alerts if a.state == "firing"]
+    assert len(fresh) == 1 and fresh[0].labels["gpu"] == "1" and fresh[0].active_at == T0 + 30

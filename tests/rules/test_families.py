@@ -117,6 +117,31 @@ def test_xid_fires_at_once_counts_repeats_and_resolves_after_quiet(store: Store)
     assert named(eng.evaluate(store, T0 + 300 + 601), "GpuXidError")[0].state == "resolved"
 
 
+def test_reset_class_xid_clears_when_the_gpu_comes_back_but_app_xid_stays(store: Store) -> None:
+    # eGPU: Xid 79 then the GPU is gone; replugged (same UUID, new index) it has had the re-plug the Xid asked
+    # for, so the critical alert resolves with a reason. An application Xid (13) is not cleared by a re-plug.
+    eng = engine()
+    store.apply(snap(T0, gpu(), xid_events=(XidEvent(UUID, 79, T0), XidEvent(UUID, 13, T0))))
+    fired = {a.labels["xid"]: a for a in named(eng.evaluate(store, T0), "GpuXidError")}
+    assert fired["79"].state == "firing" and fired["13"].state == "firing"
+    store.apply(snap(T0 + 30))  # gone from enumeration
+    eng.evaluate(store, T0 + 30)
+    store.apply(snap(T0 + 90, gpu(index=1)))  # back at another index
+    after = {a.labels["xid"]: a for a in named(eng.evaluate(store, T0 + 90), "GpuXidError")}
+    assert after["79"].state == "resolved" and "re-attached or reset" in after["79"].summary
+    assert after["79"].labels["gpu"] == "0"  # identity kept across the index change
+    assert after["13"].state == "firing"
+
+
+def test_xid_on_a_gpu_that_never_went_away_is_not_cleared(store: Store) -> None:
+    eng = engine()
+    store.apply(snap(T0, gpu()))
+    store.apply(snap(T0 + 10, gpu(), xid_events=(XidEvent(UUID, 48, T0 + 10),)))
+    eng.evaluate(store, T0 + 10)
+    store.apply(snap(T0 + 60, gpu()))
+    assert named(eng.evaluate(store, T0 + 60), "GpuXidError")[0].state == "firing"
+
+
 def test_xid_per_code_and_kmsg_by_pci_bus_id(store: Store) -> None:
     eng = engine()
     store.apply(snap(T0, gpu()))
