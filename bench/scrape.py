@@ -356,9 +356,11 @@ def main() -> None:
     print(f"{where}: {GPUS} GPUs x {PROCESSES} processes, {a.scrapers} concurrent scrapers, {a.rounds} rounds")
     print(
         f"p50_ms={_pct(normal, 0.5):.2f} p99_ms={_pct(normal, 0.99):.2f} p99_hung_ms={_pct(hung, 0.99):.2f} "
-        f"p999_ms={_pct(normal, 0.999):.2f} p50_hung_ms={_pct(hung, 0.5):.2f} requests={len(normal)} "
+        f"p999_ms={_pct(normal, 0.999):.2f} p999_hung_ms={_pct(hung, 0.999):.2f} p50_hung_ms={_pct(hung, 0.5):.2f} "
+        f"requests={len(normal)} "
         f"requests_hung={len(hung)} "
-        f"p99_healthz_ms={_pct(healthz, 0.99):.2f} page_bytes={page_bytes} render_ms={render:.2f} "
+        f"p99_healthz_ms={_pct(healthz, 0.99):.2f} p999_healthz_ms={_pct(healthz, 0.999):.2f} "
+        f"page_bytes={page_bytes} render_ms={render:.2f} "
         f"render_library_ms={render_library:.2f} rerender_ms={rerender:.2f}"
     )
 
