@@ -284,6 +284,7 @@ class Daemon:
         )
         if self._supervisor is not None:
             self.store.nvml_worker_restarts = self._supervisor.restarts
+            self.store.nvml_init_failures = self._supervisor.init_failures
         self._outage.observe(snap, self.config.nvml)
         if self._wakeup is not None:
             self._wakeup.set()
@@ -302,6 +303,7 @@ class Daemon:
         )
         if self._supervisor is not None:
             self.store.nvml_worker_restarts = self._supervisor.restarts
+            self.store.nvml_init_failures = self._supervisor.init_failures
         # DEBUG: the supervisor logs each hang or failure episode once, not once per kill cycle.
         log.debug("NVML worker missed its deadline (%s); serving the last values marked stale", reason)
         if self._wakeup is not None:
@@ -327,6 +329,7 @@ class Daemon:
             raise RuntimeError("daemon not started")
         if self._supervisor is not None:
             self.store.nvml_worker_restarts = self._supervisor.restarts
+            self.store.nvml_init_failures = self._supervisor.init_failures
         self.alerts = list(self._engine.evaluate(self.store, self.clock.now()))
         self._generation += 1
         self._dispatcher.update(self.alerts)

@@ -116,6 +116,7 @@ class Store:
         self.stale = False  # the last poll missed its deadline; values are being held, not refreshed
         # runtime facts the exporter shows next to the data
         self.nvml_worker_restarts = 0
+        self.nvml_init_failures = 0
         self.config_reload_success = True
         self.config_reload_timestamp: float | None = None
         # Bumped by every writer method, so readers (the /metrics cache) can tell "nothing changed" cheaply.

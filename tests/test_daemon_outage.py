@@ -114,7 +114,7 @@ async def test_no_driver_is_one_line_for_the_whole_outage(
     daemon = sim_daemon(tmp_path, libdir, write_sim_state(make_state(2)))
     await daemon.start()
     try:
-        await wait_for(lambda: _true(daemon.supervisor.restarts >= 4), "a few init retries")
+        await wait_for(lambda: _true(daemon.supervisor.init_failures >= 4), "a few init retries")
         during = logged(caplog, "library_not_found")
         retries = [r for r in caplog.records if r.levelno == logging.DEBUG and "NVML unavailable" in r.getMessage()]
         (libdir / "libnvidia-ml.so.1").symlink_to(standin_libdir / "libnvidia-ml.so.1")  # the driver installed
@@ -159,7 +159,7 @@ async def test_driver_outage_after_gpus_were_seen_is_nvml_down_not_gpus_lost(
             return s if value(s, "gpuwatchd_nvml_up") == 0 else None
 
         await wait_for(nvml_down, "nvml_up 0")
-        await wait_for(lambda: _true(daemon.supervisor.restarts >= 4), "a few init retries")
+        await wait_for(lambda: _true(daemon.supervisor.init_failures >= 4), "a few init retries")
         down = await scrape(daemon.url)
         alerts = daemon.evaluate()
         write_sim_state(state)  # rebooted into the new driver: same GPUs, same UUIDs

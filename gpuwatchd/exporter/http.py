@@ -35,7 +35,13 @@ def ready_from_store(store: Store) -> bool:
 
 def store_cache_key(store: Store) -> Hashable:
     """Everything the store collector's output depends on: the store version plus the plain runtime attributes."""
-    return (store.version, store.nvml_worker_restarts, store.config_reload_success, store.config_reload_timestamp)
+    return (
+        store.version,
+        store.nvml_worker_restarts,
+        store.nvml_init_failures,
+        store.config_reload_success,
+        store.config_reload_timestamp,
+    )
 
 
 # gzip level 1: on the 8 GPU x 32 process page (125 kB) it costs 0.3 ms against level 6's 0.8 ms, for 11.0 kB
@@ -191,7 +197,12 @@ def make_app(
 
     async def readyz(request: web.Request) -> web.Response:
         if ready():
-            return _json({"ready": True})
+            # Ready means "answering with what we know"; say plainly when that is "no GPU data, and why".
+            nvml = status().get("nvml") or {}
+            body: dict[str, Any] = {"ready": True, "nvml_up": nvml.get("ok")}
+            if nvml.get("ok") is False:
+                body["reason"] = f"NVML unavailable: {nvml.get('error') or 'unknown'}; serving without GPU data"
+            return _json(body)
         return _json({"ready": False, "reason": NOT_READY_REASON}, status=503)
 
     async def api_status(request: web.Request) -> web.Response:

@@ -35,6 +35,11 @@ NVML_RESTARTS = spec(
     "gpuwatchd_nvml_worker_restarts_total", "counter",
     "Times the NVML worker process was restarted (hung poll, crash, or re-enumeration after a GPU was lost).",
 )
+NVML_INIT_FAILURES = spec(
+    "gpuwatchd_nvml_init_failures_total", "counter",
+    "Retries of an NVML initialisation that failed (no driver, driver/library mismatch, ...); kept apart from"
+    " worker restarts so a host without a driver does not look like a crash loop.",
+)
 NVML_DEVICES = spec(
     "gpuwatchd_nvml_devices", "gauge", "Device count NVML reported on the last successful poll (lost ones included)."
 )
@@ -145,6 +150,7 @@ def nvml_families(store: Store) -> list[Metric]:
     """NVML up/error, staleness, worker restarts, driver versions and poll timing."""
     f = Families()
     f.add(NVML_RESTARTS, (), store.nvml_worker_restarts)
+    f.add(NVML_INIT_FAILURES, (), store.nvml_init_failures)
     snap = store.latest
     if snap is None:
         return f.metrics()
@@ -200,12 +206,14 @@ def presence_families(store: Store, driver: str | None = None) -> list[Metric]:
 
 
 def xid_families(store: Store) -> list[Metric]:
-    """Xid counters of present GPUs (and of Xids that named no known GPU)."""
+    """Xid counters of every GPU, gone ones included (and of Xids that named no known GPU).
+
+    A gone GPU exports no readings, but its Xid counters are counts of events that happened, not readings: Xid 79
+    arrives in the same poll as (or just before) GPU_IS_LOST, and dropping the counter with the GPU would hide the
+    one event that says why it went.
+    """
     f = Families()
     for (uuid, xid), count in sorted(store.xid_counts.items()):
-        pres = store.presence.get(uuid)
-        if pres is not None and pres.state != "present":
-            continue  # a GPU that is gone exports only presence and identity
         f.add(XID, (uuid, str(xid)), count)
     return f.metrics()
 

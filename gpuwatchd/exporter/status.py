@@ -69,6 +69,7 @@ def status_from_store(store: Store) -> dict[str, Any]:
             "last_poll_timestamp": snap.timestamp if snap is not None else None,
             "poll_duration_seconds": snap.poll_duration_seconds if snap is not None else None,
             "worker_restarts": store.nvml_worker_restarts,
+            "init_failures": store.nvml_init_failures,
             "lost": [dataclasses.asdict(x) for x in snap.lost] if snap is not None else [],
         },
         "gpus": gpus,

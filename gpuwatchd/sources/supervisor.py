@@ -107,7 +107,12 @@ class NvmlSupervisor:
         self.on_links = on_links
         self.env = dict(os.environ if env is None else env)
         self.python = python
-        self.restarts = 0  # workers spawned after the first (gpuwatchd_nvml_worker_restarts_total)
+        # workers replaced after a hang, crash or re-enumeration (gpuwatchd_nvml_worker_restarts_total)
+        self.restarts = 0
+        # Retries of an NVML init that failed (no driver, version mismatch): counted apart so a host without a
+        # driver does not look like a crash-looping worker (gpuwatchd_nvml_init_failures_total).
+        self.init_failures = 0
+        self._init_failed = False
         self.last_error: str | None = None  # why the last worker ended badly / why NVML is down; None when healthy
         self.spawned = 0
         # Scenario seconds to wait before the next respawn after a failure: doubles per consecutive failure up to
@@ -204,7 +209,10 @@ class NvmlSupervisor:
                     self._wake.clear()
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), self._real(delay))
-                self.restarts += 1
+                if self._init_failed:
+                    self.init_failures += 1
+                else:
+                    self.restarts += 1
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -331,6 +339,7 @@ class NvmlSupervisor:
                 await asyncio.wait_for(relay, self.nvml.kill_grace + 1.0)
             self._proc = None
         code = proc.returncode
+        self._init_failed = init_failed and not failed
         if failed or init_failed:
             return delivered, True
         if code == EXIT_REENUMERATE or self._restart_reason is not None or self._stopping:

@@ -106,7 +106,14 @@ async def test_readyz_before_and_after_first_snapshot(served: Any, client: aioht
     store.apply(Snapshot(timestamp=1.0, nvml_ok=False, nvml_error="library_not_found"))
     async with client.get(url + "/readyz") as r:
         assert r.status == 200
-        assert await r.json() == {"ready": True}
+        assert await r.json() == {
+            "ready": True,
+            "nvml_up": False,
+            "reason": "NVML unavailable: library_not_found; serving without GPU data",
+        }
+    store.apply(Snapshot(timestamp=2.0, nvml_ok=True))
+    async with client.get(url + "/readyz") as r:
+        assert (r.status, await r.json()) == (200, {"ready": True, "nvml_up": True})
     async with client.get(url + "/healthz") as r:
         assert (r.status, await r.text()) == (200, "ok\n")
 

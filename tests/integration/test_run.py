@@ -63,7 +63,10 @@ def test_no_driver_then_driver_installed_without_restart(
         # Several retries, so the "once per outage" log line is tested against repeats.
         return (
             m
-            if value(m, "gpuwatchd_nvml_up") == 0 and (value(m, "gpuwatchd_nvml_worker_restarts_total") or 0) >= 3
+            if value(m, "gpuwatchd_nvml_up") == 0
+            and (value(m, "gpuwatchd_nvml_init_failures_total") or 0) >= 3
+            # init retries on a driverless host are not worker restarts (no crash-loop look-alike)
+            and value(m, "gpuwatchd_nvml_worker_restarts_total") == 0
             else None
         )
 

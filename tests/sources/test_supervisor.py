@@ -111,7 +111,7 @@ async def test_no_library_then_installed_without_restart(standin_libdir: Path, w
     async with Harness(fast_nvml(libdir), write_sim_state(make_state(1)), tmp_path) as h:
         down = await h.next_snapshot()
         assert (down.nvml_ok, down.nvml_error) == (False, "library_not_found")
-        await h.until(lambda: h.sup.restarts >= 2, "init retries")
+        await h.until(lambda: h.sup.init_failures >= 2 and h.sup.restarts == 0, "init retries")
         assert h.sup.last_error == "library_not_found"
         assert h.store.latest is not None and h.store.latest.nvml_error == "library_not_found"
         (libdir / "libnvidia-ml.so.1").symlink_to(standin_libdir / "libnvidia-ml.so.1")  # driver installed
@@ -127,7 +127,7 @@ async def test_driver_not_loaded_then_loaded(standin_libdir: Path, write_sim_sta
         assert (down.nvml_ok, down.nvml_error, h.sup.last_error) == (False, "driver_not_loaded", "driver_not_loaded")
         write_sim_state(make_state(1))  # modprobe nvidia
         await h.next_snapshot(lambda s: s.nvml_ok, "NVML up after the driver loaded")
-    assert h.sup.restarts >= 1 and h.stale == []
+    assert h.sup.init_failures >= 1 and h.sup.restarts == 0 and h.stale == []
 
 
 def _children() -> list[psutil.Process]:
@@ -272,7 +272,7 @@ async def test_init_retry_backoff_is_capped_and_reset(standin_libdir: Path, writ
     nvml = fast_nvml(standin_libdir, restart_backoff_initial=0.01, restart_backoff_max=0.04)
     path = write_sim_state(make_state(1, init_error="DRIVER_NOT_LOADED"))
     async with Harness(nvml, path, tmp_path) as h:
-        await h.until(lambda: h.sup.restarts >= 4, "init retries")
+        await h.until(lambda: h.sup.init_failures >= 4, "init retries")
         assert h.sup.backoff == 0.04  # 0.01 -> 0.02 -> 0.04, then capped
         write_sim_state(make_state(1))
         start = len(h.snaps)
