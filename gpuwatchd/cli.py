@@ -79,7 +79,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "`nvidia-smi -q -x` file.",
     )
     src = sim.add_mutually_exclusive_group()
-    src.add_argument("--scenario", help="scenario name (see --list); default: idle")
+    src.add_argument(
+        "--scenario", help="scenario name (see --list) or a scenario file (.yml, docs/scenarios.md); default: idle"
+    )
     src.add_argument("--from-xml", type=Path, metavar="FILE", help="replay a captured `nvidia-smi -q -x` file")
     src.add_argument("--list", action="store_true", help="list the scenarios and exit")
     sim.add_argument("--gpus", type=int, help="number of simulated GPUs (scenario default if unset)")
@@ -194,8 +196,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
             _err(f"--listen: {e}")
             return EXIT_USAGE
     scenario = args.scenario if args.scenario or args.from_xml else "idle"
-    if scenario is not None and scenario not in scenarios:
-        _err(f"unknown scenario {scenario!r}; choose one of: {', '.join(scenarios)}")
+    is_file = scenario is not None and (scenario.endswith((".yml", ".yaml")) or Path(scenario).is_file())
+    if scenario is not None and scenario not in scenarios and not is_file:
+        _err(f"unknown scenario {scenario!r}; choose one of: {', '.join(scenarios)}, or give a scenario file (.yml)")
         return EXIT_USAGE
     try:
         return asyncio.run(

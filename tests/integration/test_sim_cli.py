@@ -72,3 +72,40 @@ def test_sim_nvml_hang(sim: list[DaemonProcess], tmp_path: Path) -> None:
     assert value(samples, "gpuwatchd_nvml_up") is not None  # still exporting while the worker is replaced
     assert d.get("/healthz")[0] == 200
     assert interrupt(d) == 0
+
+
+MY_SCENARIO = """\
+name: my-box
+description: One A100 with a job holding 30 GiB, for building a dashboard panel.
+gpus: 1
+devices:
+  all:
+    name: NVIDIA A100-SXM4-80GB
+    memory: {total: 80GiB, reserved: 0, used: 30GiB}
+timeline:
+  - at: 0
+    add_process: {gpu: 0, pid: 4242, name: python, user: alice, used_memory: 30GiB}
+"""
+
+
+def test_sim_runs_a_users_own_scenario_file(sim: list[DaemonProcess], tmp_path: Path) -> None:
+    path = tmp_path / "my-box.yml"
+    path.write_text(MY_SCENARIO)
+    d = start_sim(sim, tmp_path, "--scenario", str(path), "--speed", "10")
+    samples = metrics_when(d, lambda m: value(m, "gpuwatchd_gpus") == 1, "the scenario's GPU")
+    assert value(samples, "gpuwatchd_gpu_memory_total_bytes") == 80 * 2**30
+    assert value(samples, "gpuwatchd_gpu_process_memory_used_bytes", pid="4242", process="python") == 30 * 2**30
+    info = [dict(lab) for (n, lab), v in samples.items() if n == "gpuwatchd_gpu_info" and v == 1]
+    assert [i["name"] for i in info] == ["NVIDIA A100-SXM4-80GB"]
+    assert interrupt(d) == 0
+
+
+def test_sim_bad_scenario_file_names_the_step(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yml"
+    path.write_text(MY_SCENARIO.replace("add_process", "add_proces"))
+    res = subprocess.run(
+        [sys.executable, "-m", "gpuwatchd", "sim", "--scenario", str(path), "--listen", "127.0.0.1:0"],
+        check=False, capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "broken.yml" in res.stderr and "timeline[0]" in res.stderr
