@@ -1,0 +1,160 @@
+"""Snapshot JSON encoding: round trip, version skew (unknown / missing keys), tuples and nested types restored."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from gpuwatchd.model import (
+    GpuSample,
+    LostGpu,
+    ProcessSample,
+    Snapshot,
+    XidEvent,
+    snapshot_from_dict,
+)
+
+
+def _gpu(i: int, procs: int = 3) -> GpuSample:
+    """A GpuSample with every field set to a non-default value (derived from the field's type)."""
+    values: dict[str, Any] = {}
+    for n, f in enumerate(dataclasses.fields(GpuSample)):
+        t = str(f.type)
+        if f.name == "uuid":
+            values[f.name] = f"GPU-{i:08x}-0000-0000-0000-000000000000"
+        elif f.name == "index":
+            values[f.name] = i
+        elif f.name == "fan_speed_ratios":
+            values[f.name] = (0.3, 0.45)
+        elif f.name == "processes":
+            values[f.name] = tuple(
+                ProcessSample(pid=1000 + p, kind="graphics" if p % 2 else "compute", used_memory_bytes=(p + 1) << 20,
+                              name=f"proc{p}", user="alice", host_rss_bytes=(p + 7) << 20)
+                for p in range(procs)
+            )
+        elif f.name == "errors":
+            values[f.name] = {"power_watts": "timeout"}
+        elif t.startswith("dict"):
+            values[f.name] = {"graphics": 1.41e9 + n, "memory": 9.5e8}
+        elif t.startswith("bool"):
+            values[f.name] = True
+        elif t.startswith("int"):
+            values[f.name] = 100 + n
+        elif t.startswith("float"):
+            values[f.name] = 0.5 + n
+        elif t.startswith("str"):
+            values[f.name] = f"v{n}"
+        else:
+            raise AssertionError(f"test does not know how to fill {f.name}: {t}")
+    return GpuSample(**values)
+
+
+def full_snapshot(gpus: int = 2, procs: int = 3) -> Snapshot:
+    """A Snapshot with every field (and every nested field) set to a non-default value."""
+    return Snapshot(
+        timestamp=1700000000.25,
+        nvml_ok=True,
+        nvml_error="timeout",
+        driver_version="535.161.08",
+        nvml_version="12.535.161.08",
+        cuda_driver_version=12020,
+        device_count=gpus + 1,
+        gpus=tuple(_gpu(i, procs) for i in range(gpus)),
+        lost=(LostGpu(index=gpus, uuid="GPU-lost", pci_bus_id="00000000:0C:00.0", reason="unknown_error"),),
+        xid_events=(XidEvent(uuid="GPU-x", xid=79, timestamp=1700000000.0, source="kmsg",
+                             pci_bus_id="00000000:0C:00.0", message="fallen off the bus"),),
+        poll_duration_seconds=0.012,
+    )
+
+
+def _old_to_json(snap: Snapshot) -> str:
+    """The reference encoding (the original implementation): every dataclass field, in field order."""
+    return json.dumps(dataclasses.asdict(snap), separators=(",", ":"))
+
+
+def test_every_field_is_non_default() -> None:
+    # Guards the round-trip test below: a field left at its default would round-trip trivially.
+    snap = full_snapshot()
+    for obj in (snap, snap.gpus[0], snap.gpus[0].processes[1], snap.lost[0], snap.xid_events[0]):
+        for f in dataclasses.fields(obj):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            assert getattr(obj, f.name) != default, f"{type(obj).__name__}.{f.name} is at its default"
+
+
+def test_round_trip_equal_with_every_field_set() -> None:
+    snap = full_snapshot()
+    back = Snapshot.from_json(snap.to_json())
+    assert back == snap
+    assert isinstance(back.gpus, tuple) and isinstance(back.gpus[0], GpuSample)
+    assert isinstance(back.gpus[0].processes, tuple) and isinstance(back.gpus[0].processes[0], ProcessSample)
+    assert isinstance(back.gpus[0].fan_speed_ratios, tuple)
+    assert isinstance(back.lost, tuple) and isinstance(back.lost[0], LostGpu)
+    assert isinstance(back.xid_events, tuple) and isinstance(back.xid_events[0], XidEvent)
+
+
+def test_encoding_matches_asdict_byte_for_byte() -> None:
+    # The wire format is "the dataclass fields as a dict": any encoder must produce exactly that text.
+    for snap in (full_snapshot(), Snapshot(timestamp=1.0, nvml_ok=False), full_snapshot(gpus=0)):
+        assert snap.to_json() == _old_to_json(snap)
+
+
+def test_default_snapshot_round_trip() -> None:
+    snap = Snapshot(timestamp=5.0, nvml_ok=False, nvml_error="driver_not_loaded")
+    assert Snapshot.from_json(snap.to_json()) == snap
+
+
+def test_unknown_keys_ignored_at_every_level() -> None:
+    data = json.loads(full_snapshot().to_json())
+    data["calls"] = {"nvmlDeviceGetCount": 3}
+    data["future_top"] = 1
+    data["gpus"][0]["future_gpu_field"] = [1, 2]
+    data["gpus"][1]["processes"][0]["cgroup"] = "/user.slice"
+    data["lost"][0]["extra"] = None
+    data["xid_events"][0]["severity"] = "fatal"
+    assert snapshot_from_dict(data) == full_snapshot()
+
+
+def test_missing_keys_take_defaults() -> None:
+    data: dict[str, Any] = {
+        "timestamp": 3.0,
+        "nvml_ok": True,
+        "gpus": [{"uuid": "GPU-a", "index": 0, "processes": [{"pid": 7}]}, {"uuid": "GPU-b", "index": 1}],
+        "lost": [{"index": 2}],
+        "xid_events": [{"uuid": None, "xid": 48, "timestamp": 2.0}],
+    }
+    snap = snapshot_from_dict(data)
+    assert snap == Snapshot(
+        timestamp=3.0,
+        nvml_ok=True,
+        gpus=(GpuSample(uuid="GPU-a", index=0, processes=(ProcessSample(pid=7),)), GpuSample(uuid="GPU-b", index=1)),
+        lost=(LostGpu(index=2),),
+        xid_events=(XidEvent(uuid=None, xid=48, timestamp=2.0),),
+    )
+    assert snap.gpus[0].clocks_hz == {} and snap.gpus[0].fan_speed_ratios is None
+    assert snapshot_from_dict({"timestamp": 1.0, "nvml_ok": False}) == Snapshot(timestamp=1.0, nvml_ok=False)
+
+
+def test_keys_in_another_order_decode_the_same() -> None:
+    # A producer that orders keys differently (another encoder, a hand-written fixture) must decode identically.
+    data = json.loads(full_snapshot().to_json())
+    data["gpus"] = [dict(reversed(list(g.items()))) for g in data["gpus"]]
+    for g in data["gpus"]:
+        g["processes"] = [dict(reversed(list(p.items()))) for p in g["processes"]]
+    assert snapshot_from_dict(dict(reversed(list(data.items())))) == full_snapshot()
+
+
+def test_default_dicts_are_not_shared() -> None:
+    a, b = snapshot_from_dict(
+        {"timestamp": 1.0, "nvml_ok": True, "gpus": [{"uuid": "a", "index": 0}, {"uuid": "b", "index": 1}]}
+    ).gpus
+    assert a.clocks_hz is not b.clocks_hz and a.errors is not b.errors
+
+
+def test_missing_required_key_is_an_error() -> None:
+    with pytest.raises(TypeError):
+        snapshot_from_dict({"timestamp": 1.0, "nvml_ok": True, "gpus": [{"index": 0}]})
+    with pytest.raises(TypeError):
+        snapshot_from_dict({"timestamp": 1.0, "nvml_ok": True, "gpus": [{"uuid": "a", "index": 0, "processes": [{}]}]})
