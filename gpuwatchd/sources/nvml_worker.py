@@ -15,6 +15,8 @@ Options (JSON object on argv[1]): ``interval`` (real seconds between poll starts
 per GPU), ``library_path`` (the library the supervisor pointed ``LD_LIBRARY_PATH`` at; missing means
 ``library_not_found``), ``max_polls`` (stop after this many; for tests and bench/poll.py), ``trace_calls``
 (count NVML symbol look-ups per poll and add ``"calls"`` to each line; for tests of the capability cache),
+``measure_after`` (bench/poll.py: after this many polls, start counting the worker's own CPU time with
+``time.process_time()``; at ``max_polls`` log ``measured cpu_seconds=<s> polls=<n>`` at DEBUG),
 ``progress_fd`` (an inherited 4-byte memfd where the index of the GPU being called is kept, so the supervisor
 can tell which GPU hung), ``skip`` ({index: {"uuid", "pci_bus_id"}}: GPUs not to touch, reported lost with
 reason ``timeout``).
@@ -290,7 +292,7 @@ def run(opts: dict[str, Any]) -> int:
     parent = os.getppid()
     _emit({"hello": os.getpid()})
     skip = {int(k): v for k, v in (opts.get("skip") or {}).items()}
-    worker = Worker(int(opts.get("top_n", 10)), make_resolver(), skip=skip, progress_fd=opts.get("progress_fd"))
+    worker = Worker(int(opts.get("top_n", 10)), make_resolver(log=_log), skip=skip, progress_fd=opts.get("progress_fd"))
     library = opts.get("library_path")
     try:
         if library is not None and not os.path.exists(library):
@@ -304,7 +306,12 @@ def run(opts: dict[str, Any]) -> int:
         _emit({"timestamp": time.time(), "nvml_ok": False, "nvml_error": why})
         return EXIT_INIT_FAILED
     polls = 0
+    # Off (None) in the daemon: one comparison per poll. CPU time of this process only, precise (not tick-based).
+    measure_after: int | None = opts.get("measure_after")
+    cpu0 = 0.0
     while True:
+        if polls == measure_after:
+            cpu0 = time.process_time()
         started = time.monotonic()
         snap = worker.poll()
         if counter is not None:
@@ -316,6 +323,8 @@ def run(opts: dict[str, Any]) -> int:
             worker.close()
             return EXIT_REENUMERATE
         if max_polls is not None and polls >= max_polls:
+            if measure_after is not None:
+                _log(f"measured cpu_seconds={time.process_time() - cpu0:.9f} polls={polls - measure_after}", "DEBUG")
             worker.close()
             return 0
         if os.getppid() != parent:

@@ -7,8 +7,9 @@ file instead. Both run inside the NVML worker process, once per poll, for the ke
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +22,12 @@ SIM_STATE_ENV = "GPUWATCHD_SIM_STATE"
 # (name, user, host RSS bytes); any part may be unknown.
 ProcInfo = tuple[str | None, str | None, int | None]
 UNKNOWN: ProcInfo = (None, None, None)
+# (message, level name): how a resolver reports trouble; the worker passes its stderr line writer.
+Log = Callable[[str, str], None]
+
+
+def _default_log(msg: str, level: str) -> None:
+    logging.getLogger(__name__).log(logging.getLevelName(level), msg)
 
 
 def pid_max(proc_root: Path = Path("/proc")) -> int:
@@ -134,13 +141,20 @@ class PsutilResolver:
 
 
 class SimResolver:
-    """Host facts from the stand-in's state file (its pids are fictitious); re-read only when the file changes."""
+    """Host facts from the stand-in's state file (its pids are fictitious); re-read only when the file changes.
 
-    def __init__(self, path: Path) -> None:
+    A file that cannot be parsed (torn write, hand-edited garbage) keeps the last good names: losing process
+    names is worse than showing ones a moment old, and a traceback would end the worker. It is logged once per
+    run of bad files and retried only when the file changes again.
+    """
+
+    def __init__(self, path: Path, log: Log | None = None) -> None:
         self.path = path
+        self._log = log or _default_log
         self._stamp: tuple[int, int, int] | None = None
         self._by_pid: dict[int, ProcInfo] = {}
         self.reads = 0  # how many times the file was parsed (tests check the change detection)
+        self.bad = False  # the current file could not be parsed; the names are the last good ones
 
     def _refresh(self) -> None:
         try:
@@ -151,30 +165,47 @@ class SimResolver:
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
             return
+        self._stamp = stamp  # a bad file is not re-parsed every poll: only once it changes
+        self.reads += 1
+        try:
+            by_pid = self._parse()
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+            if not self.bad:
+                self._log(f"sim state {self.path} unreadable, keeping the last good process names: "
+                          f"{type(e).__name__}: {e}", "WARNING")
+            self.bad = True
+            return
+        if self.bad:
+            self._log(f"sim state {self.path} readable again", "INFO")
+        self.bad = False
+        self._by_pid = by_pid
+
+    def _parse(self) -> dict[int, ProcInfo]:
         from gpuwatchd.sim.state import read_state  # sim-only dependency, loaded when running under the stand-in
 
         state = read_state(self.path)
-        self.reads += 1
         by_pid: dict[int, ProcInfo] = {}
         for dev in state.get("devices") or ():
             procs = dev.get("processes") or {}
             for kind in ("compute", "graphics"):
                 for p in procs.get(kind) or ():
+                    pid = int(p["pid"])
                     new = (p.get("name"), p.get("user"), p.get("host_rss"))
-                    old = by_pid.get(int(p["pid"]), UNKNOWN)
+                    old = by_pid.get(pid, UNKNOWN)
                     # one process on several GPUs / in both lists: keep what any entry knows
-                    by_pid[int(p["pid"])] = (old[0] or new[0], old[1] or new[1], old[2] or new[2])
-        self._stamp, self._by_pid = stamp, by_pid
+                    by_pid[pid] = (old[0] or new[0], old[1] or new[1], old[2] or new[2])
+        return by_pid
 
     def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
         self._refresh()
-        return {pid: self._by_pid.get(pid, UNKNOWN) for pid in pids}
+        by_pid = self._by_pid
+        return {pid: by_pid.get(pid, UNKNOWN) for pid in pids}
 
 
-def make_resolver(env: Mapping[str, str] | None = None) -> Resolver:
+def make_resolver(env: Mapping[str, str] | None = None, log: Log | None = None) -> Resolver:
     """SimResolver when running under the stand-in (``GPUWATCHD_SIM_STATE`` set), else psutil."""
     env = os.environ if env is None else env
     sim = env.get(SIM_STATE_ENV)
     if sim:
-        return SimResolver(Path(sim))
+        return SimResolver(Path(sim), log)
     return PsutilResolver()
