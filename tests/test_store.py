@@ -170,3 +170,14 @@ def test_version_bumps_on_every_write() -> None:
     v.append(s.version)
     assert v == sorted(set(v)) and len(v) == 7
     assert s.sources["sysfs"].success and s.links["0000:0c:00.0"].current_width == 16
+
+
+def test_process_expiry_exact_when_the_clock_goes_backwards() -> None:
+    s = Store(retention_seconds=30.0, step_seconds=5.0)
+    s.apply(snap(T0 + 100, gpu(procs={1: 1})))
+    s.apply(snap(T0, gpu(procs={2: 2})))  # replayed / stepped clock: pid 2 is now the older ring
+    assert set(s.process_keys()) == {("GPU-a", 1), ("GPU-a", 2)}
+    s.apply(snap(T0 + 31, gpu(procs={3: 3})))  # horizon T0 + 1: pid 2's ring (newest point T0) goes, pid 1 stays
+    assert set(s.process_keys()) == {("GPU-a", 1), ("GPU-a", 3)}
+    s.apply(snap(T0 + 131, gpu()))
+    assert s.process_keys() == ()
