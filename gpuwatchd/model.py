@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -167,7 +168,7 @@ class Snapshot:
 class _Codec:
     """Field names of one slotted dataclass, computed once, and the fast paths that use them."""
 
-    __slots__ = ("cls", "get", "names", "nameset", "setters")
+    __slots__ = ("cls", "get", "names", "nameset", "pairs")
 
     def __init__(self, cls: type[Any]) -> None:
         self.cls = cls
@@ -175,7 +176,7 @@ class _Codec:
         self.nameset = frozenset(self.names)
         self.get = operator.attrgetter(*self.names)
         # Slot descriptors: writing through them is what the frozen __init__ does, minus its per-field overhead.
-        self.setters = tuple(getattr(cls, n).__set__ for n in self.names)
+        self.pairs = tuple((getattr(cls, n).__set__, n) for n in self.names)
 
     def encode(self, obj: Any) -> dict[str, Any]:
         return dict(zip(self.names, self.get(obj), strict=True))
@@ -183,14 +184,25 @@ class _Codec:
     def pick(self, data: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in data.items() if k in self.nameset}
 
-    def decode(self, data: dict[str, Any]) -> Any:
-        """Build from a flat dict; the fast path needs exactly the fields in field order (what ``encode`` gives)."""
-        if tuple(data) == self.names:
-            obj = object.__new__(self.cls)
-            for setter, value in zip(self.setters, data.values(), strict=True):
-                setter(obj, value)
-            return obj
-        return self.cls(**self.pick(data))
+    def decode_all(self, items: Iterable[dict[str, Any]]) -> tuple[Any, ...]:
+        """Build one object per flat dict (a loop here, not a call per item: thousands of processes a poll)."""
+        cls, pairs, n = self.cls, self.pairs, len(self.names)
+        out = []
+        for data in items:
+            # Fast path: exactly the fields (n keys, all found; any order). Anything else (a missing field to
+            # default, an unknown key from a newer worker) goes through __init__ like before.
+            if len(data) == n:
+                obj = _new(cls)
+                try:
+                    for setter, name in pairs:
+                        setter(obj, data[name])
+                except KeyError:
+                    pass
+                else:
+                    out.append(obj)
+                    continue
+            out.append(cls(**self.pick(data)))
+        return tuple(out)
 
 
 _PROCESS = _Codec(ProcessSample)
@@ -198,6 +210,7 @@ _GPU = _Codec(GpuSample)
 _LOST = _Codec(LostGpu)
 _XID = _Codec(XidEvent)
 _SNAPSHOT = _Codec(Snapshot)
+_new = object.__new__
 
 
 def _gpu_dict(g: GpuSample) -> dict[str, Any]:
@@ -216,11 +229,10 @@ def _snapshot_dict(snap: Snapshot) -> dict[str, Any]:
 
 def snapshot_from_dict(data: dict[str, Any]) -> Snapshot:
     """Build a Snapshot from its dict form, restoring nested types and tuples (``data`` is not modified)."""
-    decode_process = _PROCESS.decode
     gpus = []
     for raw in data.get("gpus", ()):
         g = _GPU.pick(raw)
-        g["processes"] = tuple([decode_process(p) for p in g.get("processes", ())])
+        g["processes"] = _PROCESS.decode_all(g.get("processes", ()))
         if g.get("fan_speed_ratios") is not None:
             g["fan_speed_ratios"] = tuple(g["fan_speed_ratios"])
         gpus.append(GpuSample(**g))

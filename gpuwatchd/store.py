@@ -72,20 +72,12 @@ def _point(t: float, g: GpuSample) -> GpuPoint:
     )
 
 
-def _process_point(t: float, used_memory_bytes: int | None, host_rss_bytes: int | None) -> ProcessPoint:
-    """``ProcessPoint(t, used, rss)`` without the frozen ``__init__``'s per-field overhead (one per process per
-    poll: 4096 a poll at 16 GPUs x 256 processes)."""
-    p = _new(ProcessPoint)
-    _set_t(p, t)
-    _set_used(p, used_memory_bytes)
-    _set_rss(p, host_rss_bytes)
-    return p
-
-
 def _slot_setter(cls: type[Any], name: str) -> Callable[[Any, Any], None]:
     return getattr(cls, name).__set__  # type: ignore[no-any-return]
 
 
+# ProcessPoint built through its slots, without the frozen __init__'s per-field overhead: one per process per
+# poll, 4096 a poll at 16 GPUs x 256 processes (bench/loop.py).
 _new = object.__new__
 _set_t = _slot_setter(ProcessPoint, "t")
 _set_used = _slot_setter(ProcessPoint, "used_memory_bytes")
@@ -181,7 +173,10 @@ class Store:
                     ring = proc_hist[key] = _Ring(step, retention)
                 # _Ring.add, inlined: this loop runs once per process per poll.
                 pts = ring.points
-                point = _process_point(t, p.used_memory_bytes, p.host_rss_bytes)
+                point = _new(ProcessPoint)
+                _set_t(point, t)
+                _set_used(point, p.used_memory_bytes)
+                _set_rss(point, p.host_rss_bytes)
                 if len(pts) >= 2 and t - pts[-2].t < step:
                     pts[-1] = point
                 else:

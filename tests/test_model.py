@@ -158,3 +158,11 @@ def test_missing_required_key_is_an_error() -> None:
         snapshot_from_dict({"timestamp": 1.0, "nvml_ok": True, "gpus": [{"index": 0}]})
     with pytest.raises(TypeError):
         snapshot_from_dict({"timestamp": 1.0, "nvml_ok": True, "gpus": [{"uuid": "a", "index": 0, "processes": [{}]}]})
+
+
+def test_right_number_of_keys_but_one_unknown_takes_the_default() -> None:
+    # As many keys as fields, but one is from a newer worker and one field is missing: the missing one defaults.
+    proc = {"pid": 7, "kind": "graphics", "used_memory_bytes": 1, "name": "x", "user": "u", "cgroup": "/a"}
+    snap = snapshot_from_dict({"timestamp": 1.0, "nvml_ok": True, "gpus": [{"uuid": "a", "index": 0,
+                                                                           "processes": [proc, proc]}]})
+    assert snap.gpus[0].processes == (ProcessSample(7, "graphics", 1, "x", "u", None),) * 2
