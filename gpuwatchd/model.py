@@ -238,8 +238,8 @@ def snapshot_from_dict(data: dict[str, Any]) -> Snapshot:
         gpus.append(GpuSample(**g))
     d = _SNAPSHOT.pick(data)
     d["gpus"] = tuple(gpus)
-    d["lost"] = tuple(LostGpu(**_LOST.pick(x)) for x in data.get("lost", ()))
-    d["xid_events"] = tuple(XidEvent(**_XID.pick(x)) for x in data.get("xid_events", ()))
+    d["lost"] = _LOST.decode_all(data.get("lost", ()))
+    d["xid_events"] = _XID.decode_all(data.get("xid_events", ()))  # up to 256 a poll in an Xid storm
     return Snapshot(**d)
 
 
