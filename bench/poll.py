@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from gpuwatchd.sim.build import build_standin  # noqa: E402
 from gpuwatchd.sim.state import make_state, write_state  # noqa: E402
 
-SIZES = [(8, 32, 300), (16, 256, 60)]  # GPUs, processes per GPU, polls measured per child
+SIZES = [(8, 32, 1000), (16, 256, 150)]  # GPUs, processes per GPU, polls measured per child
 WARMUP = 20  # polls before measuring: imports, first-poll capability learning, buffers grown, caches warm
 PAIRS = 7  # worker/bare children run interleaved (ABAB...) so machine-load drift hits both alike
 TOP_N = 10  # the daemon's default processes.top_n

@@ -38,7 +38,14 @@ import pynvml as N
 
 from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, TIMEOUT, NvmlGpuLost, reason
 from gpuwatchd.sources.nvml_readings import DeviceReadings
-from gpuwatchd.sources.processes import Resolver, make_resolver, merge_processes, pid_max, process_dicts, top_processes
+from gpuwatchd.sources.processes import (
+    Resolver,
+    make_resolver,
+    merge_processes,
+    pid_max,
+    process_dicts_per_gpu,
+    top_processes,
+)
 
 EXIT_INIT_FAILED = 2
 EXIT_REENUMERATE = 3
@@ -175,6 +182,8 @@ class Worker:
         t0 = time.monotonic()
         gpus = []
         newly_lost = []
+        # (GPU's out dict, kept processes): host facts are resolved once for all GPUs after the loop
+        kept: list[tuple[dict[str, Any], list[tuple[int, str, int | None]]]] = []
         at = self._at
         for dev in self.devices:
             at(dev.index)
@@ -183,7 +192,7 @@ class Worker:
             errors: dict[str, str] = {}
             try:
                 dev.readings.poll(out, errors)
-                self._processes(dev, out, errors)
+                top = self._processes(dev, out, errors)
             except NvmlGpuLost as e:
                 newly_lost.append(dev)
                 self.lost.append({"index": dev.index, "uuid": dev.uuid, "pci_bus_id": dev.pci_bus_id,
@@ -191,7 +200,12 @@ class Worker:
                 continue
             if errors:
                 out["errors"] = errors
+            if top:
+                kept.append((out, top))
             gpus.append(out)
+        if kept:
+            for (out, _), procs in zip(kept, process_dicts_per_gpu([t for _, t in kept], self.resolver), strict=True):
+                out["processes"] = procs
         if newly_lost:
             lost_ids = {id(d) for d in newly_lost}
             self.devices = [d for d in self.devices if id(d) not in lost_ids]
@@ -211,7 +225,10 @@ class Worker:
             snap["xid_events"] = xids
         return snap
 
-    def _processes(self, dev: _Device, out: dict[str, Any], errors: dict[str, str]) -> None:
+    def _processes(
+        self, dev: _Device, out: dict[str, Any], errors: dict[str, str]
+    ) -> list[tuple[int, str, int | None]]:
+        """Sets ``processes_total``; returns the top N (host facts are added for all GPUs at once)."""
         lists: list[list[tuple[int, int | None]] | None] = []
         for lister in dev.readings.process_listers:
             if lister.absent:
@@ -228,11 +245,10 @@ class Worker:
                     errors[lister.name] = reason(e.value)
                 lists.append(None)
         if lists[0] is None and lists[1] is None:
-            return  # no process reading at all: leave processes_total unknown
+            return []  # no process reading at all: leave processes_total unknown
         merged = merge_processes(lists[0] or (), lists[1] or (), self.pid_limit)
         out["processes_total"] = len(merged)
-        if self.top_n and merged:
-            out["processes"] = process_dicts(top_processes(merged, self.top_n), self.resolver)
+        return top_processes(merged, self.top_n) if self.top_n and merged else []
 
     def _drain_events(self) -> list[dict[str, Any]]:
         if self.event_set is None:

@@ -73,9 +73,13 @@ def merge_processes(
 
 def top_processes(merged: Mapping[int, list[Any]], n: int) -> list[tuple[int, str, int | None]]:
     """The ``n`` processes using the most GPU memory (unattributed last, then by pid for a stable order)."""
-    items = [(pid, e[0], e[1]) for pid, e in merged.items()]
-    items.sort(key=lambda t: (t[2] is None, -(t[2] or 0), t[0]))
-    return items[:n]
+    if n <= 0:
+        return []
+    # Runs per GPU per poll: sorting plain key tuples (compared in C) is ~2x faster than a key function, and
+    # faster than heapq.nsmallest, whose loop is Python (measured at 32 and 256 processes, top 10).
+    keys = [(e[1] is None, -(e[1] or 0), pid) for pid, e in merged.items()]
+    keys.sort()
+    return [(pid, merged[pid][0], merged[pid][1]) for _, _, pid in keys[:n]]
 
 
 def process_dicts(
@@ -83,9 +87,25 @@ def process_dicts(
 ) -> list[dict[str, Any]]:
     """The pipe encoding of ``ProcessSample`` for the kept processes, with host facts where known."""
     infos = resolver.resolve([t[0] for t in top]) if resolver is not None and top else {}
+    return _dicts(top, infos)
+
+
+def process_dicts_per_gpu(
+    tops: Sequence[Sequence[tuple[int, str, int | None]]], resolver: Resolver | None
+) -> list[list[dict[str, Any]]]:
+    """:func:`process_dicts` for every GPU of a poll with ONE resolve call: a resolver's cache is bounded by the
+    pids of its last call, so one call per GPU would evict the other GPUs' entries and look every process up
+    again on every poll."""
+    pids = [t[0] for top in tops for t in top]
+    infos = resolver.resolve(pids) if resolver is not None and pids else {}
+    return [_dicts(top, infos) for top in tops]
+
+
+def _dicts(top: Sequence[tuple[int, str, int | None]], infos: Mapping[int, ProcInfo]) -> list[dict[str, Any]]:
+    get = infos.get
     out = []
     for pid, kind, mem in top:
-        name, user, rss = infos.get(pid, UNKNOWN)
+        name, user, rss = get(pid, UNKNOWN)
         out.append(
             {"pid": pid, "kind": kind, "used_memory_bytes": mem, "name": name, "user": user, "host_rss_bytes": rss}
         )

@@ -20,6 +20,7 @@ from gpuwatchd.sources.processes import (
     merge_processes,
     pid_max,
     process_dicts,
+    process_dicts_per_gpu,
     top_processes,
 )
 
@@ -51,6 +52,47 @@ def test_top_n_orders_by_memory_unattributed_last() -> None:
     assert top_processes(merged, 3) == [(2, "compute", 30), (5, "compute", 30), (4, "compute", 20)]
     assert [t[0] for t in top_processes(merged, 10)] == [2, 5, 4, 1, 3]
     assert top_processes(merged, 0) == []
+
+
+def test_top_n_partial_sort_agrees_with_a_full_sort() -> None:
+    mems: list[int | None] = [None, 5, 5, 1 << 40, 0, None, 3, 7, 7, 2]
+    merged = merge_processes([(100 + i, m) for i, m in enumerate(mems)], [(300, 6), (301, None)])
+    full = sorted(((p, e[0], e[1]) for p, e in merged.items()), key=lambda t: (t[2] is None, -(t[2] or 0), t[0]))
+    for n in range(len(full) + 2):
+        assert top_processes(merged, n) == full[:n]
+    assert top_processes(merged, -1) == []
+
+
+def test_one_resolve_per_poll_keeps_every_gpus_cache() -> None:
+    calls: list[list[int]] = []
+
+    class Recording:
+        def resolve(self, pids: list[int]) -> dict[int, tuple[str | None, str | None, int | None]]:
+            calls.append(list(pids))
+            return {p: (f"p{p}", None, None) for p in pids}
+
+    tops = [[(1, "compute", 10), (2, "compute", 5)], [], [(3, "graphics", None)]]
+    out = process_dicts_per_gpu(tops, Recording())
+    assert calls == [[1, 2, 3]]
+    assert [[d["name"] for d in gpu] for gpu in out] == [["p1", "p2"], [], ["p3"]]
+    assert out[2][0] == {"pid": 3, "kind": "graphics", "used_memory_bytes": None, "name": "p3", "user": None,
+                         "host_rss_bytes": None}
+    assert process_dicts_per_gpu([[], []], Recording()) == [[], []] and len(calls) == 1  # nothing to resolve
+    # PsutilResolver bounds its cache by the pids of its last call: with one call per poll, two GPUs' processes
+    # both stay cached, so the next poll does not look every process up again
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        resolver = PsutilResolver()
+        gpus = [[(child.pid, "compute", 1)], [(os.getpid(), "compute", 1)]]
+        first = process_dicts_per_gpu(gpus, resolver)
+        cached = dict(resolver._cache)
+        assert set(cached) == {child.pid, os.getpid()}
+        again = process_dicts_per_gpu(gpus, resolver)
+        assert all(resolver._cache[p][0] is cached[p][0] for p in cached)  # same psutil.Process objects reused
+        assert [[d["name"] for d in g] for g in again] == [[d["name"] for d in g] for g in first]
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_pid_max_reads_proc(tmp_path: Path) -> None:
