@@ -16,7 +16,7 @@ from gpuwatchd.store import Store
 
 from .conftest import BUILD, UUID_A, UUID_B, UUID_C, UUID_D, exposition, registry_for, samples
 
-# The public contract (docs/metrics.md, /work/shared/design/contracts.md): name -> (type, label names).
+# The public contract (docs/metrics.md, shared/design/contracts.md): name -> (type, label names).
 CONTRACT = {
     "gpuwatchd_nvml_up": ("gauge", set()),
     "gpuwatchd_nvml_worker_restarts_total": ("counter", set()),

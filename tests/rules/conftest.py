@@ -17,7 +17,8 @@ MIB = 1024**2
 GIB = 1024**3
 T0 = 1_700_000_000.0
 UUID = "GPU-5a3c1b2e-0000-4000-8000-000000000000"
-CAPTURES = Path("/work/shared/data/captures")
+# ../shared beside the checkout, as on every developer machine and in CI (never copied into the repo)
+CAPTURES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "captures"
 
 
 def gpu(uuid: str = UUID, index: int = 0, **kw: object) -> GpuSample:

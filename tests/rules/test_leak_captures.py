@@ -1,4 +1,4 @@
-"""Real memory series captured on real GPUs (``/work/shared/data/captures``, see its README) replayed through the
+"""Real memory series captured on real GPUs (``../shared/data/captures``, see its README) replayed through the
 leak rule: a job start/stop (csv02) and 38 min of sustained VLM inference swinging 17.4-18.1 GB (csv04) are
 not leaks."""
 
