@@ -96,8 +96,10 @@ class _Ring:
 
     def add(self, p: GpuPoint | ProcessPoint) -> None:
         pts = self.points
-        # Keep the first point of each step-wide bucket and always the newest: the newest replaces the last
-        # point when that one is itself a "newest" inside the same bucket.
+        # Kept points are less than ``step`` apart only at the tail: the newest point always replaces the last one
+        # while it is within ``step`` of the point before, and is appended once it is not. So history is at most
+        # retention/step points and always ends with the latest reading (at 1 s polls and a 5 s step the kept
+        # points sit at t = 0, 4, 8, ... plus the newest; tests/test_store.py pins this).
         if len(pts) >= 2 and p.t - pts[-2].t < self.step:
             pts[-1] = p
         else:
