@@ -292,30 +292,11 @@ def leak_figures(seeds: int) -> Figures:
 
 
 async def lost_latency(trials: int, poll: float = 1.0) -> list[float]:
-    from aiohttp import web
-
     from gpuwatchd.clock import RealClock
     from gpuwatchd.notify.config import NotifyConfig
     from gpuwatchd.notify.dispatcher import Dispatcher
 
-    received: dict[str, float] = {}
-    got = asyncio.Event()
-
-    async def sink(request: web.Request) -> web.Response:
-        body = await request.json()
-        for a in body.get("alerts", []):
-            if a["labels"].get("alertname") == "GpuLost" and a["status"] == "firing":
-                received.setdefault(a["labels"]["uuid"], time.time())
-        got.set()
-        return web.Response(status=200)
-
-    app = web.Application()
-    app.router.add_post("/hook", sink)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port, received, got = await _sink()
     cfg = NotifyConfig.model_validate(
         {"receivers": [{"name": "sink", "type": "webhook", "url": f"http://127.0.0.1:{port}/hook"}]}
     )
@@ -350,7 +331,7 @@ async def lost_latency(trials: int, poll: float = 1.0) -> list[float]:
                 store = Store()
         finally:
             await disp.stop()
-            await runner.cleanup()
+            await runner.cleanup()  # type: ignore[attr-defined]
     return latencies
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from gpuwatchd.configtypes import Duration, Section
+from gpuwatchd.configtypes import Duration, Section, yaml_error_message
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.rules.config import RulesConfig
 
@@ -167,8 +167,5 @@ def load_config(path: Path | None, *, required: bool = False) -> Config:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(src, [f"{where}invalid YAML: {problem}"]) from None
+        raise ConfigError(src, [yaml_error_message(e)]) from None
     return config_from_dict(data, src)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
+import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -35,3 +36,10 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+
+
+def yaml_error_message(e: yaml.YAMLError) -> str:
+    """``line 3, column 7: invalid YAML: <problem>`` for a parse error (config files and scenario files)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}invalid YAML: {getattr(e, 'problem', None) or e}"

@@ -43,6 +43,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gpuwatchd.config import format_validation_error
+from gpuwatchd.configtypes import yaml_error_message
 from gpuwatchd.sim.scenario_fields import (
     OPEN_MAPS,
     FieldPath,
@@ -389,9 +390,7 @@ def load_scenario_file(path: Path) -> Scenario:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        raise ScenarioError(src, [f"{where}invalid YAML: {getattr(e, 'problem', None) or e}"]) from None
+        raise ScenarioError(src, [yaml_error_message(e)]) from None
     return scenario_from_dict(data, src)
 
 
