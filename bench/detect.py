@@ -292,9 +292,9 @@ def leak_figures(seeds: int) -> Figures:
 
 
 async def lost_latency(trials: int, poll: float = 1.0) -> list[float]:
-    from gpuwatchd.clock import RealClock
     from gpuwatchd.notify.config import NotifyConfig
     from gpuwatchd.notify.dispatcher import Dispatcher
+    from gpuwatchd.runtime.clock import RealClock
 
     runner, port, received, got = await _sink()
     cfg = NotifyConfig.model_validate(
@@ -365,7 +365,7 @@ async def lost_latency_daemon(runs: int, gpus: int) -> list[float]:
     the stand-in driver at the default 1 s poll; one GPU at a time is marked lost in the stand-in's state."""
     import yaml
 
-    from gpuwatchd.config import config_from_dict
+    from gpuwatchd.config.loader import config_from_dict
     from gpuwatchd.daemon import Daemon
     from gpuwatchd.sim.build import build_standin
     from gpuwatchd.sim.state import make_state, write_state

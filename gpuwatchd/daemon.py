@@ -21,19 +21,19 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuwatchd import __version__
-from gpuwatchd.clock import Clock, RealClock
-from gpuwatchd.config import Config, ConfigError, load_config, parse_listen
+from gpuwatchd.config.loader import Config, ConfigError, load_config, parse_listen
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.exporter.http import make_app
 from gpuwatchd.exporter.status import status_from_store
 from gpuwatchd.model import Alert, Snapshot, SourceStatus
 from gpuwatchd.notify.dispatcher import Dispatcher
-from gpuwatchd.nvml_outage import NvmlOutageLog
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.rules.metrics import AlertsCollector
-from gpuwatchd.sdnotify import SdNotifier
+from gpuwatchd.runtime.clock import Clock, RealClock
+from gpuwatchd.runtime.nvml_outage import NvmlOutageLog
+from gpuwatchd.runtime.sdnotify import SdNotifier
+from gpuwatchd.runtime.startup import DaemonError, ListenError, StateDirError, listen_error, resolve_state_dir
 from gpuwatchd.sources.supervisor import NvmlSupervisor
-from gpuwatchd.startup import DaemonError, ListenError, StateDirError, listen_error, resolve_state_dir
 from gpuwatchd.store import Store
 
 __all__ = ["Daemon", "DaemonError", "ListenError", "ReloadResult", "StateDirError", "resolve_state_dir"]

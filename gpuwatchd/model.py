@@ -77,7 +77,7 @@ class GpuSample:
     # clocks (keys: graphics, sm, memory, video)
     clocks_hz: dict[str, float] = field(default_factory=dict)
     max_clocks_hz: dict[str, float] = field(default_factory=dict)
-    clocks_event_reasons: int | None = None  # bit mask, see gpuwatchd.clock_reasons
+    clocks_event_reasons: int | None = None  # bit mask, see gpuwatchd.gpu.clock_events
     clocks_event_reasons_supported: int | None = None
     # cumulative time the clocks were held down, per NVML perf policy (power, thermal, ...), seconds
     violation_seconds: dict[str, float] = field(default_factory=dict)

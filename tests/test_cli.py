@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from gpuwatchd import __version__
-from gpuwatchd.cli import (
+from gpuwatchd.config.loader import config_from_dict
+from gpuwatchd.daemon import Daemon
+from gpuwatchd.runtime.exitcodes import (
     EXIT_CONFIG_INVALID,
     EXIT_LISTEN,
     EXIT_OK,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
 )
-from gpuwatchd.config import config_from_dict
-from gpuwatchd.daemon import Daemon
 from gpuwatchd.sim.state import make_state
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +190,7 @@ def test_readme_and_ci_agree() -> None:
             row.split("|")[1:3] for row in readme.splitlines() if row[:4] in {f"| {i} " for i in range(10)}
         )
     }
-    from gpuwatchd import cli as cli_module
+    from gpuwatchd.runtime import exitcodes as cli_module
 
     codes = {getattr(cli_module, n) for n in dir(cli_module) if n.startswith("EXIT_") and n != "EXIT_CODES_HELP"}
     assert set(documented) == codes
@@ -205,7 +205,7 @@ def test_readme_and_ci_agree() -> None:
     ],
 )
 def test_status_url_follows_the_config(tmp_path: Path, listen: str, url: str) -> None:
-    from gpuwatchd.cli import default_status_url
+    from gpuwatchd.cli.main import default_status_url
 
     cfg = tmp_path / "c.yml"
     cfg.write_text(f'listen: "{listen}"\n')

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwatchd.clock_reasons import CLOCK_EVENT_REASONS, THROTTLE_REASONS, decode, reason_name, reason_states
+from gpuwatchd.gpu.clock_events import CLOCK_EVENT_REASONS, THROTTLE_REASONS, decode, reason_name, reason_states
 
 
 def test_table_matches_nvml_h() -> None:

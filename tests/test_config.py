@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatchd.config import (
+from gpuwatchd.config.loader import (
     DEFAULT_LISTEN,
     DEFAULT_PORT,
     Config,
@@ -151,16 +151,16 @@ def test_shipped_example_config_is_valid() -> None:
 
 
 def test_configuration_reference_is_up_to_date() -> None:
-    from gpuwatchd.configdoc import DOC_PATH, render_reference, splice
+    from gpuwatchd.config.doc import DOC_PATH, render_reference, splice
 
     current = DOC_PATH.read_text(encoding="utf-8")
     assert current == splice(current, render_reference()), (
-        "docs/configuration.md is out of date: run `python -m gpuwatchd.configdoc --write`"
+        "docs/configuration.md is out of date: run `python -m gpuwatchd.config.doc --write`"
     )
 
 
 def test_configuration_reference_lists_every_key() -> None:
-    from gpuwatchd.configdoc import render_reference
+    from gpuwatchd.config.doc import render_reference
 
     doc = render_reference()
     for key in ("`listen`", "`nvml.poll_interval`", "`nvml.library_path`", "`processes.top_n`", "`history.step`"):

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatchd.config import Config, config_from_dict, load_config
+from gpuwatchd.config.loader import Config, config_from_dict, load_config
 from gpuwatchd.daemon import Daemon, ListenError, StateDirError, resolve_state_dir
-from gpuwatchd.sdnotify import SdNotifier
+from gpuwatchd.runtime.sdnotify import SdNotifier
 from gpuwatchd.sim.state import make_state
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -178,7 +178,7 @@ def test_state_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     # The default is not writable (here: below a regular file): fall back to the user's XDG state dir.
     blocker = tmp_path / "file"
     blocker.write_text("")
-    monkeypatch.setattr("gpuwatchd.startup.DEFAULT_STATE_DIR", blocker / "gpuwatchd")
+    monkeypatch.setattr("gpuwatchd.runtime.startup.DEFAULT_STATE_DIR", blocker / "gpuwatchd")
     got = resolve_state_dir(Config(), {"XDG_STATE_HOME": str(tmp_path / "xdg")})
     assert got == tmp_path / "xdg" / "gpuwatchd" and got.is_dir()
 

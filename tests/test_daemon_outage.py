@@ -16,10 +16,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatchd.config import NvmlConfig, config_from_dict
+from gpuwatchd.config.loader import NvmlConfig, config_from_dict
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.model import Snapshot
-from gpuwatchd.nvml_outage import NvmlOutageLog
+from gpuwatchd.runtime.nvml_outage import NvmlOutageLog
 from gpuwatchd.sim.state import make_state
 
 

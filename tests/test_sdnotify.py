@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatchd.sdnotify import SdNotifier
+from gpuwatchd.runtime.sdnotify import SdNotifier
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
-from gpuwatchd.clock_reasons import reason_states
 from gpuwatchd.exporter.families import Families, label, spec
+from gpuwatchd.gpu.clock_events import reason_states
 from gpuwatchd.model import GpuSample
 
 _U = ("uuid",)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gpuwatchd.clock_reasons import decode
+from gpuwatchd.gpu.clock_events import decode
 from gpuwatchd.model import GpuSample, ProcessSample
 from gpuwatchd.store import Store
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from gpuwatchd.configtypes import Duration, Section
+from gpuwatchd.config.types import Duration, Section
 from gpuwatchd.notify.matchers import Matcher, parse_matcher
 
 ReceiverType = Literal["slack", "discord", "teams", "mattermost", "webhook", "alertmanager"]

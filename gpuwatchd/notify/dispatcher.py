@@ -22,7 +22,6 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.registry import Collector
 
-from gpuwatchd.clock import Clock
 from gpuwatchd.model import Alert
 from gpuwatchd.notify import alertmanager, discord, mattermost, slack, teams, webhook
 from gpuwatchd.notify.config import NotifyConfig, ReceiverConfig
@@ -42,6 +41,7 @@ from gpuwatchd.notify.grouping import (
 from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
 from gpuwatchd.notify.outbox import Outbox, OutboxRow
 from gpuwatchd.notify.silences import Silences
+from gpuwatchd.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, model_validator
 
-from gpuwatchd.configtypes import Duration, Section
+from gpuwatchd.config.types import Duration, Section
 
 MIB = 1024 * 1024
 

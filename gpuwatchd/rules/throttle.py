@@ -1,6 +1,6 @@
 """``GpuThrottled``: a harmful clocks-event reason active in most recent samples, one alert per reason.
 
-Harmful: HW slowdown, HW thermal, HW power brake, SW thermal (``gpuwatchd.clock_reasons.THROTTLE_REASONS``).
+Harmful: HW slowdown, HW thermal, HW power brake, SW thermal (``gpuwatchd.gpu.clock_events.THROTTLE_REASONS``).
 SW power cap is the board holding its configured power limit, which is normal at full load and which some
 boards even report at idle (capture xml08: RTX 3090 at P8 with sw_power_cap active), so it alerts only when
 ``rules.throttle.sw_power_cap`` is on *and* the GPU is busy in that sample. GPU idle, application/display clock
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuwatchd.clock_reasons import CLOCK_EVENT_REASONS, THROTTLE_REASONS
+from gpuwatchd.gpu.clock_events import CLOCK_EVENT_REASONS, THROTTLE_REASONS
 from gpuwatchd.rules.condition import Condition, Level, RuleView, fmt_duration, fmt_share, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig, ThrottleRule
 from gpuwatchd.store import GpuPoint

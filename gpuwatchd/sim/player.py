@@ -2,7 +2,7 @@
 
 ``state_at`` is a pure function of the scenario and the scenario time, so tests and ``bench/detect.py`` can sample
 a scenario without any process, and everything stateful (event sequence numbers, process churn, the energy
-counter) is derived from ``t``. The :class:`Player` shares one :class:`~gpuwatchd.clock.Clock` with the daemon,
+counter) is derived from ``t``. The :class:`Player` shares one :class:`~gpuwatchd.runtime.clock.Clock` with the daemon,
 so with ``--speed X`` scenario time and daemon time are the same number.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.clock import Clock
+from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.scenario import (
     FieldPath,

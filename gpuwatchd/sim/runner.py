@@ -1,7 +1,7 @@
 """``gpuwatchd sim``: the real daemon against the stand-in NVML driver, driven by a scenario or a captured XML.
 
 Builds (or reuses) the stand-in ``libnvidia-ml.so.1``, writes the first state, starts the :class:`Player` and the
-:class:`~gpuwatchd.daemon.Daemon` on one shared :class:`~gpuwatchd.clock.ScaledClock`, so with ``--speed X``
+:class:`~gpuwatchd.daemon.Daemon` on one shared :class:`~gpuwatchd.runtime.clock.ScaledClock`, so with ``--speed X``
 scenario time and the daemon's time are the same number; then serves until SIGINT/SIGTERM.
 """
 
@@ -17,8 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
-from gpuwatchd.clock import ScaledClock
-from gpuwatchd.config import Config, load_config
+from gpuwatchd.config.loader import Config, load_config
+from gpuwatchd.runtime.clock import ScaledClock
+from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_USAGE
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import Player
 from gpuwatchd.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_names
@@ -26,8 +27,6 @@ from gpuwatchd.sim.scenario import Scenario, ScenarioError, load_scenario, scena
 log = logging.getLogger(__name__)
 
 STATE_ENV = "GPUWATCHD_SIM_STATE"  # the stand-in reads its state file from here (docs/sim-state.md)
-EXIT_OK = 0
-EXIT_USAGE = 2  # same meaning as gpuwatchd.cli.EXIT_USAGE: a bad scenario, XML file or option
 
 
 def list_scenarios() -> list[tuple[str, str]]:

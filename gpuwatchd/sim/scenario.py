@@ -42,8 +42,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from gpuwatchd.config import format_validation_error
-from gpuwatchd.configtypes import yaml_error_message
+from gpuwatchd.config.loader import format_validation_error
+from gpuwatchd.config.types import yaml_error_message
 from gpuwatchd.sim.scenario_fields import (
     OPEN_MAPS,
     FieldPath,

@@ -317,7 +317,7 @@ def run(opts: dict[str, Any]) -> int:
         worker.start()
     except N.NVMLError as e:
         why = reason(e.value)
-        # DEBUG: the daemon reports an outage once (gpuwatchd.nvml_outage), not once per retry.
+        # DEBUG: the daemon reports an outage once (gpuwatchd.runtime.nvml_outage), not once per retry.
         _log(f"nvmlInit failed: {why} ({e}){f' [{library}]' if library else ''}", "DEBUG")
         _emit({"timestamp": time.time(), "nvml_ok": False, "nvml_error": why})
         return EXIT_INIT_FAILED

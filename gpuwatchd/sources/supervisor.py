@@ -11,7 +11,7 @@ once: only a fresh NVML session re-enumerates reliably (nvml-egpu.md §3.3).
 Logging: an operator reads one line per failure episode, not one per kill cycle. A hang is one WARNING naming
 the GPU and how long it had not answered, repeats at DEBUG, and one INFO when that GPU answers again; any other
 worker failure (crash, garbage, no start) is one WARNING while its reason stays the same, and one INFO once a
-worker runs healthy again. An init failure (no driver) is logged by the daemon (:mod:`gpuwatchd.nvml_outage`),
+worker runs healthy again. An init failure (no driver) is logged by the daemon (:mod:`gpuwatchd.runtime.nvml_outage`),
 so here it is DEBUG. The worker's stderr lines carry a level (``nvml_worker[pid] LEVEL: ...``); a line this
 worker or the previous one already wrote is relayed at DEBUG, and output without that prefix (a Python traceback,
 a message from a C library) is relayed as one WARNING block whose last line also goes into the exit message.
@@ -35,9 +35,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.clock import Clock
-from gpuwatchd.config import NvmlConfig, ProcessesConfig, SysfsConfig
+from gpuwatchd.config.loader import NvmlConfig, ProcessesConfig, SysfsConfig
 from gpuwatchd.model import LinkSample, LostGpu, Snapshot, snapshot_from_dict
+from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.sources.sysfs_pcie import nvidia_devices, read_links
 
 log = logging.getLogger(__name__)
@@ -325,7 +325,7 @@ class NvmlSupervisor:
                 if not snap.nvml_ok:
                     init_failed = True
                     self.last_error = snap.nvml_error or "unknown"
-                    # The daemon logs the outage once (gpuwatchd.nvml_outage); every retry is DEBUG here.
+                    # The daemon logs the outage once (gpuwatchd.runtime.nvml_outage); every retry is DEBUG here.
                     log.debug("NVML unavailable: %s (worker %d)", self.last_error, proc.pid)
                 else:
                     delivered += 1

@@ -22,6 +22,6 @@ def test_every_family_is_documented_with_type_and_labels() -> None:
 
 
 def test_default_port_is_documented() -> None:
-    from gpuwatchd.config import DEFAULT_PORT
+    from gpuwatchd.config.loader import DEFAULT_PORT
 
     assert f":{DEFAULT_PORT}" in DOC.read_text()

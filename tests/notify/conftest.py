@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gpuwatchd.clock import Clock, ManualClock
 from gpuwatchd.model import Alert
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.notify.dispatcher import Dispatcher
+from gpuwatchd.runtime.clock import Clock, ManualClock
 
 HOST = "gpu-host-1"
 UUID0 = "GPU-0a1b2c3d-1111-2222-3333-444455556666"

@@ -9,10 +9,10 @@ import asyncio
 import sys
 from pathlib import Path
 
-from gpuwatchd.clock import RealClock
 from gpuwatchd.model import Alert
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.notify.dispatcher import Dispatcher
+from gpuwatchd.runtime.clock import RealClock
 
 FIRED_AT = 1_700_000_000.0  # fixed: the restarted child reports the very same alerts, as restored rules would
 

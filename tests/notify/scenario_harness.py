@@ -15,9 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gpuwatchd.clock import ScaledClock
-from gpuwatchd.config import Config, config_from_dict
+from gpuwatchd.config.loader import Config, config_from_dict
 from gpuwatchd.notify.format import UUID_SHORT
+from gpuwatchd.runtime.clock import ScaledClock
 from gpuwatchd.sim.player import Player
 from gpuwatchd.sim.scenario import load_scenario
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gpuwatchd.clock import ManualClock
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.rules.engine import RulesEngine
+from gpuwatchd.runtime.clock import ManualClock
 from gpuwatchd.sim.pci_tree import sysfs_files
 from gpuwatchd.sim.player import SCENARIO_EPOCH, state_at
 from gpuwatchd.sim.scenario import load_scenario

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gpuwatchd.clock import RealClock
+from gpuwatchd.runtime.clock import RealClock
 
 from .conftest import HOST, UUID0, Sink, make_dispatcher, mk_alert, notify_config, receiver, resolved
 

@@ -15,10 +15,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import ValidationError
 
-from gpuwatchd.clock import ManualClock, ScaledClock
-from gpuwatchd.config import ConfigError, config_from_dict
+from gpuwatchd.config.loader import ConfigError, config_from_dict
 from gpuwatchd.model import Alert
 from gpuwatchd.notify.dispatcher import Dispatcher
+from gpuwatchd.runtime.clock import ManualClock, ScaledClock
 
 from .conftest import UUID0, UUID1, Request, Sink, make_dispatcher, mk_alert, notify_config, receiver, settle
 

@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuwatchd.clock import ScaledClock
 from gpuwatchd.notify.dispatcher import Dispatcher
+from gpuwatchd.runtime.clock import ScaledClock
 
 from .conftest import UUID0, Request, Sink, make_dispatcher, mk_alert, notify_config, receiver, settle
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from gpuwatchd.clock import ManualClock
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.notify.dispatcher import Dispatcher
+from gpuwatchd.runtime.clock import ManualClock
 
 from .conftest import UUID0, UUID1, Sink, make_dispatcher, mk_alert, notify_config, receiver, resolved, settle
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from gpuwatchd.clock import ManualClock
 from gpuwatchd.notify import outbox as outbox_mod
 from gpuwatchd.notify.outbox import DB_NAME, Outbox
+from gpuwatchd.runtime.clock import ManualClock
 
 from .conftest import Request, Sink, make_dispatcher, mk_alert, notify_config, receiver, settle
 

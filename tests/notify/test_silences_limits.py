@@ -14,10 +14,10 @@ import psutil
 import pytest
 from aiohttp import web
 
-from gpuwatchd.clock import ManualClock
-from gpuwatchd.config import ConfigError, config_from_dict
+from gpuwatchd.config.loader import ConfigError, config_from_dict
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.notify.matchers import check_regex_safety
+from gpuwatchd.runtime.clock import ManualClock
 
 from .conftest import UUID0, make_dispatcher, mk_alert, notify_config
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gpuwatchd.config import ConfigError, config_from_dict
+from gpuwatchd.config.loader import ConfigError, config_from_dict
 from gpuwatchd.rules.config import RulesConfig
 
 

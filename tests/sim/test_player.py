@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from gpuwatchd.clock import ManualClock, ScaledClock
+from gpuwatchd.runtime.clock import ManualClock, ScaledClock
 from gpuwatchd.sim.player import MIN_WALL_TICK_S, Player, state_at
 from gpuwatchd.sim.scenario import load_scenario, scenario_from_dict
 from gpuwatchd.sim.state import RELOAD_CHECK_S, read_state, write_state

@@ -12,9 +12,9 @@ from typing import Any
 import psutil
 import pytest
 
-from gpuwatchd.clock import ManualClock, RealClock
-from gpuwatchd.config import NvmlConfig, ProcessesConfig, SysfsConfig
+from gpuwatchd.config.loader import NvmlConfig, ProcessesConfig, SysfsConfig
 from gpuwatchd.model import LinkSample, Snapshot
+from gpuwatchd.runtime.clock import ManualClock, RealClock
 from gpuwatchd.sim.player import state_at
 from gpuwatchd.sim.scenario import load_scenario
 from gpuwatchd.sim.state import make_device, make_state

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from gpuwatchd.configtypes import Duration, Section, yaml_error_message
+from gpuwatchd.config.types import Duration, Section, yaml_error_message
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.rules.config import RulesConfig
 

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpuwatchd.config import DEFAULT_STATE_DIR, Config
+from gpuwatchd.config.loader import DEFAULT_STATE_DIR, Config
 
 log = logging.getLogger("gpuwatchd.daemon")
 

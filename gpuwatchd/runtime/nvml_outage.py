@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from gpuwatchd.config import NvmlConfig
+from gpuwatchd.config.loader import NvmlConfig
 from gpuwatchd.model import Snapshot
 
 # Logged under the daemon's name: this is the line operators look for in `journalctl -u gpuwatchd`.

@@ -1,7 +1,7 @@
 """The config reference (docs/configuration.md) generated from the config models, so it cannot drift.
 
 Each key's meaning is the comment block right above its field in the source (the house style already puts the
-reason for every default there), else the section's docstring. ``python -m gpuwatchd.configdoc --write``
+reason for every default there), else the section's docstring. ``python -m gpuwatchd.config.doc --write``
 regenerates the file; tests/test_config.py fails when it is out of date.
 """
 
@@ -17,11 +17,11 @@ from typing import Any
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
-from gpuwatchd.config import Config
-from gpuwatchd.configtypes import Section, parse_duration
+from gpuwatchd.config.loader import Config
+from gpuwatchd.config.types import Section, parse_duration
 
-DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
-BEGIN = "<!-- BEGIN GENERATED: python -m gpuwatchd.configdoc --write -->"
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+BEGIN = "<!-- BEGIN GENERATED: python -m gpuwatchd.config.doc --write -->"
 END = "<!-- END GENERATED -->"
 
 
