@@ -1,5 +1,5 @@
 """The `gpuwatchd` command line: one module per command group; `main` is the entry point."""
 
-from gpuwatchd.cli.main import main
+from gpuwatchd.cli.commands import main
 
 __all__ = ["main"]
