@@ -34,6 +34,7 @@ from gpuwatchd.runtime.nvml_outage import NvmlOutageLog
 from gpuwatchd.runtime.sdnotify import SdNotifier
 from gpuwatchd.runtime.startup import DaemonError, ListenError, StateDirError, listen_error, resolve_state_dir
 from gpuwatchd.sources.supervisor import NvmlSupervisor
+from gpuwatchd.sources.thunderbolt import watch_docks
 from gpuwatchd.store import Store
 
 __all__ = ["Daemon", "DaemonError", "ListenError", "ReloadResult", "StateDirError", "resolve_state_dir"]
@@ -156,6 +157,7 @@ class Daemon:
             on_links=self.store.set_links,
         )
         self._spawn(self._supervisor.run(), SUPERVISOR_TASK)
+        self._spawn(watch_docks(lambda: self.config, self.clock, self.store.set_docks), "thunderbolt watch")
         self._spawn(self._evaluate_loop(), "rules evaluation")
         if self.sd.watchdog_interval is not None:
             self._spawn(self._watchdog_loop(self.sd.watchdog_interval), "systemd watchdog")

@@ -135,6 +135,30 @@ class LinkSample:
 
 
 @dataclass(frozen=True, slots=True)
+class DockSample:
+    """One Thunderbolt/USB4 device (dock, eGPU enclosure) from ``/sys/bus/thunderbolt``; the host router is not one.
+
+    Speeds are per lane, in bits per second, as the kernel reports ``rx_speed``/``tx_speed`` ("20.0 Gb/s", per
+    lane: Documentation/ABI/testing/sysfs-bus-thunderbolt). ``gpu_bus_ids`` are the NVIDIA GPUs (sysfs bus id form)
+    whose PCI path runs through this device's PCIe tunnel.
+    """
+
+    unique_id: str
+    route: str  # "0-1": domain 0, route 1
+    domain: str  # "domain0"
+    security: str | None = None  # the domain's security level: none, user, secure, dponly, usbonly
+    authorized: bool | None = None
+    vendor: str | None = None
+    name: str | None = None
+    generation: int | None = None  # 1-3 Thunderbolt, 4 USB4
+    rx_speed_bps: float | None = None
+    tx_speed_bps: float | None = None
+    rx_lanes: int | None = None
+    tx_lanes: int | None = None
+    gpu_bus_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """One poll of the NVML worker. ``timestamp`` is stamped by the daemon's clock on receipt."""
 

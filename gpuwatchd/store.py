@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwatchd.model import (
+    DockSample,
     GpuIdentity,
     GpuPresence,
     GpuSample,
@@ -21,6 +22,7 @@ from gpuwatchd.model import (
     SourceStatus,
     XidEvent,
 )
+from gpuwatchd.sources.sysfs_pcie import sysfs_bus_id
 
 DEFAULT_RETENTION_SECONDS = 3600.0  # the longest rule window (leak trend) needs about an hour
 DEFAULT_STEP_SECONDS = 5.0  # 720 points per series: enough for a trend, small enough for 16 GPUs x top-N pids
@@ -130,6 +132,10 @@ class Store:
         self._last_apply: float | None = None
         self._sources: dict[str, SourceStatus] = {}
         self._links: dict[str, LinkSample] = {}
+        self._docks: tuple[DockSample, ...] = ()
+        # GPU uuid -> the Thunderbolt dock it was last seen behind; kept after the dock detaches, so the GpuRemoved
+        # alert of its GPU can name it.
+        self.gpu_docks: dict[str, DockSample] = {}
         self.xid_counts: dict[tuple[str, int], int] = {}  # (uuid or "unknown", xid) -> count since start
         self.recent_xids: deque[XidEvent] = deque(maxlen=MAX_XID_EVENTS)
         self.stale = False  # the last poll missed its deadline; values are being held, not refreshed
@@ -228,6 +234,24 @@ class Store:
         self._links = {link.pci_bus_id: link for link in links}
         self.version += 1
 
+    def set_docks(self, docks: Iterable[DockSample]) -> None:
+        """The Thunderbolt devices attached now (``sources/thunderbolt.py``), with the GPUs behind them."""
+        self._docks = tuple(docks)
+        by_bus = self._uuid_by_sysfs_bus()
+        for d in self._docks:
+            for bus in d.gpu_bus_ids:
+                uuid = by_bus.get(bus)
+                if uuid is not None:
+                    self.gpu_docks[uuid] = d
+        self.version += 1
+
+    def _uuid_by_sysfs_bus(self) -> dict[str, str]:
+        return {
+            sysfs_bus_id(p.identity.pci_bus_id): uuid
+            for uuid, p in self._presence.items()
+            if p.identity.pci_bus_id and p.state == "present"
+        }
+
     def _expire(self, now: float) -> None:
         """Drop the history of processes and GPUs whose newest point is older than the retention."""
         horizon = now - self.retention_seconds
@@ -261,6 +285,15 @@ class Store:
     @property
     def links(self) -> Mapping[str, LinkSample]:
         return self._links
+
+    @property
+    def docks(self) -> tuple[DockSample, ...]:
+        return self._docks
+
+    def dock_gpu_uuids(self, dock: DockSample) -> list[str]:
+        """UUIDs of the present GPUs behind ``dock`` (by PCI bus id)."""
+        by_bus = self._uuid_by_sysfs_bus()
+        return [u for b in dock.gpu_bus_ids if (u := by_bus.get(b)) is not None]
 
     def gpu(self, uuid: str) -> GpuSample | None:
         """The latest sample of a present GPU."""

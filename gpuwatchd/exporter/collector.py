@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuwatchd.exporter import dock_families as df
 from gpuwatchd.exporter import gpu_families as gf
 from gpuwatchd.exporter import runtime_families as rf
 from gpuwatchd.exporter.encode import freeze
@@ -40,7 +41,7 @@ Group = Callable[[Store], Iterable[Metric]]
 
 def store_specs() -> list[Spec]:
     """Every family the store collector can export."""
-    found = [v for mod in (rf, gf) for v in vars(mod).values() if isinstance(v, Spec)]
+    found = [v for mod in (rf, gf, df) for v in vars(mod).values() if isinstance(v, Spec)]
     return [*found, COLLECT_ERRORS]
 
 
@@ -80,6 +81,7 @@ class StoreCollector(Collector):
             "processes": self._per_gpu("processes", gf.process_families),
             "xid": rf.xid_families,
             "links": lambda s: rf.link_families(s.links),
+            "thunderbolt": df.dock_families,
             "self": lambda s: rf.self_families(s, self._build),
         }
         self.errors: dict[str, int] = dict.fromkeys(self.groups, 0)

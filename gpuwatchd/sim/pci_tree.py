@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.sim.tb_tree import ROOT_BUS, gpu_parents, tb_files
+
 # sysfs current_link_speed text per PCIe generation (drivers/pci/pci-sysfs.c, PCIE_SPEED2STR).
 _LINK_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe",
                6: "64.0 GT/s PCIe"}
@@ -40,18 +42,65 @@ def sysfs_files(state: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 
 def mirror_sysfs(root: Path, state: dict[str, Any]) -> None:
-    """Make ``root/sys/bus/pci/devices`` match the state, touching only what changed (the daemon's hot-plug watch
-    reads this tree, so a device directory vanishing is how an unplug reaches it)."""
-    base = root / "sys" / "bus" / "pci" / "devices"
-    base.mkdir(parents=True, exist_ok=True)
-    want = sysfs_files(state)
-    for name in os.listdir(base):
-        if name not in want:
-            shutil.rmtree(base / name)
-    for bdf, files in want.items():
-        d = base / bdf
-        d.mkdir(exist_ok=True)
-        for fname, text in files.items():
-            f = d / fname
-            if not f.exists() or f.read_text(encoding="ascii") != text + "\n":
-                f.write_text(text + "\n", encoding="ascii")
+    """Make ``root/sys`` match the state, touching only what changed (the daemon's hot-plug watch reads this tree,
+    so a device directory vanishing is how an unplug reaches it).
+
+    Laid out as the kernel does: device directories under ``sys/devices/pci0000:00/...`` (a docked GPU below its
+    dock's tunnel port and enclosure bridge, ``sim/tb_tree.py``) and ``sys/bus/{pci,thunderbolt}/devices/<name>``
+    symlinks to them. A device is written before its link appears and its link goes before its directory, so a
+    concurrent scan never sees half a device.
+    """
+    sys_dir = root / "sys"
+    devices = sys_dir / "devices"
+    files: dict[str, dict[str, str]] = {}
+    links: dict[Path, str] = {}
+    parents = gpu_parents(state)
+    for bdf, attrs in sysfs_files(state).items():
+        chain = parents.get(bdf, [])
+        rel = "/".join([ROOT_BUS, *(p for p, _ in chain), bdf])
+        for depth, (_, removable) in enumerate(chain):
+            d = "/".join([ROOT_BUS, *(p for p, _ in chain[: depth + 1])])
+            files.setdefault(d, {})["removable"] = "removable" if removable else "fixed"
+        docked = any(r for _, r in chain)
+        files[rel] = {**attrs, "removable": "removable" if docked else "fixed"}
+        links[sys_dir / "bus" / "pci" / "devices" / bdf] = rel
+    for rel, attrs in tb_files(state).items():
+        files[rel] = attrs
+        links[sys_dir / "bus" / "thunderbolt" / "devices" / rel.rsplit("/", 1)[1]] = rel
+    for bus in ("pci", "thunderbolt"):
+        base = sys_dir / "bus" / bus / "devices"
+        base.mkdir(parents=True, exist_ok=True)
+        for name in os.listdir(base):
+            entry = base / name
+            target = links.get(entry)
+            if target is not None and entry.is_symlink() and os.readlink(entry) == f"../../../devices/{target}":
+                continue
+            if entry.is_symlink():
+                entry.unlink()
+            elif entry.is_dir():
+                shutil.rmtree(entry)  # an older flat layout
+    _prune(devices, {devices / rel for rel in files})
+    for rel, attrs in files.items():
+        ddir = devices / rel
+        ddir.mkdir(parents=True, exist_ok=True)
+        for fname, text in attrs.items():
+            f = ddir / fname
+            if not f.exists() or f.read_text(encoding="utf-8") != text + "\n":
+                f.write_text(text + "\n", encoding="utf-8")
+    for link, rel in links.items():
+        if not link.is_symlink():
+            link.symlink_to(f"../../../devices/{rel}")
+
+
+def _prune(devices: Path, keep: set[Path]) -> None:
+    """Remove every directory under ``devices`` that is neither kept nor an ancestor of a kept one."""
+    if not devices.is_dir():
+        return
+    ancestors = {a for k in keep for a in k.parents}
+    for dirpath, dirnames, _ in os.walk(devices, topdown=True):
+        here = Path(dirpath)
+        for name in list(dirnames):
+            d = here / name
+            if d not in keep and d not in ancestors:
+                shutil.rmtree(d)
+                dirnames.remove(name)

@@ -27,6 +27,7 @@ from gpuwatchd.sim.scenario import (
     Step,
     WaveSpec,
 )
+from gpuwatchd.sim.tb_tree import hide_untunnelled
 
 # Unix time that scenario t=0 maps to when no clock is given: fixed, so sampled states are reproducible.
 SCENARIO_EPOCH = 1_700_000_000.0
@@ -69,7 +70,7 @@ def state_at(scenario: Scenario, t: float, *, start: float = SCENARIO_EPOCH) -> 
     state["devices"] = [devices[s] for s in order]
     state["events"] = _events(scenario, t)
     state["clock"] = start + t
-    return state
+    return hide_untunnelled(state)
 
 
 def _cycle(scenario: Scenario, t: float) -> tuple[int, float]:
@@ -162,7 +163,10 @@ PLATEAU_WARMUP_SHAPE = 3.0
 
 def _assign_path(fp: FieldPath, value: Any, state: dict[str, Any], devices: list[dict[str, Any]]) -> None:
     if fp.slot is None:
-        state[str(fp.keys[0])] = value
+        if len(fp.keys) > 1:  # thunderbolt.devices[0].authorized
+            _assign(state, fp.keys, value)
+        else:
+            state[str(fp.keys[0])] = value
         return
     for slot in _slots(fp, len(devices)):
         _assign(devices[slot], fp.keys, value)
@@ -384,7 +388,11 @@ class Player:
         # started on a vanished directory must not find the old device list (the kernel, too, unbinds the driver
         # before the sysfs directory goes). Tree first let the re-enumeration miss a removal altogether.
         self._write(self.state_path, state)
-        if self.sysfs_root is not None and (self._last is None or self._last["devices"] != state["devices"]):
+        if self.sysfs_root is not None and (
+            self._last is None
+            or self._last["devices"] != state["devices"]
+            or self._last.get("thunderbolt") != state.get("thunderbolt")
+        ):
             mirror_sysfs(self.sysfs_root, state)
         self._last = state
         self.writes += 1

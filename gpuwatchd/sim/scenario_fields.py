@@ -95,6 +95,8 @@ def parse_path(text: str) -> FieldPath:
         pos = m.end()
     if not segments or not isinstance(segments[0], str):
         raise ValueError(f"empty or malformed field path {text!r}")
+    if segments[0] == "thunderbolt":  # the fake Thunderbolt tree: thunderbolt.devices[0].authorized
+        return FieldPath(text, None, tuple(segments))
     if segments[0] != "devices":
         if len(segments) != 1:
             raise ValueError(f"unknown field {text!r}")
@@ -145,6 +147,8 @@ def check_field(path: FieldPath, value: Any, schema: dict[str, Any], *, numeric:
     value = parse_quantity(value)
     keys = path.keys
     expected: Any
+    if path.slot is None and keys[0] == "thunderbolt":
+        return _check_thunderbolt(path, value)
     if path.slot is None:
         if keys[0] not in _TOP_LEVEL:
             raise ValueError(f"unknown field {path.text!r}")
@@ -196,3 +200,27 @@ def check_field(path: FieldPath, value: Any, schema: dict[str, Any], *, numeric:
 def _check_symbol(sym: str, where: str) -> None:
     if sym != "*" and not re.fullmatch(r"nvml[A-Za-z0-9_]+", sym):
         raise ValueError(f"{where}: {sym!r} is not an NVML call name (nvmlDevice...) or '*'")
+
+
+# Value types of a simulated Thunderbolt device's fields (gpuwatchd/sim/tb_tree.py, docs/sim-state.md).
+_TB_DEVICE_FIELDS: dict[str, Any] = {
+    "route": str, "unique_id": str, "vendor_name": str, "device_name": str, "authorized": int, "generation": int,
+    "rx_speed": float, "tx_speed": float, "rx_lanes": int, "tx_lanes": int, "gpus": list,
+}
+
+
+def _check_thunderbolt(path: FieldPath, value: Any) -> Any:
+    """``thunderbolt`` (the whole mapping), ``thunderbolt.security`` or ``thunderbolt.devices[N].<field>``."""
+    from gpuwatchd.sim.tb_tree import validate
+
+    keys = path.keys
+    if len(keys) == 1:
+        validate(value)
+        return value
+    if keys[1] == "security" and len(keys) == 2:
+        validate({"security": value})
+        return value
+    if keys[1] == "devices" and len(keys) == 4 and isinstance(keys[2], int) and keys[3] in _TB_DEVICE_FIELDS:
+        _check_type(_TB_DEVICE_FIELDS[str(keys[3])], value, path.text)
+        return value
+    raise ValueError(f"unknown field {path.text!r}")

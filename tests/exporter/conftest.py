@@ -15,7 +15,7 @@ from prometheus_client.samples import Sample
 
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.exporter.runtime_families import BuildInfo
-from gpuwatchd.model import LinkSample, SourceStatus, snapshot_from_dict
+from gpuwatchd.model import DockSample, LinkSample, SourceStatus, snapshot_from_dict
 from gpuwatchd.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -36,6 +36,7 @@ def store_from_fixture(name: str) -> Store:
     for snap in data.get("snapshots", ()):
         store.apply(snapshot_from_dict(snap))
     store.set_links(LinkSample(**link) for link in data.get("links", ()))
+    store.set_docks(DockSample(**{**d, "gpu_bus_ids": tuple(d["gpu_bus_ids"])}) for d in data.get("docks", ()))
     for src in data.get("sources", ()):
         store.set_source_status(SourceStatus(**src))
     store.nvml_worker_restarts = data.get("nvml_worker_restarts", 0)
@@ -66,7 +67,16 @@ def promtool_check(text: str) -> subprocess.CompletedProcess[str]:
     if promtool is None:
         pytest.skip("promtool not installed (Debian package 'prometheus'; .ci/run installs it)")
     cmd = [promtool, "check", "metrics"]
-    return subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=30, check=False)
+    result = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=30, check=False)
+    # promlint prefers bytes to bits; the Thunderbolt link speed is named in bits by its contract (issue 8, as
+    # link speeds are quoted: "20 Gb/s"). Exactly that one finding is accepted; promtool exits 3 for lint findings.
+    rest = [ln for ln in result.stderr.splitlines() if ln != _BITS_LINT]
+    if result.returncode == 3 and not rest and not result.stdout.strip():
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+    return result
+
+
+_BITS_LINT = 'gpuwatchd_thunderbolt_link_speed_bits_per_second use base unit "bytes" instead of "bits"'
 
 
 @pytest.fixture

@@ -1,0 +1,178 @@
+"""Thunderbolt/USB4 docks and eGPU enclosures from ``<sysfs.root>/sys/bus/thunderbolt/devices``, with their GPUs.
+
+What NVML cannot say about an eGPU: that a dock is attached but not authorized (so the GPU behind it never
+appears), and how its link trained. Read from sysfs under the injectable root, like ``sysfs_pcie`` (nvml-egpu.md
+section 4.1; the kernel's Documentation/ABI/testing/sysfs-bus-thunderbolt).
+
+Tying a dock to its GPU goes through the PCI topology, since the kernel exports no link between a Thunderbolt
+device and the PCI functions of its tunnel:
+
+1. The GPU is Thunderbolt-attached when it or a PCI ancestor in its sysfs device path is ``removable`` (the kernel
+   marks everything below an external-facing port, Linux 5.14+). An internal GPU never is.
+2. Its domain is the one whose host controller (the PCI parent of ``domainN``) shares the longest PCI path with
+   the GPU: the tunnel's downstream ports sit next to the controller's NHI, under the same root port or switch.
+3. In that domain, the dock is the one authorized device (PCIe tunnels exist only to authorized devices). With
+   several authorized devices in one domain (a daisy chain) the topology does not say which one holds the GPU,
+   and the dock is left untied rather than guessed (``gpu_uuid`` is then empty on the info series).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuwatchd.model import DockSample
+from gpuwatchd.sources.sysfs_pcie import PCI_DEVICES, nvidia_devices
+
+if TYPE_CHECKING:
+    from gpuwatchd.config.loader import Config
+    from gpuwatchd.runtime.clock import Clock
+
+log = logging.getLogger(__name__)
+
+# Floor of the scan period in real seconds, as for the PCI hot-plug scan (sim --speed shrinks the poll interval).
+WATCH_MIN_SECONDS = 0.25
+
+TB_DEVICES = Path("sys/bus/thunderbolt/devices")
+_ROUTER = re.compile(r"^(\d+)-([0-9a-f]+)$")
+_DOMAIN = re.compile(r"^domain(\d+)$")
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_PCI_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+_SPEED = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/s\s*$")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
+def parse_speed(text: str | None) -> float | None:
+    """``"20.0 Gb/s"`` (per lane, the kernel's format) -> 2e10 bits/s; anything else -> None."""
+    m = _SPEED.match(text or "")
+    return float(m.group(1)) * 1e9 if m else None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text, 0) if text else None
+    except ValueError:
+        return None
+
+
+def domain_security(root: Path) -> dict[str, str | None]:
+    """``domainN`` -> its security level (``none``, ``user``, ``secure``, ``dponly``, ``usbonly``)."""
+    base = root / TB_DEVICES
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return {}
+    return {n: _read(base / n / "security") for n in sorted(names) if _DOMAIN.match(n)}
+
+
+def _pci_path(path: Path) -> list[str]:
+    """The PCI components (bus ids and ``pciDDDD:BB`` roots) of a sysfs device path, after resolving links."""
+    return [p for p in os.path.realpath(path).split(os.sep) if _BDF.match(p) or _PCI_ROOT.match(p)]
+
+
+def _tunnelled(gpu_dir: Path) -> bool:
+    """Whether the GPU or a PCI ancestor is ``removable`` (below an external-facing port)."""
+    d = Path(os.path.realpath(gpu_dir))
+    while _BDF.match(d.name):
+        if _read(d / "removable") == "removable":
+            return True
+        d = d.parent
+    return False
+
+
+def _common(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _gpu_domain(root: Path, gpu_path: list[str], domains: Iterable[str]) -> str | None:
+    best, best_len = None, 0
+    for d in domains:
+        shared = _common(_pci_path(root / TB_DEVICES / d), gpu_path)
+        if shared > best_len:
+            best, best_len = d, shared
+    return best
+
+
+def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None) -> tuple[DockSample, ...]:
+    """Every attached Thunderbolt/USB4 device but the host routers, with the GPUs behind each.
+
+    ``gpu_bus_ids`` (sysfs form) defaults to the NVIDIA display functions present under ``root``.
+    """
+    base = root / TB_DEVICES
+    security = domain_security(root)
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return ()
+    routers: list[tuple[str, str, Path]] = []
+    for n in names:
+        m = _ROUTER.match(n)
+        if m and int(m.group(2), 16) != 0:  # route 0 is the host router itself
+            routers.append((n, f"domain{m.group(1)}", base / n))
+    if not routers:
+        return ()
+    authorized = {n: _read(d / "authorized") == "1" for n, _, d in routers}
+    behind: dict[str, list[str]] = {}
+    gpus = sorted(nvidia_devices(root) if gpu_bus_ids is None else gpu_bus_ids)
+    for bdf in gpus:
+        path = _pci_path(root / PCI_DEVICES / bdf)
+        if not path or not _tunnelled(root / PCI_DEVICES / bdf):
+            continue
+        domain = _gpu_domain(root, path, security)
+        candidates = [n for n, dom, _ in routers if dom == domain and authorized[n]]
+        if len(candidates) == 1:
+            behind.setdefault(candidates[0], []).append(bdf)
+    out: list[DockSample] = []
+    for n, dom, d in routers:
+        auth = _read(d / "authorized")
+        out.append(
+            DockSample(
+                unique_id=_read(d / "unique_id") or n,
+                route=n,
+                domain=dom,
+                security=security.get(dom),
+                authorized=None if auth is None else auth == "1",
+                vendor=_read(d / "vendor_name"),
+                name=_read(d / "device_name"),
+                generation=_int(_read(d / "generation")),
+                rx_speed_bps=parse_speed(_read(d / "rx_speed")),
+                tx_speed_bps=parse_speed(_read(d / "tx_speed")),
+                rx_lanes=_int(_read(d / "rx_lanes")),
+                tx_lanes=_int(_read(d / "tx_lanes")),
+                gpu_bus_ids=tuple(behind.get(n, ())),
+            )
+        )
+    return tuple(out)
+
+
+async def watch_docks(
+    config: Callable[[], Config], clock: Clock, on_docks: Callable[[tuple[DockSample, ...]], None]
+) -> None:
+    """Read the docks every poll interval (``sysfs.root`` and the interval follow config reloads) until cancelled.
+
+    Polled like the PCI tree's hot-plug scan: authorization and link training change without a PCI event, and a
+    handful of small sysfs reads per interval costs nothing.
+    """
+    while True:
+        cfg = config()
+        try:
+            on_docks(read_docks(cfg.sysfs.root))
+        except Exception:  # a reader bug must not end the watch (the daemon stops when a core task dies)
+            log.exception("reading Thunderbolt devices under %s failed", cfg.sysfs.root)
+        await asyncio.sleep(max(cfg.nvml.poll_interval / clock.speed, WATCH_MIN_SECONDS))
