@@ -8,6 +8,7 @@ The daemon never calls NVML itself: :mod:`gpuwatchd.sources.supervisor` runs it 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -101,6 +102,7 @@ class Daemon:
         self._outage = NvmlOutageLog()
         self._last_status = ""
         self._generation = 0
+        self._reload_lock = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -385,27 +387,40 @@ class Daemon:
     # -- reload ---------------------------------------------------------------------------------------------------
 
     async def reload(self) -> ReloadResult:
-        """SIGHUP: re-read the config; a bad file keeps the running config and sets the reload metric to 0."""
-        self.sd.reloading()
-        try:
-            new = load_config(self.config_path, required=self.config_path is not None)
-        except ConfigError as e:
-            self.store.config_reload_success = False
+        """SIGHUP: re-read the config; a bad file keeps the running config and sets the reload metric to 0.
+
+        The file is read and parsed in a worker thread (bounded in size and alias expansion by the loader), so a
+        hostile or slow file never stalls scrapes or polls; reloads run one at a time.
+        """
+        async with self._reload_lock:
+            self.sd.reloading()
+            loop = asyncio.get_running_loop()
+            try:
+                new = await loop.run_in_executor(
+                    None, functools.partial(load_config, self.config_path, required=self.config_path is not None)
+                )
+            except ConfigError as e:
+                return self._reload_failed(e.problems, "; ".join(str(e).splitlines()))
+            except Exception as e:  # whatever the file does, the running config stays and the failure is said
+                return self._reload_failed([f"{type(e).__name__}: {e}"], f"{self.config_path}: {type(e).__name__}")
+            restart_needed = self._apply(new)
+            self.store.config_reload_success = True
+            self.store.config_reload_timestamp = self.clock.now()
             self._generation += 1
-            log.error("config reload failed; keeping the running config:\n%s", e)
+            for key in restart_needed:
+                log.warning("config reload: %s changed; it takes effect after a restart", key)
+            log.info("config reloaded from %s", self.config_path or "defaults")
             self.sd.ready(self._status_line())
-            return ReloadResult(ok=False, problems=e.problems)
-        restart_needed = self._apply(new)
-        self.store.config_reload_success = True
-        self.store.config_reload_timestamp = self.clock.now()
+            if self._wakeup is not None:
+                self._wakeup.set()
+            return ReloadResult(ok=True, restart_needed=restart_needed)
+
+    def _reload_failed(self, problems: list[str], line: str) -> ReloadResult:
+        self.store.config_reload_success = False
         self._generation += 1
-        for key in restart_needed:
-            log.warning("config reload: %s changed; it takes effect after a restart", key)
-        log.info("config reloaded from %s", self.config_path or "defaults")
+        log.error("config reload failed; keeping the running config: %s", line)
         self.sd.ready(self._status_line())
-        if self._wakeup is not None:
-            self._wakeup.set()
-        return ReloadResult(ok=True, restart_needed=restart_needed)
+        return ReloadResult(ok=False, problems=problems)
 
     def _apply(self, new: Config) -> list[str]:
         old = self.config

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuwatchd import __version__
+from gpuwatchd.config.files import missing, shown_path
 from gpuwatchd.config.loader import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, parse_listen
 from gpuwatchd.runtime.exitcodes import (
     EXIT_CODES_HELP,
@@ -93,8 +94,8 @@ def _err(msg: str) -> None:
 
 def _load(path: Path | None) -> Config | int:
     """Load the config or print why not and return the exit code."""
-    if path is not None and not path.exists():
-        _err(f"{path}: file not found")
+    if path is not None and missing(path):
+        _err(f"{shown_path(path)}: file not found")
         return EXIT_USAGE
     try:
         return load_config(path, required=path is not None)
@@ -173,8 +174,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
             print(name)
             print(textwrap.fill(description, width=100, initial_indent="    ", subsequent_indent="    "))
         return EXIT_OK
-    if args.config is not None and not args.config.exists():
-        _err(f"{args.config}: file not found")
+    if args.config is not None and missing(args.config):
+        _err(f"{shown_path(args.config)}: file not found")
         return EXIT_USAGE
     if args.listen is not None:
         try:
@@ -183,7 +184,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             _err(f"--listen: {e}")
             return EXIT_USAGE
     scenario = args.scenario if args.scenario or args.from_xml else "idle"
-    is_file = scenario is not None and (scenario.endswith((".yml", ".yaml")) or Path(scenario).is_file())
+    is_file = scenario is not None and (scenario.endswith((".yml", ".yaml")) or not missing(scenario))
     if scenario is not None and scenario not in scenarios and not is_file:
         _err(f"unknown scenario {scenario!r}; choose one of: {', '.join(scenarios)}, or give a scenario file (.yml)")
         return EXIT_USAGE

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gpuwatchd.config.types import Duration, Section, yaml_error_message
+from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
+from gpuwatchd.config.safe_yaml import load_yaml
+from gpuwatchd.config.types import Duration, PositiveDuration, SafePath, Section, yaml_error_message
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.rules.config import RulesConfig
 
@@ -27,6 +29,9 @@ DEFAULT_CONFIG_PATH = Path("/etc/gpuwatchd/gpuwatchd.yml")
 DEFAULT_PORT = 9945
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 DEFAULT_STATE_DIR = Path("/var/lib/gpuwatchd")
+MIN_POLL_TIMEOUT = 0.05
+# Points kept per GPU and per process series: a day at 1 s; the default (1 h at 5 s) keeps 720.
+MAX_HISTORY_POINTS = 86_400
 
 
 class NvmlConfig(Section):
@@ -34,17 +39,24 @@ class NvmlConfig(Section):
 
     # How often every GPU is read. 1 s matches nvidia-smi dmon and DCGM's default; utilization is averaged over
     # the driver's own 1/6 s..1 s sample period anyway.
-    poll_interval: Duration = 1.0
-    # A poll slower than this marks data stale and the worker is killed and respawned.
-    poll_timeout: Duration = 5.0
+    poll_interval: PositiveDuration = 1.0
+    # A poll slower than this marks data stale and the worker is killed and respawned. At least 50 ms: below
+    # that no poll of a real GPU completes and the daemon would never show any data.
+    poll_timeout: Annotated[PositiveDuration, Field(ge=MIN_POLL_TIMEOUT)] = 5.0
     # SIGTERM grace before SIGKILL when the worker must go.
     kill_grace: Duration = 1.0
     # Delay before respawning a worker that died or was killed; doubles per consecutive failure ...
-    restart_backoff_initial: Duration = 0.5
+    restart_backoff_initial: PositiveDuration = 0.5
     # ... up to this. Also how often a host without a driver is re-checked, so a driver installed later is found.
     restart_backoff_max: Duration = 30.0
     # Directory holding libnvidia-ml.so.1 (or the file itself). Unset: the system loader path, like nvidia-smi.
-    library_path: Path | None = None
+    library_path: SafePath | None = None
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> NvmlConfig:
+        if self.restart_backoff_max < self.restart_backoff_initial:
+            raise ValueError("restart_backoff_max must be >= restart_backoff_initial")
+        return self
 
 
 class ProcessesConfig(Section):
@@ -58,16 +70,24 @@ class SysfsConfig(Section):
     """Where PCIe and Thunderbolt state is read from, independently of NVML."""
 
     # Prefix for /sys (tests and `gpuwatchd sim` point it at a fake tree).
-    root: Path = Path("/")
+    root: SafePath = Path("/")
 
 
 class HistoryConfig(Section):
     """In-memory history the rules look back on (applied at start; a reload does not resize it)."""
 
     # How far back the rules can look; the leak rule's window must fit in it.
-    retention: Duration = 3600.0
+    retention: PositiveDuration = 3600.0
     # Resolution of the history: readings closer together than this replace each other.
-    step: Duration = 5.0
+    step: PositiveDuration = 5.0
+
+    @model_validator(mode="after")
+    def _bounded(self) -> HistoryConfig:
+        if self.step > self.retention:
+            raise ValueError("step must not exceed retention")
+        if self.retention / self.step > MAX_HISTORY_POINTS:
+            raise ValueError(f"retention/step is more than {MAX_HISTORY_POINTS} points per series (memory)")
+        return self
 
 
 class Config(Section):
@@ -77,10 +97,10 @@ class Config(Section):
     # Changing it takes a restart.
     listen: str = DEFAULT_LISTEN
     # The `host` label on alerts and in messages.
-    host: str = Field(default_factory=socket.gethostname)
+    host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=255)
     # Alert state and the notification outbox (SQLite). Unset: $STATE_DIRECTORY under systemd, else
     # /var/lib/gpuwatchd if writable, else ~/.local/state/gpuwatchd. Changing it takes a restart.
-    state_dir: Path = DEFAULT_STATE_DIR
+    state_dir: SafePath = DEFAULT_STATE_DIR
     nvml: NvmlConfig = NvmlConfig()
     processes: ProcessesConfig = ProcessesConfig()
     sysfs: SysfsConfig = SysfsConfig()
@@ -94,12 +114,21 @@ class Config(Section):
         parse_listen(v)
         return v
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        # A label value and a line of every message: control characters would break both.
+        if not v.isprintable():
+            raise ValueError("must not contain control characters")
+        return v
+
 
 def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6, ``:PORT`` for all interfaces) -> (host, port)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    if not sep or not port.isascii() or not port.isdigit() or len(port) > 5 or not 0 <= int(port) <= 65535:
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        raise ValueError(f"expected HOST:PORT, got {shown!r}")
     host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - an exporter listens on all interfaces by default
     return host, int(port)
 
@@ -150,22 +179,24 @@ def config_from_dict(data: dict[str, Any] | None, source: str = "<config>") -> C
 
 
 def load_config(path: Path | None, *, required: bool = False) -> Config:
-    """Load ``path``; a missing default file gives the defaults, a missing explicit file is an error."""
+    """Load ``path``; a missing default file gives the defaults, a missing explicit file is an error.
+
+    The file is read with a size cap and never blocks (``config/files.py``); YAML is parsed within bounds
+    (``config/safe_yaml.py``): every hostile file ends in one :class:`ConfigError`.
+    """
     if path is None:
         path = DEFAULT_CONFIG_PATH
         if not path.exists():
             return Config()
-    src = str(path)
+    src = shown_path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        if required:
-            raise ConfigError(src, ["file not found"]) from None
-        return Config()
-    except OSError as e:
-        raise ConfigError(src, [f"cannot read: {e.strerror}"]) from None
+        text = read_text_file(path)
+    except InputFileError as e:
+        if str(e) == "file not found" and not required:
+            return Config()
+        raise ConfigError(src, [str(e)]) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(src, [yaml_error_message(e)]) from None
     return config_from_dict(data, src)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import os
 import re
+from pathlib import Path, PurePath
 from typing import Annotated, Any
 
 import yaml
@@ -10,30 +13,68 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+# Longest duration any key takes: a year. Timers and deadlines are computed as now + duration, and asyncio refuses
+# (OverflowError) or never wakes on astronomically large ones; nothing a host monitor waits for is longer.
+MAX_DURATION = 366 * 86400.0
+_PATH_MAX = 4096  # Linux PATH_MAX and NAME_MAX
+_NAME_MAX = 255
 
 
 def parse_duration(value: Any) -> float:
-    """``"90s"``, ``"5m"``, ``"1.5h"``, ``"250ms"`` or a number of seconds -> seconds."""
+    """``"90s"``, ``"5m"``, ``"1.5h"``, ``"250ms"`` or a number of seconds -> seconds (finite, 0 to a year)."""
     if isinstance(value, bool):
         raise ValueError("expected a duration like 30s, 5m or 1h")
+    seconds: float | None = None
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError("duration must not be negative")
-        return float(value)
-    if isinstance(value, str):
+        seconds = float(value) if not isinstance(value, int) or abs(value) < 1 << 64 else math.inf
+    elif isinstance(value, str) and len(value) <= 64:
         m = _DURATION.match(value)
         if m:
-            return float(m.group(1)) * _UNIT[m.group(2)]
-    raise ValueError(f"expected a duration like 30s, 5m or 1h, got {value!r}")
+            seconds = float(m.group(1)) * _UNIT[m.group(2)]
+    if seconds is None:
+        shown = repr(value) if len(repr(value)) <= 64 else repr(value)[:60] + "..."
+        raise ValueError(f"expected a duration like 30s, 5m or 1h, got {shown}")
+    if math.isnan(seconds):
+        raise ValueError("expected a duration like 30s, 5m or 1h, got NaN")
+    if seconds < 0:
+        raise ValueError("duration must not be negative")
+    if seconds > MAX_DURATION:
+        raise ValueError("duration too long (at most 366d)")
+    return seconds
+
+
+def positive_duration(value: Any) -> float:
+    """A duration that must be > 0 (a step, a window, an interval: zero divides by zero or spins)."""
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError("must be greater than 0")
+    return seconds
+
+
+def check_path(value: Any) -> Any:
+    """A path key: no NUL byte (the OS cannot take it) and within the OS limits (4096 bytes, 255 per name)."""
+    text = str(value) if isinstance(value, str | PurePath) else None
+    if text is not None:
+        if "\0" in text:
+            raise ValueError("path contains a NUL byte")
+        if len(os.fsencode(text)) > _PATH_MAX or any(len(os.fsencode(p)) > _NAME_MAX for p in text.split("/")):
+            raise ValueError(f"path too long (at most {_PATH_MAX} bytes, {_NAME_MAX} per name)")
+    return value
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+SafePath = Annotated[Path, BeforeValidator(check_path)]
+PositiveDuration = Annotated[float, BeforeValidator(positive_duration)]
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors (typos must not pass silently), values frozen."""
+    """Base of every config section: unknown keys are errors (typos must not pass silently), values frozen.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    No float key takes ``.inf`` or ``.nan``: every comparison with NaN is false, so a NaN threshold silently
+    disables its rule, and an infinite one never fires or overflows timer arithmetic.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 

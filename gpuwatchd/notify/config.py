@@ -7,12 +7,13 @@ Webhook URLs, HMAC secrets and header values are ``SecretStr``: their repr/str i
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from gpuwatchd.config.types import Duration, Section
+from gpuwatchd.config.types import Duration, PositiveDuration, Section
 from gpuwatchd.notify.matchers import Matcher, parse_matcher
 
 ReceiverType = Literal["slack", "discord", "teams", "mattermost", "webhook", "alertmanager"]
@@ -48,6 +49,10 @@ MIN_TOKEN_LENGTH = 16
 DEFAULT_MAX_REGEX_LENGTH = 256
 
 
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"[\x20-\x7e\t]*")
+
+
 def _matchers(values: list[str]) -> tuple[Matcher, ...]:
     return tuple(parse_matcher(v) for v in values)
 
@@ -64,21 +69,40 @@ class ReceiverConfig(Section):
     # Generic webhook only: HMAC-SHA256 of the body with this key in the ``X-Gpuwatchd-Signature`` header.
     hmac_secret: SecretStr | None = None
     headers: dict[str, SecretStr] = Field(default_factory=dict)
-    rate_limit_per_minute: float = Field(default=DEFAULT_RATE_LIMIT_PER_MINUTE, gt=0)
-    timeout: Duration = 10.0
+    # At least one message an hour (a smaller rate would hold a message back for longer than it stays useful).
+    rate_limit_per_minute: float = Field(default=DEFAULT_RATE_LIMIT_PER_MINUTE, ge=1 / 60, le=1e6)
+    timeout: PositiveDuration = 10.0
     send_resolved: bool = True
 
     @field_validator("url")
     @classmethod
     def _url(cls, v: SecretStr) -> SecretStr:
         # The message never echoes the URL: it is a secret.
+        url = v.get_secret_value()
         try:
-            parts = urlsplit(v.get_secret_value())
+            parts = urlsplit(url)
             ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+            port = parts.port  # raises for a port that is not a number in 0..65535
         except ValueError:  # its text can quote the URL
             raise ValueError("not a valid URL") from None
         if not ok:
             raise ValueError("not an http(s) URL")
+        if port == 0:
+            raise ValueError("not a valid URL (port 0)")
+        if not url.isprintable():  # CR, LF, TAB, NUL...: the HTTP client refuses the request at every attempt
+            raise ValueError("not a valid URL (contains control characters)")
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        # A CR/LF in a header is refused by the HTTP client at every send attempt: the message would be retried
+        # until it expires and never delivered. Names are RFC 9110 tokens; values visible ASCII, space and tab.
+        for name, value in v.items():
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(f"header name {name[:40]!r} is not a valid HTTP field name")
+            if not _FIELD_VALUE.fullmatch(value.get_secret_value()):
+                raise ValueError(f"header {name!r}: value must be visible ASCII (no CR, LF or control characters)")
         return v
 
     @property
@@ -186,8 +210,8 @@ class NotifyConfig(Section):
     inhibit_rules: tuple[InhibitRuleConfig, ...] = Field(default_factory=_default_inhibit_rules)
     max_retry_age: Duration = DEFAULT_MAX_RETRY_AGE
     # Backoff of retried sends: exponential from initial to max, +-50 % jitter (Alertmanager: 500 ms x1.5, 60 s).
-    retry_initial: Duration = 0.5
-    retry_max: Duration = 60.0
+    retry_initial: PositiveDuration = 0.5
+    retry_max: PositiveDuration = 60.0
     alertmanager_resend: Duration = DEFAULT_ALERTMANAGER_RESEND
     api: ApiConfig = ApiConfig()
     # Shown in messages and in the webhook's externalURL (e.g. this host's /api/v1/alerts); empty: omitted.
@@ -202,6 +226,8 @@ class NotifyConfig(Section):
 
     @model_validator(mode="after")
     def _references(self) -> NotifyConfig:
+        if self.retry_max < self.retry_initial:
+            raise ValueError("retry_max must be >= retry_initial")
         names = [r.name for r in self.receivers]
         seen: set[str] = set()
         for i, n in enumerate(names):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, model_validator
 
-from gpuwatchd.config.types import Duration, Section
+from gpuwatchd.config.types import Duration, PositiveDuration, Section
 
 MIB = 1024 * 1024
 
@@ -47,12 +47,12 @@ class LeakRule(RuleSection):
     interval: Duration = 30.0
     # The trend window. 30 min covers several checkpoint/evaluation cycles of a training loop and fits the
     # store's default 1 h retention; half of it is the "recent" slope.
-    window: Duration = 1800.0
+    window: PositiveDuration = 1800.0
     # Less history than this is never a leak: caching-allocator warm-up takes the first minutes of a job.
-    min_span: Duration = 600.0
+    min_span: PositiveDuration = 600.0
     # The lower envelope is built from one floor (low quantile) per bucket: spikes vanish, and Theil-Sen runs on
     # window/bucket (30) points, so its O(n²) pairs stay cheap without numpy.
-    bucket: Duration = 60.0
+    bucket: PositiveDuration = 60.0
     # 1 MiB/min: below it a 24 GiB GPU lasts more than two weeks; slower drift is allocator fragmentation, not a
     # trend worth a message.
     min_rate_bytes_per_second: float = Field(default=17476.0, gt=0)  # = 1 MiB/min
@@ -113,12 +113,12 @@ class ThrottleRule(RuleSection):
     for_: Duration = Field(default=60.0, alias="for")
     # The reason's share of samples is taken over this short window, so a reason flickering every other poll
     # still counts while a single sample does not.
-    window: Duration = 30.0
+    window: PositiveDuration = 30.0
     min_share: float = Field(default=0.5, gt=0, le=1)
     # Hysteresis: once firing, any activity in the window keeps it firing; it clears on a window with none.
     clear_share: float = Field(default=0.0, ge=0, le=1)
     # The "share of time throttled" in the message is over this span.
-    report_window: Duration = 300.0
+    report_window: PositiveDuration = 300.0
     # SW power cap is the board doing its job at its power limit; alert on it only when asked, and only busy.
     sw_power_cap: bool = False
     busy_utilization: float = Field(default=0.5, ge=0, le=1)
@@ -155,7 +155,7 @@ class ReplayRule(RuleSection):
     """``GpuPcieReplays``: replay rate above DCGM's per-lane allowance (dcgm.md §2.1, PCIE health watch)."""
 
     # DCGM counts replays per minute.
-    window: Duration = 60.0
+    window: PositiveDuration = 60.0
     # Replays come in bursts; do not resolve and re-fire on every quiet minute.
     keep_firing_for: Duration = 600.0
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET  # expat >= 2.4 refuses entity bombs; external DTDs are never fetched
-from pathlib import Path
 from typing import Any
 
+from gpuwatchd.config.files import MAX_XML_BYTES, InputFileError, read_text_file, shown_path
 from gpuwatchd.sim.capture_device import CLOCK_EVENT_REASON_BITS, device_from_gpu
 from gpuwatchd.sim.capture_values import CaptureError, text
+from gpuwatchd.sim.standin_abi import MAX_SIM_GPUS
 
 __all__ = ["CLOCK_EVENT_REASON_BITS", "CaptureError", "describe_capture", "parse_cuda_version", "state_from_xml"]
 
@@ -23,6 +24,9 @@ _ROOT_TAG = "nvidia_smi_log"
 def state_from_xml(source: str | os.PathLike[str]) -> dict[str, Any]:
     """The stand-in state dict for an nvidia-smi XML dump, given as a path or as the XML text itself."""
     root = _load(source)
+    count = sum(1 for _ in root.iterfind("gpu"))
+    if count > MAX_SIM_GPUS:
+        raise CaptureError(f"{_name(source)}: {count} <gpu> elements; the simulator plays at most {MAX_SIM_GPUS} GPUs")
     driver = text(root, "driver_version")
     cuda = text(root, "cuda_version")
     cuda_version = None if cuda is None else parse_cuda_version(cuda)
@@ -64,9 +68,9 @@ def _load(source: str | os.PathLike[str]) -> ET.Element:
         data = source
     else:
         try:
-            data = Path(source).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise CaptureError(f"{source}: cannot read the capture: {error}") from error
+            data = read_text_file(source, max_bytes=MAX_XML_BYTES)
+        except InputFileError as error:
+            raise CaptureError(f"{_name(source)}: cannot read the capture: {error}") from None
     try:
         root = ET.fromstring(data)  # noqa: S314 - see the import: no entity expansion bombs, no network
     except ET.ParseError as error:
@@ -79,4 +83,4 @@ def _load(source: str | os.PathLike[str]) -> ET.Element:
 def _name(source: str | os.PathLike[str]) -> str:
     if isinstance(source, str) and source.lstrip().startswith("<"):
         return "<xml text>"
-    return os.fspath(source)
+    return shown_path(source)

@@ -8,6 +8,7 @@ naming the element for text it does not understand (a wrong guess would replay a
 
 from __future__ import annotations
 
+import math
 import xml.etree.ElementTree as ET
 
 MIB = 1024 * 1024  # nvidia-smi's "MiB" is a binary mebibyte (nvml.h reports bytes; nvidia-smi divides by 2**20)
@@ -32,6 +33,9 @@ NO_READING = frozenset(
     }
 )
 
+# Longest text of one element: the longest nvidia-smi prints is a process name (a path, PATH_MAX 4096).
+MAX_TEXT = 4096
+
 _TRUE_WORDS = frozenset({"yes", "active", "enabled"})
 _FALSE_WORDS = frozenset({"no", "not active", "disabled"})
 
@@ -53,6 +57,8 @@ def text(parent: ET.Element, path: str) -> str | None:
     if element is None or element.text is None:
         return None
     value = element.text.strip()
+    if len(value) > MAX_TEXT:
+        raise CaptureError(f"{path}: text too long ({len(value)} characters; at most {MAX_TEXT})")
     if value.lower() in NO_READING:
         return None
     return value
@@ -83,9 +89,12 @@ def parse_quantity(value: str, unit: str, location: str) -> float:
         shown = f"'<number> {unit}'" if unit else "a bare number"
         raise CaptureError(f"{location}: expected {shown}, got {value!r}")
     try:
-        return float(parts[0])
+        number = float(parts[0])
     except ValueError:
         raise CaptureError(f"{location}: {parts[0]!r} is not a number (in {value!r})") from None
+    if not math.isfinite(number):
+        raise CaptureError(f"{location}: expected a finite number, got {value!r}")
+    return number
 
 
 def integer(parent: ET.Element, path: str, unit: str = "", *, gpu: ET.Element | None = None) -> int | None:

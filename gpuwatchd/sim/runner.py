@@ -23,9 +23,14 @@ from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_USAGE
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import Player
 from gpuwatchd.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_names
+from gpuwatchd.sim.standin_abi import MAX_SIM_GPUS
 
 log = logging.getLogger(__name__)
 
+# Scenario time runs at most 10000x wall time (a day in under 9 s): faster, the player's steps and the daemon's
+# timers are far below what the host can schedule and the run shows nothing real. Slowest: 1/1000 (debugging).
+MIN_SPEED = 0.001
+MAX_SPEED = 10_000.0
 STATE_ENV = "GPUWATCHD_SIM_STATE"  # the stand-in reads its state file from here (docs/sim-state.md)
 
 
@@ -105,10 +110,10 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
 def _check_options(scenario: str | None, from_xml: Path | None, speed: float, gpus: int | None) -> str | None:
     if (scenario is None) == (from_xml is None):
         return "give exactly one of --scenario NAME or --from-xml FILE"
-    if not speed > 0:
-        return f"--speed {speed:g}: must be > 0"
-    if gpus is not None and gpus < 0:
-        return f"--gpus {gpus}: must be >= 0"
+    if not MIN_SPEED <= speed <= MAX_SPEED:  # also NaN
+        return f"--speed {speed:g}: must be between {MIN_SPEED:g} and {MAX_SPEED:g}"
+    if gpus is not None and not 0 <= gpus <= MAX_SIM_GPUS:
+        return f"--gpus {gpus}: must be between 0 and {MAX_SIM_GPUS}"
     if gpus is not None and from_xml is not None:
         return "--gpus applies to --scenario only (a capture has the GPUs it has)"
     return None

@@ -34,7 +34,6 @@ when it is removed and re-inserted at another NVML index. Validation errors name
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -42,7 +41,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from gpuwatchd.config.files import InputFileError, missing, read_text_file, shown_path
 from gpuwatchd.config.loader import format_validation_error
+from gpuwatchd.config.safe_yaml import load_yaml
 from gpuwatchd.config.types import yaml_error_message
 from gpuwatchd.sim.scenario_fields import (
     OPEN_MAPS,
@@ -53,6 +54,7 @@ from gpuwatchd.sim.scenario_fields import (
     parse_path,
     parse_quantity,
 )
+from gpuwatchd.sim.standin_abi import MAX_SIM_GPUS
 
 __all__ = ["FieldPath", "Scenario", "ScenarioError", "Step", "check_field", "load_scenario", "load_scenario_file",
            "parse_path", "parse_quantity", "scenario_from_dict", "scenario_names"]
@@ -72,8 +74,13 @@ class ScenarioError(Exception):
 # --- the format ----------------------------------------------------------------------------------------------------
 
 
+# Longest time a scenario can name (a step's time, a ramp, a period...): a year. Beyond, the player's time arithmetic
+# leaves the range where floats resolve seconds.
+MAX_SECONDS = 366 * 86400.0
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
 
 class RampSpec(_Model):
@@ -82,7 +89,7 @@ class RampSpec(_Model):
     path: str
     from_: Number = Field(alias="from")
     to: Number
-    over: float = Field(gt=0)
+    over: float = Field(gt=0, le=MAX_SECONDS)
 
 
 class PlateauSpec(_Model):
@@ -95,10 +102,10 @@ class PlateauSpec(_Model):
     path: str
     base: Number
     peak: Number
-    warmup: float = Field(gt=0)
+    warmup: float = Field(gt=0, le=MAX_SECONDS)
     spike: Number = 0
-    every: float = Field(default=300.0, gt=0)
-    spike_len: float = Field(default=20.0, ge=0)
+    every: float = Field(default=300.0, gt=0, le=MAX_SECONDS)
+    spike_len: float = Field(default=20.0, ge=0, le=MAX_SECONDS)
 
 
 class WaveSpec(_Model):
@@ -107,7 +114,7 @@ class WaveSpec(_Model):
     path: str
     mean: Number
     amplitude: Number
-    period: float = Field(gt=0)
+    period: float = Field(gt=0, le=MAX_SECONDS)
 
 
 class ProcessSpec(_Model):
@@ -146,8 +153,8 @@ class PopulationSpec(_Model):
 
     per_gpu: int = Field(ge=1, le=4096)
     pid_start: int = Field(default=8_000, gt=1, lt=32_768)
-    churn_every: float = Field(default=30.0, gt=0)  # seconds between churn ticks
-    churn_count: int = Field(default=2, ge=0)  # processes replaced per GPU per tick
+    churn_every: float = Field(default=30.0, ge=0.1, le=MAX_SECONDS)  # seconds between churn ticks
+    churn_count: int = Field(default=2, ge=0, le=4096)  # processes replaced per GPU per tick
     names: tuple[str, ...] = ("python",)
     users: tuple[str, ...] = ("root",)
     memory_min: Annotated[int, BeforeValidator(parse_quantity)] = 64 << 20
@@ -157,9 +164,9 @@ class PopulationSpec(_Model):
 class ScenarioDoc(_Model):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     description: str = Field(min_length=1)
-    gpus: int = Field(default=1, ge=0, le=256)
+    gpus: int = Field(default=1, ge=0, le=MAX_SIM_GPUS)
     loop: bool = False
-    duration: float | None = Field(default=None, gt=0)
+    duration: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     library: Literal["present", "absent"] = "present"
     system: dict[str, Any] = Field(default_factory=dict)
     devices: dict[str | int, dict[str, Any]] = Field(default_factory=dict)
@@ -214,8 +221,8 @@ class Scenario:
 
     def with_gpus(self, n: int) -> Scenario:
         """The same scenario on ``n`` GPUs (``--gpus``); the timeline must not address a GPU past ``n``."""
-        if n < 0:
-            raise ScenarioError(self.source, [f"--gpus {n}: must be >= 0"])
+        if not 0 <= n <= MAX_SIM_GPUS:
+            raise ScenarioError(self.source, [f"--gpus {n}: must be between 0 and {MAX_SIM_GPUS}"])
         missing = sorted(s for s in self.referenced_slots if s >= n)
         if missing:
             raise ScenarioError(
@@ -234,8 +241,8 @@ def _step(i: int, raw: Any, schema: dict[str, Any]) -> Step:
     if "at" not in raw:
         raise ValueError("missing 'at' (seconds from the start)")
     at = raw["at"]
-    if isinstance(at, bool) or not isinstance(at, int | float) or at < 0 or not math.isfinite(at):
-        raise ValueError(f"at: expected seconds >= 0, got {at!r}")
+    if isinstance(at, bool) or not isinstance(at, int | float) or not 0 <= at <= MAX_SECONDS:  # also NaN
+        raise ValueError(f"at: expected seconds >= 0 and at most {MAX_SECONDS:g}, got {at!r}")
     actions = [k for k in raw if k != "at"]
     unknown = [k for k in actions if k not in ACTIONS]
     if unknown:
@@ -382,13 +389,13 @@ def _check_overrides(where: str, overrides: Any, schema: dict[str, Any], prefix:
 
 def load_scenario_file(path: Path) -> Scenario:
     """Load and validate one scenario file."""
-    src = path.name
+    src = shown_path(path.name)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ScenarioError(src, [f"cannot read: {e.strerror}"]) from None
+        text = read_text_file(path)
+    except InputFileError as e:
+        raise ScenarioError(src, [str(e)]) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as e:
         raise ScenarioError(src, [yaml_error_message(e)]) from None
     return scenario_from_dict(data, src)
@@ -402,7 +409,7 @@ def scenario_names() -> list[str]:
 def load_scenario(name_or_path: str | Path) -> Scenario:
     """A built-in scenario by name (``leak``) or a scenario file by path."""
     p = Path(name_or_path)
-    if p.suffix in (".yml", ".yaml") or p.exists():
+    if p.suffix in (".yml", ".yaml") or not missing(p):
         return load_scenario_file(p)
     builtin = SCENARIO_DIR / f"{name_or_path}.yml"
     if not builtin.is_file():

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 # standin.c MAX_DEVICES: enumeration slots; a large HGX node has 8-16 GPUs, "fleet" scenarios stay far below.
 MAX_DEVICES = 1024
+# GPUs one simulation plays (scenario `gpus`, `sim --gpus`, `sim --from-xml`): 16x a large HGX node, and every
+# simulated GPU is a set of NVML calls per poll in the one worker, so far more would only show an overloaded sim.
+MAX_SIM_GPUS = 256
 
 # nvml.h nvmlReturn_t (l.1520-1553), names without the NVML_ERROR_ prefix.
 ERROR_CODES: dict[str, int] = {
