@@ -187,7 +187,9 @@ def test_readme_and_ci_agree() -> None:
     documented = {
         int(code): text
         for code, text in (
-            row.split("|")[1:3] for row in readme.splitlines() if row[:4] in {f"| {i} " for i in range(10)}
+            row.split("|")[1:3]
+            for row in readme.splitlines()
+            if row.startswith("| ") and row.split("|")[1].strip().isdigit()
         )
     }
     from gpuwatchd.runtime import exitcodes as cli_module

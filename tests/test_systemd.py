@@ -40,8 +40,8 @@ def _values(key: str) -> list[str]:
 def _checkable_copy(tmp_path: Path) -> Path:
     """The unit with ExecStart's binary swapped for one that exists here.
 
-    `systemd-analyze verify` fails when the ExecStart binary is missing, and the unit names the path a root
-    `pip install .` creates (/usr/local/bin), which a dev checkout does not have. Everything else stays as shipped,
+    `systemd-analyze verify` fails when the ExecStart binary is missing, and the unit names the path of the
+    README's venv (/opt/gpuwatchd/bin), which a dev checkout does not have. Everything else stays as shipped,
     including the arguments, so verify still checks the rest of the line.
     """
     text = UNIT.read_text()

@@ -15,6 +15,7 @@ from gpuwatchd import __version__
 from gpuwatchd.config.files import missing, shown_path
 from gpuwatchd.config.loader import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, parse_listen
 from gpuwatchd.runtime.exitcodes import (
+    EXIT_BROKEN_PIPE,
     EXIT_CODES_HELP,
     EXIT_CONFIG_INVALID,
     EXIT_OK,
@@ -209,6 +210,18 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpuwatchd`` command."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`gpuwatchd sim --list | head`): stop quietly, as `cat` or `seq` do. Point stdout
+        # at /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     _setup_logging("debug" if args.verbose else args.log_level)

@@ -7,6 +7,7 @@ EXIT_UNREACHABLE = 3  # status: no daemon answered at the URL
 EXIT_LISTEN = 4  # run: cannot bind the listen address (in use, no permission)
 EXIT_STATE_DIR = 5  # run: the state directory cannot be written
 EXIT_RUNTIME = 6  # run: a core part of the daemon failed; systemd restarts it
+EXIT_BROKEN_PIPE = 141  # stdout was closed by its reader (`| head`): 128 + SIGPIPE, what a shell shows for `cat`
 
 EXIT_CODES_HELP = """\
 exit codes:
@@ -17,4 +18,5 @@ exit codes:
   4  run: cannot listen on the address (in use or not permitted)
   5  run: state directory not writable
   6  run: an internal part of the daemon failed (systemd restarts it)
+  141  the reader of the output went away (`| head`): stopped quietly
 """
