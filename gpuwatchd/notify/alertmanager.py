@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from gpuwatchd.model import Alert
-from gpuwatchd.notify.grouping import alert_annotations
+from gpuwatchd.notify.notification import alert_annotations
 from gpuwatchd.notify.webhook import generator_url, rfc3339, starts_at
 
 # Prometheus keeps sending a resolved alert for 15 min (rules/alerting.go resolvedRetention).

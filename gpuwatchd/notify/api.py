@@ -23,7 +23,8 @@ from aiohttp import web
 
 from gpuwatchd.model import Alert
 from gpuwatchd.notify.config import ApiConfig
-from gpuwatchd.notify.grouping import alert_annotations, alert_fp
+from gpuwatchd.notify.fingerprints import alert_fp
+from gpuwatchd.notify.notification import alert_annotations
 from gpuwatchd.notify.silences import SilenceError, parse_matchers_json, silence_json
 from gpuwatchd.notify.webhook import rfc3339
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwatchd.notify.format import alert_text, title, truncate
-from gpuwatchd.notify.grouping import Notification
+from gpuwatchd.notify.notification import Notification
 
 CONTENT_LIMIT = 2000
 MAX_EMBEDS = 10

@@ -2,7 +2,7 @@
 
 ``update(alerts)`` (every rule evaluation) sorts firing and resolved alerts into aggregation groups keyed by route
 and ``group_by`` values. A group is flushed ``group_wait`` after it appears, then every ``group_interval``; a flush
-drops muted alerts (silences, inhibition), asks :func:`grouping.needs_update` whether the receiver must hear about
+drops muted alerts (silences, inhibition), asks :func:`nflog.needs_update` whether the receiver must hear about
 it, and if so renders the message and writes it to the outbox. Delivery workers (``delivery.py``) send it.
 Alertmanager receivers bypass grouping: they get every firing alert re-posted every ``alertmanager_resend``.
 """
@@ -26,20 +26,13 @@ from gpuwatchd.model import Alert
 from gpuwatchd.notify import alertmanager, discord, mattermost, slack, teams, webhook
 from gpuwatchd.notify.config import NotifyConfig, ReceiverConfig
 from gpuwatchd.notify.delivery import Worker, nap
-from gpuwatchd.notify.grouping import (
-    Inhibitor,
-    LogEntry,
-    Notification,
-    Route,
-    alert_fp,
-    group_key,
-    group_labels,
-    needs_update,
-    routes_for,
-    sort_alerts,
-)
+from gpuwatchd.notify.fingerprints import alert_fp
+from gpuwatchd.notify.inhibition import Inhibitor
 from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
+from gpuwatchd.notify.nflog import LogEntry, needs_update
+from gpuwatchd.notify.notification import Notification, sort_alerts
 from gpuwatchd.notify.outbox import Outbox, OutboxRow
+from gpuwatchd.notify.routing import Route, group_key, group_labels, routes_for
 from gpuwatchd.notify.silences import Silences
 from gpuwatchd.runtime.clock import Clock
 
@@ -304,7 +297,10 @@ class Dispatcher:
         ]
         firing = frozenset(alert_fp(a) for a in alerts if a.state == "firing")
         resolved = frozenset(alert_fp(a) for a in alerts if a.state == "resolved")
-        reason = needs_update(
+        # Everything muted: like Alertmanager's pipeline (no stage runs on an empty alert list), nothing is sent and
+        # the log keeps what the receiver was told. Logging an empty firing set here would make the same alerts
+        # "new" again the moment an inhibition or silence ends, and re-send them before repeat_interval.
+        reason = None if not alerts else needs_update(
             self._sent.get(gid),
             firing,
             resolved,

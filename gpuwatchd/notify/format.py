@@ -10,7 +10,7 @@ import re
 from datetime import datetime, timezone
 
 from gpuwatchd.model import Alert
-from gpuwatchd.notify.grouping import Notification
+from gpuwatchd.notify.notification import Notification
 
 ELLIPSIS = "…"
 SPARK_BARS = "▁▂▃▄▅▆▇█"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwatchd.notify.format import body_text, title, truncate
-from gpuwatchd.notify.grouping import Notification
+from gpuwatchd.notify.notification import Notification
 
 TEXT_LIMIT = 16_383
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuwatchd.notify.grouping import LogEntry
+from gpuwatchd.notify.nflog import LogEntry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

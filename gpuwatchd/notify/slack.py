@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwatchd.notify.format import alert_text, body_text, title, truncate
-from gpuwatchd.notify.grouping import Notification
+from gpuwatchd.notify.notification import Notification
 
 TEXT_LIMIT = 40_000
 SECTION_TEXT_LIMIT = 3000

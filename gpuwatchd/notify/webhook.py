@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpuwatchd.model import Alert
-from gpuwatchd.notify.grouping import Notification, alert_annotations, alert_fp
+from gpuwatchd.notify.fingerprints import alert_fp
+from gpuwatchd.notify.notification import Notification, alert_annotations
 
 SIGNATURE_HEADER = "X-Gpuwatchd-Signature"
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Go's zero time.Time, what Alertmanager sends as a firing alert's endsAt

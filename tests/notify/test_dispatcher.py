@@ -263,6 +263,42 @@ async def test_gpu_lost_inhibits_that_gpus_other_alerts(sink: Sink, tmp_path: Pa
         await d.stop()
 
 
+async def test_inhibition_ending_does_not_resend_the_same_group(
+    sink: Sink, tmp_path: Path, clock: ManualClock
+) -> None:
+    """Told GpuThrottled fires; GpuLost inhibits it, then resolves: the group is unchanged, nothing is re-sent
+    before repeat_interval (Alertmanager stops the pipeline when every alert of a group is muted)."""
+    d = await make_dispatcher(cfg(sink, group_wait="0s", group_interval="30s"), tmp_path, clock)
+    try:
+        throttled = mk_alert("GpuThrottled", t=clock.now())
+        d.update([throttled])
+        await settle(d, sink, 1)
+        clock.advance(60)
+        lost = mk_alert("GpuLost", severity="critical", t=clock.now())
+        d.update([lost, throttled])
+        await settle(d, sink, 2)
+        assert d.muting(throttled, clock.now()).inhibited_by == (lost.fingerprint,)
+        for _ in range(4):  # several group_intervals while inhibited
+            clock.advance(31)
+            d.update([lost, throttled])
+        clock.advance(60)
+        d.update([resolved(lost, clock.now()), throttled])
+        await settle(d, sink, 3)
+        for _ in range(4):  # several group_intervals after the inhibition ended, well inside repeat_interval
+            clock.advance(31)
+            d.update([throttled])
+        await idle(d)
+        sent = [(a["labels"]["alertname"], a["status"]) for r in sink.requests for a in r.json["alerts"]]
+        assert sent == [("GpuThrottled", "firing"), ("GpuLost", "firing"), ("GpuLost", "resolved")]
+        # repeat_interval still applies: the group is reminded once it has elapsed.
+        clock.advance(4 * 3600)
+        d.update([throttled])
+        await settle(d, sink, 4)
+        assert sink.requests[3].json["alerts"][0]["labels"]["alertname"] == "GpuThrottled"
+    finally:
+        await d.stop()
+
+
 async def test_no_resolution_for_an_alert_never_shown(sink: Sink, tmp_path: Path, clock: ManualClock) -> None:
     """Inhibited while it fired, then resolved: the receiver never heard of it, so no "resolved" either."""
     d = await make_dispatcher(cfg(sink, group_wait="0s", group_interval="30s"), tmp_path, clock)

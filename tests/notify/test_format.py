@@ -6,7 +6,8 @@ import json
 
 from gpuwatchd.notify import alertmanager, discord, mattermost, slack, teams, webhook
 from gpuwatchd.notify.format import ELLIPSIS, render_sparkline, sparkline, title, truncate
-from gpuwatchd.notify.grouping import Notification, group_key, routes_for, sort_alerts
+from gpuwatchd.notify.notification import Notification, sort_alerts
+from gpuwatchd.notify.routing import group_key, routes_for
 
 from .conftest import HOST, UUID0, mk_alert, notify_config, resolved
 
