@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuwatchd.sim.build import build_standin  # noqa: E402
+from gpuwatchd.sim.standin_abi import STATE_ENV  # noqa: E402
 from gpuwatchd.sim.state import make_state, write_state  # noqa: E402
+from gpuwatchd.sim.worker import WORKER_MODULE  # noqa: E402  (process names from the sim state: pids are fictitious)
 
 SIZES = [(8, 32, 1000), (16, 256, 150)]  # GPUs, processes per GPU, polls measured per child
 WARMUP = 20  # polls before measuring: imports, first-poll capability learning, buffers grown, caches warm
@@ -142,7 +144,7 @@ def worker_per_poll(env: dict[str, str], polls: int) -> float:
     """CPU seconds per steady-state poll, measured by the worker itself (``measure_after``), run as the daemon
     runs it: same poll, JSON line to a pipe, resolver, event drain."""
     opts = {"interval": 0.0, "top_n": TOP_N, "max_polls": WARMUP + polls, "measure_after": WARMUP}
-    r = _run([sys.executable, "-m", "gpuwatchd.sources.nvml_worker", json.dumps(opts)], env)
+    r = _run([sys.executable, "-m", WORKER_MODULE, json.dumps(opts)], env)
     m = MEASURED.search(r.stderr)
     if m is None:
         raise SystemExit(f"worker printed no measurement: {r.stderr[-2000:]}")
@@ -165,7 +167,7 @@ def call_diff(env: dict[str, str]) -> dict[str, tuple[int, int]]:
     """
     polls = 3
     opts = {"interval": 0.0, "top_n": TOP_N, "max_polls": polls, "trace_calls": True}
-    r = _run([sys.executable, "-m", "gpuwatchd.sources.nvml_worker", json.dumps(opts)], env)
+    r = _run([sys.executable, "-m", WORKER_MODULE, json.dumps(opts)], env)
     worker: dict[str, int] = json.loads(r.stdout.splitlines()[-1])["calls"]
     r = _run([sys.executable, "-c", BARE,
               json.dumps({"max_polls": polls, "measure_after": 0, "trace_calls": True, "nvlinks": NVLINKS})], env)
@@ -184,8 +186,7 @@ def main() -> None:
             tag = f"{gpus}x{procs}"
             state_path = Path(tmp) / f"state-{tag}"
             write_state(state_path, bench_state(gpus, procs))
-            env = dict(os.environ, LD_LIBRARY_PATH=str(libdir), GPUWATCHD_SIM_STATE=str(state_path),
-                       PYTHONPATH=str(ROOT))
+            env = {**os.environ, "LD_LIBRARY_PATH": str(libdir), STATE_ENV: str(state_path), "PYTHONPATH": str(ROOT)}
             diff = call_diff(env)
             if diff:
                 raise SystemExit(f"{tag}: the bare loop does not make the worker's NVML calls "

@@ -36,6 +36,7 @@ from gpuwatchd.runtime.sdnotify import SdNotifier
 from gpuwatchd.runtime.startup import DaemonError, ListenError, StateDirError, listen_error, resolve_state_dir
 from gpuwatchd.sources.supervisor import NvmlSupervisor
 from gpuwatchd.sources.thunderbolt import watch_docks
+from gpuwatchd.sources.worker_protocol import WORKER_MODULE
 from gpuwatchd.store import Store
 
 __all__ = ["Daemon", "DaemonError", "ListenError", "ReloadResult", "StateDirError", "resolve_state_dir"]
@@ -73,8 +74,10 @@ class Daemon:
         listen: str | None = None,
         notifier: SdNotifier | None = None,
         env: Mapping[str, str] | None = None,
+        worker_module: str = WORKER_MODULE,
     ) -> None:
         self.config = config
+        self._worker_module = worker_module  # gpuwatchd.sim.worker under the simulator
         self.config_path = config_path
         self.clock: Clock = clock or RealClock()
         self._env = os.environ if env is None else env
@@ -157,6 +160,8 @@ class Daemon:
             on_stale=self._on_stale,
             env=self._worker_env,
             on_links=self.store.set_links,
+            on_counters=self.store.set_nvml_counters,
+            worker_module=self._worker_module,
         )
         self._spawn(self._supervisor.run(), SUPERVISOR_TASK)
         self._spawn(watch_docks(lambda: self.config, self.clock, self.store.set_docks), "thunderbolt watch")
@@ -286,9 +291,6 @@ class Daemon:
                 error=snap.nvml_error,
             )
         )
-        if self._supervisor is not None:
-            self.store.nvml_worker_restarts = self._supervisor.restarts
-            self.store.nvml_init_failures = self._supervisor.init_failures
         self._outage.observe(snap, self.config.nvml)
         if self._wakeup is not None:
             self._wakeup.set()
@@ -305,9 +307,6 @@ class Daemon:
                 error=reason,
             )
         )
-        if self._supervisor is not None:
-            self.store.nvml_worker_restarts = self._supervisor.restarts
-            self.store.nvml_init_failures = self._supervisor.init_failures
         # DEBUG: the supervisor logs each hang or failure episode once, not once per kill cycle.
         log.debug("NVML worker missed its deadline (%s); serving the last values marked stale", reason)
         if self._wakeup is not None:
@@ -331,9 +330,6 @@ class Daemon:
         """Run the rules on the store now and hand the result to the dispatcher."""
         if self._engine is None or self._dispatcher is None:
             raise RuntimeError("daemon not started")
-        if self._supervisor is not None:
-            self.store.nvml_worker_restarts = self._supervisor.restarts
-            self.store.nvml_init_failures = self._supervisor.init_failures
         self.alerts = list(self._engine.evaluate(self.store, self.clock.now()))
         self._generation += 1
         self._dispatcher.update(self.alerts)

@@ -3,15 +3,14 @@
 Every reading is optional: ``None`` means "no reading" (not supported, not permitted, failed this poll), and the
 exporter emits no sample for it. Units are base units (bytes, seconds, watts, joules, hertz, ratios 0..1, °C).
 
-Snapshots cross the process boundary between the NVML worker and the daemon as JSON (``to_json``/``from_json``);
-the encoding is the dataclass fields as a dict, so adding a field with a default stays compatible.
+Snapshots cross the process boundary between the NVML worker and the daemon as JSON: the worker writes the
+dataclass fields as a dict (fields at their default may be left out), the daemon reads it with
+:func:`snapshot_from_dict`; adding a field with a default stays compatible.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -174,36 +173,23 @@ class Snapshot:
     xid_events: tuple[XidEvent, ...] = ()
     poll_duration_seconds: float | None = None
 
-    def to_json(self) -> str:
-        """Encode for the worker -> daemon pipe."""
-        return json.dumps(_snapshot_dict(self), separators=(",", ":"))
 
-    @classmethod
-    def from_json(cls, text: str) -> Snapshot:
-        """Decode what ``to_json`` produced (unknown keys are ignored, for version skew)."""
-        return snapshot_from_dict(json.loads(text))
-
-
-# The wire form is exactly ``dataclasses.asdict`` (field order, tuples as lists); these helpers produce and read
-# it without asdict's recursive deep copy or a ``dataclasses.fields`` walk per object, which cost ~2/3 of the
-# daemon's per-poll decode at 16 GPUs x 256 processes (bench/loop.py).
+# The wire form is ``dataclasses.asdict``'s (tuples as lists); these helpers read it without a
+# ``dataclasses.fields`` walk per object, which cost ~2/3 of the daemon's per-poll decode at 16 GPUs x 256
+# processes (bench/loop.py).
 
 
 class _Codec:
     """Field names of one slotted dataclass, computed once, and the fast paths that use them."""
 
-    __slots__ = ("cls", "get", "names", "nameset", "pairs")
+    __slots__ = ("cls", "names", "nameset", "pairs")
 
     def __init__(self, cls: type[Any]) -> None:
         self.cls = cls
         self.names = tuple(f.name for f in dataclasses.fields(cls))
         self.nameset = frozenset(self.names)
-        self.get = operator.attrgetter(*self.names)
         # Slot descriptors: writing through them is what the frozen __init__ does, minus its per-field overhead.
         self.pairs = tuple((getattr(cls, n).__set__, n) for n in self.names)
-
-    def encode(self, obj: Any) -> dict[str, Any]:
-        return dict(zip(self.names, self.get(obj), strict=True))
 
     def pick(self, data: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in data.items() if k in self.nameset}
@@ -235,20 +221,6 @@ _LOST = _Codec(LostGpu)
 _XID = _Codec(XidEvent)
 _SNAPSHOT = _Codec(Snapshot)
 _new = object.__new__
-
-
-def _gpu_dict(g: GpuSample) -> dict[str, Any]:
-    d = _GPU.encode(g)
-    d["processes"] = [_PROCESS.encode(p) for p in g.processes]
-    return d
-
-
-def _snapshot_dict(snap: Snapshot) -> dict[str, Any]:
-    d = _SNAPSHOT.encode(snap)
-    d["gpus"] = [_gpu_dict(g) for g in snap.gpus]
-    d["lost"] = [_LOST.encode(x) for x in snap.lost]
-    d["xid_events"] = [_XID.encode(x) for x in snap.xid_events]
-    return d
 
 
 def snapshot_from_dict(data: dict[str, Any]) -> Snapshot:

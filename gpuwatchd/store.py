@@ -230,6 +230,12 @@ class Store:
         self._sources[status.name] = status
         self.version += 1
 
+    def set_nvml_counters(self, worker_restarts: int, init_failures: int) -> None:
+        """The NVML supervisor's counters (it calls this whenever one changes)."""
+        self.nvml_worker_restarts = worker_restarts
+        self.nvml_init_failures = init_failures
+        self.version += 1
+
     def set_links(self, links: Iterable[LinkSample]) -> None:
         self._links = {link.pci_bus_id: link for link in links}
         self.version += 1

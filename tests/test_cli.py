@@ -24,7 +24,9 @@ from gpuwatchd.runtime.exitcodes import (
     EXIT_UNREACHABLE,
     EXIT_USAGE,
 )
+from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
+from gpuwatchd.sim.worker import WORKER_MODULE as SIM_WORKER_MODULE
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -142,7 +144,7 @@ async def daemon(
             "sysfs": {"root": str(tmp_path / "sysfs")},
         }
     )
-    d = Daemon(cfg, worker_env={"GPUWATCHD_SIM_STATE": str(write_sim_state(state))})
+    d = Daemon(cfg, worker_env={STATE_ENV: str(write_sim_state(state))}, worker_module=SIM_WORKER_MODULE)
     await d.start()
     try:
         loop = asyncio.get_running_loop()

@@ -23,7 +23,8 @@ from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_USAGE
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import Player
 from gpuwatchd.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_names
-from gpuwatchd.sim.standin_abi import MAX_SIM_GPUS
+from gpuwatchd.sim.standin_abi import MAX_SIM_GPUS, STATE_ENV
+from gpuwatchd.sim.worker import WORKER_MODULE as SIM_WORKER_MODULE
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 # timers are far below what the host can schedule and the run shows nothing real. Slowest: 1/1000 (debugging).
 MIN_SPEED = 0.001
 MAX_SPEED = 10_000.0
-STATE_ENV = "GPUWATCHD_SIM_STATE"  # the stand-in reads its state file from here (docs/sim-state.md)
 
 
 def list_scenarios() -> list[tuple[str, str]]:
@@ -83,7 +83,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
             return EXIT_USAGE
         config = _sim_config(config, libdir, state_dir or (tmp / "state-dir"), state_dir is not None, tmp / "sysfs")
         daemon = Daemon(config, config_path=config_path, clock=clock, listen=listen,
-                        worker_env={**os.environ, STATE_ENV: str(state_path)})
+                        worker_env={**os.environ, STATE_ENV: str(state_path)}, worker_module=SIM_WORKER_MODULE)
         try:
             await daemon.start()
         except DaemonError as e:

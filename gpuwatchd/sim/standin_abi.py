@@ -6,6 +6,9 @@ Kept apart from the state writer so the tables can be checked against the C sour
 
 from __future__ import annotations
 
+# The environment variable naming the state file; nvmlInit reads it (standin.c, docs/sim-state.md).
+STATE_ENV = "GPUWATCHD_SIM_STATE"
+
 # standin.c MAX_DEVICES: enumeration slots; a large HGX node has 8-16 GPUs, "fleet" scenarios stay far below.
 MAX_DEVICES = 1024
 # GPUs one simulation plays (scenario `gpus`, `sim --gpus`, `sim --from-xml`): 16x a large HGX node, and every

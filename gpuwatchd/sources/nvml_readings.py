@@ -3,7 +3,7 @@
 Each reading is a small function writing ``GpuSample`` fields (pipe encoding: a dict) from one or a few NVML
 calls, with older-driver fallbacks listed after it. On a device's first attempts a reading that answers
 NOT_SUPPORTED / FUNCTION_NOT_FOUND moves to its next fallback, and with none left it is dropped for the life of
-the worker: the per-poll cost of an unsupported metric is zero (nvml-egpu.md §1.4). Once a reading has worked,
+the worker: the per-poll cost of an unsupported metric is zero. Once a reading has worked,
 a later NOT_SUPPORTED (e.g. MIG switched on) is a per-poll error, retried, not a new fact about the device.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 import pynvml as N
 
 from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
+from gpuwatchd.sources.worker_protocol import log_line
 
 Handle = Any
 Out = dict[str, Any]
@@ -63,7 +64,7 @@ def _temperature_v(h: Handle, out: Out) -> None:
 
 
 def _temperature_v0(h: Handle, out: Out) -> None:
-    # Deprecated in API 13 but the only call before R565 (nvml-egpu.md §1.1).
+    # Deprecated in API 13 (nvml.h) but the only call before R565.
     out["temperature_celsius"] = float(N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU))
 
 
@@ -120,7 +121,7 @@ def _reasons_event(h: Handle, out: Out) -> None:
 
 
 def _reasons_throttle(h: Handle, out: Out) -> None:
-    # Before R535 only the "throttle" names exist; same bits (nvml-egpu.md §1.2).
+    # Before R535 only the "throttle" names exist; same bits (nvml.h).
     out["clocks_event_reasons"] = N.nvmlDeviceGetCurrentClocksThrottleReasons(h)
 
 
@@ -303,9 +304,9 @@ _INITIAL_PROCESS_CAPACITY = 64
 
 
 def worker_log(msg: str, level: str = "INFO") -> None:
-    """One stderr line in the worker's log format (``nvml_worker._log``; the supervisor parses it with
-    ``supervisor.WORKER_LINE``; tests/sources/test_nvml_worker_processes.py checks the two agree)."""
-    sys.stderr.write(f"nvml_worker[{os.getpid()}] {level}: {msg}\n")
+    """One stderr line in the worker's log format (:func:`gpuwatchd.sources.worker_protocol.log_line`), which the
+    supervisor relays at ``level``; a line without this prefix (a traceback) is relayed as a WARNING."""
+    sys.stderr.write(log_line(os.getpid(), level, msg))
     sys.stderr.flush()
 
 

@@ -2,14 +2,16 @@
 
 The only module (with its ``nvml_*`` helpers) that imports pynvml. It initialises NVML, enumerates GPUs by index
 (keyed by UUID downstream), then polls every ``interval`` seconds and writes one JSON line per poll to stdout:
-the ``Snapshot`` pipe encoding (``Snapshot.from_json`` reads it; fields left at their default are omitted).
+the ``Snapshot`` dict form (the supervisor reads it with ``snapshot_from_dict``).
 The first line is ``{"hello": <pid>}``, written before ``nvmlInit`` so the supervisor can time init as part of
 the first poll. Logs go to stderr as ``nvml_worker[<pid>] <LEVEL>: <message>`` lines.
 
-Exit codes tell the supervisor what to do next: 0 asked to stop (``max_polls`` reached / parent gone),
-:data:`EXIT_INIT_FAILED` after an init-failure snapshot (respawn with backoff), :data:`EXIT_REENUMERATE` after a
-GPU was lost or the device count changed (a fresh worker re-enumerates; a long-lived NVML session does not see
-hot-plug, nvml-egpu.md §3).
+Host facts about GPU processes (name, user, RSS) come from psutil; ``main(resolver=...)`` takes another source
+(``gpuwatchd.sim.worker`` passes the simulator's, whose pids are fictitious).
+
+Lines, exit codes and the progress word are defined in :mod:`gpuwatchd.sources.worker_protocol`. A GPU lost or a
+changed device count ends the worker with ``EXIT_REENUMERATE``: a long-lived NVML session does not see hot-plug,
+so a fresh worker re-enumerates.
 
 Options (JSON object on argv[1]): ``interval`` (real seconds between poll starts), ``top_n`` (processes kept
 per GPU), ``library_path`` (the library the supervisor pointed ``LD_LIBRARY_PATH`` at; missing means
@@ -32,23 +34,32 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pynvml as N
 
 from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, TIMEOUT, NvmlGpuLost, reason
-from gpuwatchd.sources.nvml_readings import DeviceReadings
+from gpuwatchd.sources.nvml_readings import DeviceReadings, worker_log
 from gpuwatchd.sources.processes import (
+    PsutilResolver,
     Resolver,
-    make_resolver,
     merge_processes,
     pid_max,
     process_dicts_per_gpu,
     top_processes,
 )
+from gpuwatchd.sources.worker_protocol import (
+    EXIT_INIT_FAILED,
+    EXIT_REENUMERATE,
+    EXIT_STOPPED,
+    HELLO,
+    NOT_IN_A_GPU_CALL,
+    PROGRESS_BYTES,
+    encode_line,
+    encode_progress,
+)
 
-EXIT_INIT_FAILED = 2
-EXIT_REENUMERATE = 3
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # Bound on Xid events drained per poll so an event storm cannot starve the poll; the rest wait for the next one.
 MAX_EVENTS_PER_POLL = 256
@@ -62,16 +73,8 @@ def _die_with_parent() -> None:
 
 
 def _emit(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj, separators=(",", ":")))
-    sys.stdout.write("\n")
+    sys.stdout.write(encode_line(obj))
     sys.stdout.flush()
-
-
-def _log(msg: str, level: str = "INFO") -> None:
-    """One stderr line the supervisor relays at ``level`` (a line without this prefix, e.g. a traceback, is
-    relayed as a WARNING)."""
-    sys.stderr.write(f"nvml_worker[{os.getpid()}] {level}: {msg}\n")
-    sys.stderr.flush()
 
 
 def _addr(handle: Any) -> int | None:
@@ -111,7 +114,7 @@ class Worker:
         self.top_n = top_n
         self.skip = skip or {}  # index -> {"uuid", "pci_bus_id"}: GPUs whose calls hung in an earlier worker
         # One int32 the supervisor reads after a missed deadline: the index of the GPU being called (-1: none).
-        self._progress = mmap.mmap(progress_fd, 4) if progress_fd is not None else None
+        self._progress = mmap.mmap(progress_fd, PROGRESS_BYTES) if progress_fd is not None else None
         self.resolver = resolver
         self.pid_limit = pid_max()
         self.devices: list[_Device] = []
@@ -152,17 +155,17 @@ class Worker:
             self.devices.append(dev)
             self.by_addr[dev.addr] = dev.uuid
         self._register_events()
-        self._at(-1)
+        self._at(NOT_IN_A_GPU_CALL)
 
     def _at(self, index: int) -> None:
         if self._progress is not None:
-            self._progress[:4] = index.to_bytes(4, "little", signed=True)
+            self._progress[:PROGRESS_BYTES] = encode_progress(index)
 
     def _register_events(self) -> None:
         try:
             self.event_set = N.nvmlEventSetCreate()
         except N.NVMLError as e:
-            _log(f"no NVML events: {reason(e.value)}")
+            worker_log(f"no NVML events: {reason(e.value)}")
             return
         for dev in self.devices:
             self._at(dev.index)
@@ -173,7 +176,7 @@ class Worker:
             except N.NVMLError as e:
                 # NOT_SUPPORTED means "no Xid events for this GPU", not unhealthy (k8s-device-plugin#1562).
                 if e.value not in ABSENT_CODES:
-                    _log(f"GPU {dev.uuid}: Xid events not registered: {reason(e.value)}", "WARNING")
+                    worker_log(f"GPU {dev.uuid}: Xid events not registered: {reason(e.value)}", "WARNING")
 
     # -- poll -------------------------------------------------------------------------------------------------
 
@@ -213,7 +216,7 @@ class Worker:
                 # Lost while we watched: re-enumerate. Lost already at the first poll: a fresh worker would see
                 # the same, so keep polling the others instead of respawning in a loop.
                 self.reenumerate = "gpu_lost: " + ",".join(d.uuid for d in newly_lost)
-        at(-1)
+        at(NOT_IN_A_GPU_CALL)
         xids = self._drain_events()
         self._check_count()
         self._polled = True
@@ -260,7 +263,7 @@ class Worker:
                 data = N.nvmlEventSetWait_v2(self.event_set, 0)
             except N.NVMLError as e:
                 if e.value != TIMEOUT and e.value not in LOST_CODES:
-                    _log(f"event wait: {reason(e.value)}", "WARNING")
+                    worker_log(f"event wait: {reason(e.value)}", "WARNING")
                 # GPU_IS_LOST has no device attribution here; the per-device calls tell which one.
                 break
             if data.eventType & N.nvmlEventTypeXidCriticalError:
@@ -300,15 +303,15 @@ class _CallCounter:
         return out
 
 
-def run(opts: dict[str, Any]) -> int:
+def run(opts: dict[str, Any], resolver: Resolver) -> int:
     """Worker main loop; returns the exit code."""
     interval = float(opts.get("interval", 1.0))
     max_polls = opts.get("max_polls")
     counter = _CallCounter() if opts.get("trace_calls") else None
     parent = os.getppid()
-    _emit({"hello": os.getpid()})
+    _emit({HELLO: os.getpid()})
     skip = {int(k): v for k, v in (opts.get("skip") or {}).items()}
-    worker = Worker(int(opts.get("top_n", 10)), make_resolver(log=_log), skip=skip, progress_fd=opts.get("progress_fd"))
+    worker = Worker(int(opts.get("top_n", 10)), resolver, skip=skip, progress_fd=opts.get("progress_fd"))
     library = opts.get("library_path")
     try:
         if library is not None and not os.path.exists(library):
@@ -318,7 +321,7 @@ def run(opts: dict[str, Any]) -> int:
     except N.NVMLError as e:
         why = reason(e.value)
         # DEBUG: the daemon reports an outage once (gpuwatchd.runtime.nvml_outage), not once per retry.
-        _log(f"nvmlInit failed: {why} ({e}){f' [{library}]' if library else ''}", "DEBUG")
+        worker_log(f"nvmlInit failed: {why} ({e}){f' [{library}]' if library else ''}", "DEBUG")
         _emit({"timestamp": time.time(), "nvml_ok": False, "nvml_error": why})
         return EXIT_INIT_FAILED
     polls = 0
@@ -335,27 +338,29 @@ def run(opts: dict[str, Any]) -> int:
         _emit(snap)
         polls += 1
         if worker.reenumerate is not None:
-            _log(f"exiting for a fresh enumeration: {worker.reenumerate}")
+            worker_log(f"exiting for a fresh enumeration: {worker.reenumerate}")
             worker.close()
             return EXIT_REENUMERATE
         if max_polls is not None and polls >= max_polls:
             if measure_after is not None:
-                _log(f"measured cpu_seconds={time.process_time() - cpu0:.9f} polls={polls - measure_after}", "DEBUG")
+                cpu = time.process_time() - cpu0
+                worker_log(f"measured cpu_seconds={cpu:.9f} polls={polls - measure_after}", "DEBUG")
             worker.close()
-            return 0
+            return EXIT_STOPPED
         if os.getppid() != parent:
             worker.close()
-            return 0
+            return EXIT_STOPPED
         time.sleep(max(0.0, interval - (time.monotonic() - started)))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, resolver: Callable[[], Resolver] = PsutilResolver) -> int:
+    """``python -m gpuwatchd.sources.nvml_worker '<json options>'``; ``resolver`` makes the host-facts source."""
     argv = sys.argv[1:] if argv is None else argv
     opts = json.loads(argv[0]) if argv else {}
     _die_with_parent()
     # SIGPIPE default: the daemon closing our stdout ends us quietly instead of a BrokenPipeError traceback.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    return run(opts)
+    return run(opts, resolver())
 
 
 if __name__ == "__main__":

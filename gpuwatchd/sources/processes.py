@@ -1,15 +1,14 @@
 """GPU processes: merge NVML's compute and graphics lists, keep the top N by GPU memory, add host facts.
 
-NVML knows pids and GPU memory only; name, user and host RSS come from psutil (:class:`PsutilResolver`). Under
-the stand-in driver the pids are fictitious, so :class:`SimResolver` reads the same facts from the sim state
-file instead. Both run inside the NVML worker process, once per poll, for the kept processes only.
+NVML knows pids and GPU memory only; name, user and host RSS come from psutil (:class:`PsutilResolver`) or any
+other :class:`Resolver` the worker is given (under the stand-in driver the pids are fictitious, so
+``gpuwatchd.sim.resolver`` reads them from the sim state). It runs inside the NVML worker process, once per poll,
+for the kept processes only.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,19 +16,10 @@ import psutil
 
 # Fallback when /proc/sys/kernel/pid_max is unreadable: the kernel's PID_MAX_LIMIT on 64-bit (2^22).
 DEFAULT_PID_MAX = 4_194_304
-SIM_STATE_ENV = "GPUWATCHD_SIM_STATE"
 
 # (name, user, host RSS bytes); any part may be unknown.
 ProcInfo = tuple[str | None, str | None, int | None]
 UNKNOWN: ProcInfo = (None, None, None)
-# (message, level name): how a resolver reports trouble; the worker passes its stderr line writer.
-Log = Callable[[str, str], None]
-
-
-def _default_log(msg: str, level: str) -> None:
-    logging.getLogger(__name__).log(logging.getLevelName(level), msg)
-
-
 def pid_max(proc_root: Path = Path("/proc")) -> int:
     """The kernel's pid limit; a larger "pid" is a scrambled struct, not a process (nvitop#75)."""
     try:
@@ -158,74 +148,3 @@ class PsutilResolver:
         for gone in [p for p in self._cache if p not in wanted]:
             del self._cache[gone]  # keep the cache bounded by the current top-N set
         return out
-
-
-class SimResolver:
-    """Host facts from the stand-in's state file (its pids are fictitious); re-read only when the file changes.
-
-    A file that cannot be parsed (torn write, hand-edited garbage) keeps the last good names: losing process
-    names is worse than showing ones a moment old, and a traceback would end the worker. It is logged once per
-    run of bad files and retried only when the file changes again.
-    """
-
-    def __init__(self, path: Path, log: Log | None = None) -> None:
-        self.path = path
-        self._log = log or _default_log
-        self._stamp: tuple[int, int, int] | None = None
-        self._by_pid: dict[int, ProcInfo] = {}
-        self.reads = 0  # how many times the file was parsed (tests check the change detection)
-        self.bad = False  # the current file could not be parsed; the names are the last good ones
-
-    def _refresh(self) -> None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            self._stamp, self._by_pid = None, {}
-            return
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if stamp == self._stamp:
-            return
-        self._stamp = stamp  # a bad file is not re-parsed every poll: only once it changes
-        self.reads += 1
-        try:
-            by_pid = self._parse()
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-            if not self.bad:
-                self._log(f"sim state {self.path} unreadable, keeping the last good process names: "
-                          f"{type(e).__name__}: {e}", "WARNING")
-            self.bad = True
-            return
-        if self.bad:
-            self._log(f"sim state {self.path} readable again", "INFO")
-        self.bad = False
-        self._by_pid = by_pid
-
-    def _parse(self) -> dict[int, ProcInfo]:
-        from gpuwatchd.sim.state import read_state  # sim-only dependency, loaded when running under the stand-in
-
-        state = read_state(self.path)
-        by_pid: dict[int, ProcInfo] = {}
-        for dev in state.get("devices") or ():
-            procs = dev.get("processes") or {}
-            for kind in ("compute", "graphics"):
-                for p in procs.get(kind) or ():
-                    pid = int(p["pid"])
-                    new = (p.get("name"), p.get("user"), p.get("host_rss"))
-                    old = by_pid.get(pid, UNKNOWN)
-                    # one process on several GPUs / in both lists: keep what any entry knows
-                    by_pid[pid] = (old[0] or new[0], old[1] or new[1], old[2] or new[2])
-        return by_pid
-
-    def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
-        self._refresh()
-        by_pid = self._by_pid
-        return {pid: by_pid.get(pid, UNKNOWN) for pid in pids}
-
-
-def make_resolver(env: Mapping[str, str] | None = None, log: Log | None = None) -> Resolver:
-    """SimResolver when running under the stand-in (``GPUWATCHD_SIM_STATE`` set), else psutil."""
-    env = os.environ if env is None else env
-    sim = env.get(SIM_STATE_ENV)
-    if sim:
-        return SimResolver(Path(sim), log)
-    return PsutilResolver()

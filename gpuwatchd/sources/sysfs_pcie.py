@@ -1,7 +1,7 @@
 """PCIe link state and NVIDIA device presence from sysfs, under an injectable root (node_exporter ``--path.sysfs``).
 
 Independent of NVML on purpose: a hung or lost driver still leaves these files readable, and a device directory
-that vanishes is how a Thunderbolt detach or a ``remove`` shows up (nvml-egpu.md §3.4, §4.2).
+that vanishes is how a Thunderbolt detach or a ``remove`` shows up.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ PCI_DEVICES = Path("sys/bus/pci/devices")
 NVIDIA_VENDOR = "0x10de"
 # PCI base class 0x03 = display controller (VGA 0x0300, 3D 0x0302): the GPU functions, not the HDMI audio one.
 DISPLAY_CLASS_PREFIX = "0x03"
-# PCIe transfer rate (GT/s) -> generation; same mapping as NVML CurrPcieLinkGeneration (nvml-egpu.md §4.2).
+# PCIe transfer rate (GT/s) -> generation; same mapping as NVML CurrPcieLinkGeneration.
 GENERATION_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 # A device whose config space reads all-ones (fell off the bus) reports width 63 and vendor 0xffff (§3.3).
 DEAD_LINK_WIDTH = 63

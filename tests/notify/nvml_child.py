@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
+from gpuwatchd.sim.resolver import SimResolver
+from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sources.nvml_worker import Worker
-from gpuwatchd.sources.processes import make_resolver
-
-SIM_STATE_ENV = "GPUWATCHD_SIM_STATE"
 
 
 def main() -> int:
@@ -29,8 +29,8 @@ def main() -> int:
         if op == "start":
             if worker is not None:
                 worker.close()
-            os.environ[SIM_STATE_ENV] = cmd["state"]  # read by nvmlInit, as in a freshly spawned worker
-            worker = Worker(int(cmd.get("top_n", 10)), make_resolver())
+            os.environ[STATE_ENV] = cmd["state"]  # read by nvmlInit, as in a freshly spawned worker
+            worker = Worker(int(cmd.get("top_n", 10)), SimResolver(Path(cmd["state"])))
             worker.start()
         elif op == "poll":
             assert worker is not None, "poll before start"

@@ -20,11 +20,12 @@ from gpuwatchd.notify.format import UUID_SHORT
 from gpuwatchd.runtime.clock import ScaledClock
 from gpuwatchd.sim.player import Player
 from gpuwatchd.sim.scenario import load_scenario
+from gpuwatchd.sim.standin_abi import STATE_ENV
+from gpuwatchd.sim.worker import WORKER_MODULE as SIM_WORKER_MODULE
 
 from .conftest import Sink, start_sink
 
 SERVICES = ("slack", "discord", "teams", "mattermost", "webhook")
-STATE_ENV = "GPUWATCHD_SIM_STATE"
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ async def play(name: str, tmp: Path, *, speed: float, tail: float) -> ScenarioRu
     player = Player(scen, state_path, clock, sysfs_root=tmp / "sysfs")
     player.write_initial()
     config = sim_config(sinks, tmp / "state-dir", build_standin(), tmp / "sysfs")
-    daemon = Daemon(config, clock=clock, worker_env={**os.environ, STATE_ENV: str(state_path)})
+    daemon = Daemon(config, clock=clock, worker_env={**os.environ, STATE_ENV: str(state_path)},
+                    worker_module=SIM_WORKER_MODULE)
     seen: list[Seen] = []
     await daemon.start()
     task = asyncio.create_task(player.run())

@@ -120,7 +120,7 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
             clock.t = SCENARIO_EPOCH + t
             msg = child.call(op="poll")
             fresh = msg.pop("reenumerate") is not None  # the worker exits; the supervisor starts a fresh one
-            store.apply(intake._receive(msg))  # the supervisor's own intake, not a copy of it
+            store.apply(intake.receive(msg))  # the supervisor's own intake, not a copy of it
             dispatcher.update(list(engine.evaluate(store, clock.now())))
         await _drain(dispatcher)
     finally:

@@ -11,7 +11,7 @@ import pytest
 from gpuwatchd.sim.build import build_standin
 from gpuwatchd.sim.capture import state_from_xml
 from gpuwatchd.sim.state import make_device, make_state
-from gpuwatchd.sources.supervisor import WORKER_LINE
+from gpuwatchd.sources.worker_protocol import LOG_LINE
 from tests.sources.workerutil import run_worker, snap
 
 StateWriter = Callable[[dict[str, Any]], Path]
@@ -48,7 +48,7 @@ def _log_lines(err: str) -> list[str]:
     out = []
     for line in err.splitlines():
         if "process" in line:
-            m = WORKER_LINE.fullmatch(line)
+            m = LOG_LINE.fullmatch(line)
             assert m is not None, line
             out.append(f"{m.group(2)}: {m.group(3)}")
     return out

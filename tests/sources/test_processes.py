@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -15,8 +13,6 @@ import psutil
 from gpuwatchd.sources.processes import (
     UNKNOWN,
     PsutilResolver,
-    SimResolver,
-    make_resolver,
     merge_processes,
     pid_max,
     process_dicts,
@@ -132,60 +128,3 @@ def test_process_dicts_is_the_pipe_encoding() -> None:
          "host_rss_bytes": 2048},
         {"pid": 2, "kind": "graphics", "used_memory_bytes": None, "name": None, "user": None, "host_rss_bytes": None},
     ]
-
-
-def test_make_resolver_picks_sim_under_the_stand_in(tmp_path: Path) -> None:
-    assert isinstance(make_resolver({}), PsutilResolver)
-    sim = make_resolver({"GPUWATCHD_SIM_STATE": str(tmp_path / "state")})
-    assert type(sim).__name__ == "SimResolver"
-
-
-def _sim_state(path: Path, names: dict[int, str]) -> None:
-    from gpuwatchd.sim.state import make_state, write_state
-
-    state = make_state(1)
-    state["devices"][0]["processes"] = {
-        "compute": [{"pid": pid, "used_memory": 1 << 20, "name": n, "user": "alice", "host_rss": 4096}
-                    for pid, n in names.items()],
-        "graphics": [],
-    }
-    write_state(path, state)
-
-
-def test_sim_resolver_keeps_last_good_names_when_the_state_file_is_garbage(tmp_path: Path) -> None:
-    path = tmp_path / "state"
-    logged: list[tuple[str, str]] = []
-    resolver = SimResolver(path, lambda msg, level: logged.append((level, msg)))
-    _sim_state(path, {101: "train", 102: "eval"})
-    assert resolver.resolve([101, 102, 999]) == {101: ("train", "alice", 4096), 102: ("eval", "alice", 4096),
-                                                 999: UNKNOWN}
-    assert logged == []
-    for garbage in ("not a state file\n", "\x00\xff" * 50, ""):  # hand-edited, binary, truncated to nothing
-        path.write_bytes(garbage.encode("latin-1"))
-        os.utime(path, ns=(time.time_ns(), time.time_ns()))  # a new stamp even within the mtime granularity
-        assert resolver.resolve([101]) == {101: ("train", "alice", 4096)}
-        assert resolver.bad
-    assert [lvl for lvl, _ in logged] == ["WARNING"]  # once for the whole run of bad files, not per poll or file
-    assert str(path) in logged[0][1] and "ValueError" in logged[0][1]
-    reads = resolver.reads
-    resolver.resolve([101])
-    assert resolver.reads == reads  # an unchanged bad file is not parsed again every poll
-    _sim_state(path, {101: "train2"})
-    assert resolver.resolve([101, 102]) == {101: ("train2", "alice", 4096), 102: UNKNOWN}
-    assert not resolver.bad
-    assert [lvl for lvl, _ in logged] == ["WARNING", "INFO"]
-
-
-def test_sim_resolver_survives_a_well_formed_file_of_the_wrong_shape(tmp_path: Path) -> None:
-    from gpuwatchd.sim.state import MAGIC
-
-    path = tmp_path / "state"
-    logged: list[str] = []
-    resolver = SimResolver(path, lambda msg, level: logged.append(level))
-    _sim_state(path, {7: "a"})
-    resolver.resolve([7])
-    # complete framing, but a process without a pid (read_state checks the framing only): KeyError inside
-    bad = json.dumps({"devices": [{"processes": {"compute": [{"name": "no pid"}]}}]})
-    path.write_text(f"{MAGIC}\n# json {bad}\nEND\n")
-    assert resolver.resolve([7]) == {7: ("a", "alice", 4096)}
-    assert logged == ["WARNING"]

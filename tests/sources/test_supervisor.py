@@ -17,7 +17,9 @@ from gpuwatchd.model import LinkSample, Snapshot
 from gpuwatchd.runtime.clock import ManualClock, RealClock
 from gpuwatchd.sim.player import state_at
 from gpuwatchd.sim.scenario import load_scenario
+from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_device, make_state
+from gpuwatchd.sim.worker import WORKER_MODULE as SIM_WORKER_MODULE
 from gpuwatchd.sources.supervisor import NvmlSupervisor
 from gpuwatchd.store import Store
 
@@ -65,7 +67,8 @@ class Harness:
         self.sup = NvmlSupervisor(
             nvml, ProcessesConfig(top_n=top_n), SysfsConfig(root=sysfs_root), clock=clock or RealClock(),
             on_snapshot=on_snapshot, on_stale=on_stale, on_links=self.links.append,
-            env=dict(os.environ, GPUWATCHD_SIM_STATE=str(state)), **({"python": python} if python else {}),
+            env={**os.environ, STATE_ENV: str(state)}, worker_module=SIM_WORKER_MODULE,
+            **({"python": python} if python else {}),
         )
         self.task: asyncio.Task[None] | None = None
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpuwatchd.sim.state import make_device, make_state
-from gpuwatchd.sources import supervisor
+from gpuwatchd.sources import stderr_relay, supervisor, worker_process
 
 from .test_supervisor import Harness, _children, fast_nvml
 
@@ -146,7 +146,7 @@ async def test_oversized_line_replaces_the_worker(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # 64 MB is the real bound; 4 KB with 40 processes exercises the same path through a real worker
-    monkeypatch.setattr(supervisor, "MAX_LINE_BYTES", 4096)
+    monkeypatch.setattr(worker_process, "MAX_LINE_BYTES", 4096)
     procs = [{"pid": 100 + i, "used_memory": 1_000_000 + i, "name": "python3"} for i in range(40)]
     state = make_state(1, devices=[make_device(0, processes={"compute": procs, "graphics": []})])
     async with Harness(fast_nvml(standin_libdir), write_sim_state(state), tmp_path, top_n=40) as h:
@@ -189,7 +189,7 @@ async def test_snapshot_of_the_wrong_shape_replaces_the_worker(tmp_path: Path) -
 async def test_overlong_stderr_line_is_dropped_not_fatal(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="gpuwatchd")
     fake = tmp_path / "chatty-python"
-    size = 3 * supervisor.MAX_STDERR_LINE_BYTES
+    size = 3 * stderr_relay.MAX_LINE_BYTES
     fake.write_text(f"#!/bin/sh\necho '{{\"hello\": 1}}'\nhead -c {size} /dev/zero | tr '\\000' x >&2\necho >&2\n"
                     "echo 'nvml_worker[1] INFO: still here' >&2\nexit 1\n")
     fake.chmod(0o755)

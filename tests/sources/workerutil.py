@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.model import Snapshot, snapshot_from_dict
+from gpuwatchd.sim.standin_abi import STATE_ENV
+from gpuwatchd.sim.worker import WORKER_MODULE as SIM_WORKER_MODULE
 
-WORKER = [sys.executable, "-m", "gpuwatchd.sources.nvml_worker"]
+WORKER = [sys.executable, "-m", SIM_WORKER_MODULE]  # the worker with process names from the sim state
 
 
 def worker_env(libdir: Path, state: Path) -> dict[str, str]:
-    return dict(os.environ, LD_LIBRARY_PATH=str(libdir), GPUWATCHD_SIM_STATE=str(state))
+    return {**os.environ, "LD_LIBRARY_PATH": str(libdir), STATE_ENV: str(state)}
 
 
 def run_worker(libdir: Path, state: Path, **opts: Any) -> tuple[int, list[dict[str, Any]], str]:

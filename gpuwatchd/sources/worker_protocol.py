@@ -1,0 +1,56 @@
+"""What the NVML worker and its supervisor agree on: options, stdout lines, stderr lines, exit codes, progress word.
+
+Both sides import this module and nothing here imports pynvml, so the daemon can read the worker's protocol
+without loading NVML. The worker is ``python -m <module> '<json options>'``; :mod:`gpuwatchd.sources.nvml_worker`
+documents the options.
+
+- stdout: the first line is ``{"hello": <pid>}`` (written before ``nvmlInit``, so init counts towards the first
+  poll's deadline), then one JSON snapshot per poll (``Snapshot`` dict form, read by ``snapshot_from_dict``).
+- stderr: ``nvml_worker[<pid>] <LEVEL>: <message>`` lines (:func:`log_line`, :data:`LOG_LINE`); anything else is
+  unexpected output (a traceback) and relayed as such.
+- exit codes: :data:`EXIT_STOPPED`, :data:`EXIT_INIT_FAILED`, :data:`EXIT_REENUMERATE`.
+- progress word: 4 bytes in an inherited memfd holding the index of the GPU being called, or
+  :data:`NOT_IN_A_GPU_CALL`; the supervisor reads it when the worker as a whole misses its deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+WORKER_MODULE = "gpuwatchd.sources.nvml_worker"
+HELLO = "hello"
+
+EXIT_STOPPED = 0  # asked to stop (max_polls reached, parent gone)
+EXIT_INIT_FAILED = 2  # after an init-failure snapshot: respawn with backoff
+EXIT_REENUMERATE = 3  # a GPU was lost or the device count changed: a fresh worker re-enumerates
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_LINE = re.compile(r"nvml_worker\[(\d+)\] (DEBUG|INFO|WARNING|ERROR): (.*)")
+
+PROGRESS_BYTES = 4
+NOT_IN_A_GPU_CALL = -1
+
+# LostGpu reasons for a GPU whose NVML calls block (the worker sets it aside and keeps polling the others):
+# suspected while the call has blocked for less than poll_timeout, hung once it has blocked for longer.
+HANG_SUSPECTED = "hang_suspected"
+HUNG = "timeout"
+
+
+def encode_line(obj: dict[str, Any]) -> str:
+    """One stdout line (with its newline): compact JSON."""
+    return json.dumps(obj, separators=(",", ":")) + "\n"
+
+
+def log_line(pid: int, level: str, message: str) -> str:
+    """One stderr line as the worker writes it (with its newline)."""
+    return f"nvml_worker[{pid}] {level}: {message}\n"
+
+
+def encode_progress(index: int) -> bytes:
+    return index.to_bytes(PROGRESS_BYTES, "little", signed=True)
+
+
+def decode_progress(raw: bytes) -> int:
+    return int.from_bytes(raw[:PROGRESS_BYTES], "little", signed=True)
