@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwatchd.config.loader import Config, config_from_dict, load_config
 from gpuwatchd.daemon import Daemon, ListenError, StateDirError, resolve_state_dir
 from gpuwatchd.runtime.sdnotify import SdNotifier
+from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -77,7 +78,7 @@ async def running(
     daemon = Daemon(
         load_config(cfg_file, required=True),
         config_path=cfg_file,
-        worker_env={"GPUWATCHD_SIM_STATE": str(path)},
+        worker_env={STATE_ENV: str(path)},
     )
     await daemon.start()
     try:
@@ -194,7 +195,7 @@ async def test_systemd_notifications(
     notifier = SdNotifier({"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "100000"})  # ping every 50 ms
     daemon = Daemon(
         config_from_dict(sim_config(tmp_path, standin_libdir)),
-        worker_env={"GPUWATCHD_SIM_STATE": str(write_sim_state(make_state(1)))},
+        worker_env={STATE_ENV: str(write_sim_state(make_state(1)))},
         notifier=notifier,
     )
     received: list[str] = []

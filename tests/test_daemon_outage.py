@@ -20,6 +20,7 @@ from gpuwatchd.config.loader import NvmlConfig, config_from_dict
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.model import Snapshot
 from gpuwatchd.runtime.nvml_outage import NvmlOutageLog
+from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
 
 
@@ -95,7 +96,7 @@ def sim_daemon(tmp_path: Path, libdir: Path, state: Path) -> Daemon:
         "sysfs": {"root": str(tmp_path / "sysfs")},
         "rules": {"expected_gpu_count": 2},
     }
-    return Daemon(config_from_dict(cfg), worker_env={"GPUWATCHD_SIM_STATE": str(state)})
+    return Daemon(config_from_dict(cfg), worker_env={STATE_ENV: str(state)})
 
 
 def logged(caplog: pytest.LogCaptureFixture, text: str, level: int = logging.INFO) -> list[str]:

@@ -14,6 +14,8 @@ import pytest
 import yaml
 from support import ROOT, DaemonProcess, free_port, wait_until
 
+from gpuwatchd.sim.standin_abi import STATE_ENV
+
 
 @pytest.fixture
 def start_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
@@ -29,7 +31,7 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
         log_path = tmp_path / f"daemon{n}.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         if state_path is not None:
-            env["GPUWATCHD_SIM_STATE"] = str(state_path)
+            env[STATE_ENV] = str(state_path)
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gpuwatchd", "run", "--config", str(cfg_path), "--listen", f"127.0.0.1:{port}"],

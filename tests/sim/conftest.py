@@ -12,6 +12,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
 
 
@@ -62,7 +63,7 @@ def sim(
     """A two-GPU stand-in loaded into pynvml (not yet initialized); ``sim.update(state)`` changes what it serves."""
     state = make_state(2)
     path = write_sim_state(state)
-    monkeypatch.setenv("GPUWATCHD_SIM_STATE", str(path))
+    monkeypatch.setenv(STATE_ENV, str(path))
     lib = _load(standin_libdir)
     yield Sim(nvml=pynvml, lib=lib, write=write_sim_state, path=path, state=state)
     _shutdown_all()

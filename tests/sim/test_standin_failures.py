@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gpuwatchd.sim.build import build_standin
+from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import ERROR_CODES, make_device, make_state, write_state
 
 if TYPE_CHECKING:
@@ -135,10 +136,10 @@ def test_no_gpus_and_init_errors(sim: Sim, monkeypatch: pytest.MonkeyPatch, tmp_
         with pytest.raises(n.NVMLError) as info:
             n.nvmlInit()
         assert info.value.value == ERROR_CODES[name]
-    monkeypatch.setenv("GPUWATCHD_SIM_STATE", str(tmp_path / "missing"))
+    monkeypatch.setenv(STATE_ENV, str(tmp_path / "missing"))
     with pytest.raises(n.NVMLError_DriverNotLoaded):
         n.nvmlInit()
-    monkeypatch.delenv("GPUWATCHD_SIM_STATE")
+    monkeypatch.delenv(STATE_ENV)
     with pytest.raises(n.NVMLError_DriverNotLoaded):
         n.nvmlInit()
 
@@ -146,7 +147,7 @@ def test_no_gpus_and_init_errors(sim: Sim, monkeypatch: pytest.MonkeyPatch, tmp_
 def test_state_path_is_read_at_init_not_at_load(sim: Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     other = tmp_path / "other-state"
     write_state(other, make_state(5))
-    monkeypatch.setenv("GPUWATCHD_SIM_STATE", str(other))
+    monkeypatch.setenv(STATE_ENV, str(other))
     sim.nvml.nvmlInit()
     assert sim.nvml.nvmlDeviceGetCount() == 5
 
@@ -193,7 +194,7 @@ _HANG_CHILD = textwrap.dedent(
 
 def _spawn(libdir: Path, state: Path) -> subprocess.Popen[str]:
     # The real load path: pynvml's own CDLL("libnvidia-ml.so.1"), resolved through LD_LIBRARY_PATH.
-    env = {**os.environ, "LD_LIBRARY_PATH": str(libdir), "GPUWATCHD_SIM_STATE": str(state)}
+    env = {**os.environ, "LD_LIBRARY_PATH": str(libdir), STATE_ENV: str(state)}
     return subprocess.Popen([sys.executable, "-c", _HANG_CHILD], env=env, stdout=subprocess.PIPE, text=True)
 
 
