@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuwatchd.sim.build import build_standin  # noqa: E402
+from gpuwatchd.sim.standin_abi import STATE_ENV  # noqa: E402
 from gpuwatchd.sim.state import make_state, write_state  # noqa: E402
 
 MB = 1024 * 1024
@@ -65,7 +66,7 @@ class Daemon:
         self.url = f"http://127.0.0.1:{self.port}"
         cfg_path = tmp / f"{name}.yml"
         cfg_path.write_text(yaml.safe_dump({"state_dir": str(tmp / f"{name}-state"), **config}))
-        env = {**os.environ, "GPUWATCHD_SIM_STATE": str(state_path), "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, STATE_ENV: str(state_path), "PYTHONPATH": str(ROOT)}
         self.log = (tmp / f"{name}.log").open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuwatchd", "run", "--config", str(cfg_path), "--listen", f"127.0.0.1:{self.port}"],

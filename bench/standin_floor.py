@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuwatchd.sim.build import SONAME, build_standin
+from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state, write_state
 
 CALLS = 100_000
@@ -41,7 +42,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"
         write_state(state, make_state(8))
-        os.environ["GPUWATCHD_SIM_STATE"] = str(state)
+        os.environ[STATE_ENV] = str(state)
         import pynvml
 
         lib = ctypes.CDLL(str(libdir / SONAME))
