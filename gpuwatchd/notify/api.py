@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import logging
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -24,31 +22,22 @@ from aiohttp import web
 from gpuwatchd.model import Alert
 from gpuwatchd.notify.config import ApiConfig
 from gpuwatchd.notify.fingerprints import alert_fp
+from gpuwatchd.notify.json_body import BodyError, read_json
 from gpuwatchd.notify.notification import alert_annotations
-from gpuwatchd.notify.silences import SilenceError, parse_matchers_json, silence_json
+from gpuwatchd.notify.silence_input import SilenceError, check_id, parse_matchers_json, parse_text, parse_time
+from gpuwatchd.notify.silences import silence_json
 from gpuwatchd.notify.webhook import rfc3339
 
 if TYPE_CHECKING:
     from gpuwatchd.notify.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
-# Longest accepted silence comment / author: keep rows small (a ticket link and a sentence fit easily).
-MAX_TEXT = 2000
 # Largest silence request body: 16 matchers of 256-character regexes plus texts fit in a tenth of this.
 MAX_BODY_BYTES = 64 * 1024
+# A silence body must arrive within this time once its headers have: a client dribbling it holds a handler.
+BODY_TIMEOUT_SECONDS = 10.0
 # A silence without endsAt lasts this long (amtool's default duration is 1h).
 DEFAULT_SILENCE_SECONDS = 3600.0
-
-
-def _time(value: object, field: str) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            pass
-    raise ValueError(f"{field}: expected an RFC 3339 time or unix seconds")
 
 
 def _is_loopback(peer: str | None) -> bool:
@@ -81,15 +70,6 @@ def write_refusal(request: web.Request, api: ApiConfig) -> web.Response | None:
             resp.headers["WWW-Authenticate"] = 'Bearer realm="gpuwatchd"'
             return resp
     return None
-
-
-def _text(body: dict[str, Any], field: str) -> str:
-    value = body.get(field, "")
-    if not isinstance(value, str):
-        raise SilenceError(field, f"{field}: expected a string")
-    if len(value) > MAX_TEXT:
-        raise SilenceError(field, f"{field}: longer than {MAX_TEXT} characters")
-    return value
 
 
 def _ts(value: float | None) -> str | None:
@@ -130,24 +110,19 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
         refused = write_refusal(request, api)
         if refused is not None:
             return refused
-        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-            return _error(413, f"body: larger than {MAX_BODY_BYTES} bytes", "body")
         now = d.now()
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "body: expected a JSON object", "body")
+            body = await read_json(request, max_bytes=MAX_BODY_BYTES, timeout=BODY_TIMEOUT_SECONDS)
+        except BodyError as e:
+            return _error(e.status, str(e), "body")
         if not isinstance(body, dict):
             return _error(400, "body: expected a JSON object", "body")
         try:
             matchers = parse_matchers_json(body.get("matchers"), max_regex_length=api.max_regex_length)
-            try:
-                starts = _time(body["startsAt"], "startsAt") if "startsAt" in body else now
-                ends = _time(body["endsAt"], "endsAt") if "endsAt" in body else starts + DEFAULT_SILENCE_SECONDS
-            except ValueError as e:
-                raise SilenceError(str(e).split(":", 1)[0], str(e)) from None
-            created_by = _text(body, "createdBy")
-            comment = _text(body, "comment")
+            starts = parse_time(body["startsAt"], "startsAt") if "startsAt" in body else now
+            ends = parse_time(body["endsAt"], "endsAt") if "endsAt" in body else starts + DEFAULT_SILENCE_SECONDS
+            created_by = parse_text(body, "createdBy")
+            comment = parse_text(body, "comment")
             if not created_by:
                 raise SilenceError("createdBy", "createdBy: required")
             s = d.silences.add(
@@ -162,7 +137,7 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
             )
         except SilenceError as e:
             return _error(e.status, str(e), e.field)
-        log.info("silence %s created by %s: %s", s.id, s.created_by, ", ".join(str(m) for m in s.matchers))
+        log.info("silence %s created by %.80r: %s", s.id, s.created_by, ", ".join(str(m) for m in s.matchers))
         d.wake()
         return web.json_response({"silenceID": s.id})
 
@@ -172,9 +147,10 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
             return refused
         sid = request.match_info["id"]
         try:
+            check_id(sid)
             d.silences.expire(sid, d.now())
         except KeyError:
-            return _error(404, f"silence {sid} not found", "id")
+            return _error(404, f"silence {sid!r} not found", "id")
         except SilenceError as e:
             return _error(e.status, str(e), e.field)
         log.info("silence %s expired", sid)

@@ -292,7 +292,8 @@ class Dispatcher:
         # A resolution is news only to a receiver that was told the alert fired: one muted (inhibited by a lost
         # GPU, silenced) or over within group_wait was never shown, and its "resolved" would come out of nowhere.
         alerts = [
-            a for a in g.alerts.values()
+            a
+            for a in g.alerts.values()
             if not self.muting(a, now).muted and (a.state == "firing" or alert_fp(a) in told)
         ]
         firing = frozenset(alert_fp(a) for a in alerts if a.state == "firing")
@@ -300,13 +301,17 @@ class Dispatcher:
         # Everything muted: like Alertmanager's pipeline (no stage runs on an empty alert list), nothing is sent and
         # the log keeps what the receiver was told. Logging an empty firing set here would make the same alerts
         # "new" again the moment an inhibition or silence ends, and re-send them before repeat_interval.
-        reason = None if not alerts else needs_update(
-            self._sent.get(gid),
-            firing,
-            resolved,
-            send_resolved=rc.send_resolved,
-            repeat_interval=g.route.repeat_interval,
-            now=now,
+        reason = (
+            None
+            if not alerts
+            else needs_update(
+                self._sent.get(gid),
+                firing,
+                resolved,
+                send_resolved=rc.send_resolved,
+                repeat_interval=g.route.repeat_interval,
+                now=now,
+            )
         )
         if reason is not None:
             shown = [a for a in alerts if a.state == "firing" or rc.send_resolved]

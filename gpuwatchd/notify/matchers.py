@@ -1,40 +1,38 @@
 """Label matchers as Alertmanager writes them: ``name="v"``, ``name!="v"``, ``name=~"re"``, ``name!~"re"``.
 
-Used by routes, inhibit rules and silences. Regexes are fully anchored, like Alertmanager's, and compiled once.
+Used by routes, inhibit rules and silences. Regexes are fully anchored, like Alertmanager's, compiled once, and run
+by RE2 (``google-re2``), Alertmanager's own engine: matching takes time linear in the label value whatever the
+pattern, so a user's silence can never stall the event loop (Python's backtracking ``re`` takes exponential time on
+patterns like ``(.|.)*X``, and no structural filter catches them all). RE2 refuses what it cannot run in linear
+time (backreferences, lookaround), with a message saying so.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
-# The stdlib's own regex parser (``re._parser``, typed nowhere): the only exact way to see a pattern's structure.
-# ``sre_parse``, its public alias, warns on import since Python 3.11.
-_sre: Any = importlib.import_module("re._parser")
+import re2
 
 MatchOp = Literal["=", "!=", "=~", "!~"]
 
 _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|([^"\s]*))\s*$')
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Matcher:
     """One label matcher; a missing label matches like the empty string (Alertmanager semantics)."""
 
     name: str
     op: MatchOp
     value: str
-    _rx: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
+    _rx: ClassVar[Any]  # set per instance in __post_init__ (ClassVar keeps it out of the dataclass fields)
 
     def __post_init__(self) -> None:
-        if self.op in ("=~", "!~"):
-            try:
-                object.__setattr__(self, "_rx", re.compile(self.value))
-            except re.error as e:
-                raise ValueError(f"invalid regex {self.value!r}: {e}") from None
+        # The compiled RE2 pattern is an attribute, not a field: config dumps (pydantic) see name, op and value only.
+        object.__setattr__(self, "_rx", compile_regex(self.value) if self.op in ("=~", "!~") else None)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether ``labels`` satisfy this matcher."""
@@ -68,62 +66,34 @@ def matches_all(matchers: Sequence[Matcher], labels: Mapping[str, str]) -> bool:
     return all(m.matches(labels) for m in matchers)
 
 
-# Constructs RE2 (Alertmanager's regex engine) refuses; Python's backtracking engine can take exponential time on
-# them, or on a repeat of a repeat like ``(a+)+``. Names from ``re._constants``.
-_REFUSED = {
-    "GROUPREF": "backreferences are not supported",
-    "GROUPREF_EXISTS": "conditional groups are not supported",
-    "ASSERT": "lookaround is not supported",
-    "ASSERT_NOT": "lookaround is not supported",
-}
-_REPEATS = {"MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"}
+# RE2's memory budget per pattern (its default is 8 MiB too): a pattern needing more, like a huge counted repeat,
+# is refused at compile time instead of growing the daemon.
+RE2_MAX_MEM = 8 << 20
 
 
-def _children(op: str, av: Any) -> Iterable[Any]:
-    """Sub-patterns of one parsed node."""
-    if op in _REPEATS:
-        return [av[2]]
-    if op == "SUBPATTERN":
-        return [av[3]]
-    if op == "BRANCH":
-        return list(av[1])
-    if op == "ATOMIC_GROUP":
-        return [av]
-    return []
+def _options() -> Any:
+    options = re2.Options()
+    options.max_mem = RE2_MAX_MEM
+    options.log_errors = False  # RE2 would print every refused pattern to stderr; the caller reports it once
+    return options
 
 
-def _has_repeat(pattern: Any) -> bool:
-    for op_, av in pattern:
-        op = str(op_)
-        if op in _REPEATS and av[1] > 1:
-            return True
-        if any(_has_repeat(c) for c in _children(op, av)):
-            return True
-    return False
+_OPTIONS = _options()
 
 
-def _check(pattern: Any) -> None:
-    for op_, av in pattern:
-        op = str(op_)
-        if op in _REFUSED:
-            raise ValueError(_REFUSED[op])
-        if op in _REPEATS and av[1] == _sre.MAXREPEAT and _has_repeat(av[2]):
-            raise ValueError("nested quantifier (like (a+)+) can take exponential time")
-        for c in _children(op, av):
-            _check(c)
+def compile_regex(pattern: str) -> Any:
+    """Compile a matcher regex with RE2; ValueError naming the pattern and RE2's reason if it refuses it."""
+    try:
+        return re2.compile(pattern, _OPTIONS)
+    except re2.error as e:
+        reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise ValueError(
+            f"invalid regex {pattern[:80]!r}: {reason} (RE2 syntax: no backreferences or lookaround)"
+        ) from None
 
 
-def check_regex_safety(pattern: str, max_length: int) -> None:
-    """Refuse a user regex that could stall the evaluation loop: too long, nested unbounded repeats, or RE2-less
-    constructs (backreferences, lookaround). Raises ValueError saying which.
-
-    The stdlib has no linear-time engine and no match timeout, so this is a structural filter, not a proof: with
-    the length cap and the short label values it runs on, it keeps each match cheap in practice.
-    """
+def check_regex_length(pattern: str, max_length: int) -> None:
+    """Refuse a user regex longer than ``max_length`` (``notify.api.max_regex_length``): keeps stored rows and
+    compiled programs small; matching time is linear whatever the pattern (RE2)."""
     if len(pattern) > max_length:
         raise ValueError(f"regex longer than {max_length} characters")
-    try:
-        parsed = _sre.parse(pattern)
-    except re.error as e:
-        raise ValueError(f"invalid regex {pattern!r}: {e}") from None
-    _check(parsed)

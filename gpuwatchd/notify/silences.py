@@ -4,40 +4,37 @@ Same model as Alertmanager's (``startsAt``/``endsAt``, ``createdBy``, ``comment`
 persisted in the outbox database so a restart keeps them.
 
 Limits beyond Alertmanager's "at least one matcher must not match the empty string": at least one matcher must
-narrow the silence down (``alertname=~".+"`` matches any alert as surely as ``.*``), user regexes pass
-:func:`matchers.check_regex_safety`, and the API caps live silences and their length (``notify.api``).
+narrow the silence down (``alertname=~".+"`` matches any alert as surely as ``.*``), every field is bounded
+(:mod:`silence_input`, applied to stored rows as well), and the API caps live silences and their length
+(``notify.api``). Regexes run on RE2, in linear time.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuwatchd.notify.matchers import Matcher, MatchOp, check_regex_safety, matches_all, parse_matcher
+from gpuwatchd.notify.matchers import Matcher, matches_all
 from gpuwatchd.notify.outbox import Outbox
+from gpuwatchd.notify.silence_input import (
+    MAX_MATCHERS,
+    SilenceError,
+    check_id,
+    check_text,
+    check_window,
+    make_matcher,
+)
 from gpuwatchd.notify.webhook import rfc3339
+
+log = logging.getLogger(__name__)
 
 SilenceState = Literal["pending", "active", "expired"]
 # Expired silences stay listed this long (Alertmanager keeps them for --data.retention, 120 h).
 EXPIRED_RETENTION_SECONDS = 120 * 3600.0
-# Matchers per silence: a silence names an alert, a GPU, maybe a process; dozens would be a mistake or an attack.
-MAX_MATCHERS = 16
-# A value no real label is meant to match: a matcher that accepts it (or "") does not narrow a silence down.
-_ANY_VALUE = "gpuwatchd-any-value-7f3c9e1d2b"
-_LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class SilenceError(ValueError):
-    """A silence refused, with the request field at fault and the HTTP status to answer."""
-
-    def __init__(self, field: str | None, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.field = field
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,58 +55,23 @@ class Silence:
         return self.state(now) == "active" and matches_all(self.matchers, labels)
 
 
-def parse_matchers_json(raw: object, *, max_regex_length: int | None = None) -> tuple[Matcher, ...]:
-    """API matchers: strings (``uuid="GPU-1"``) or Alertmanager v2 objects ``{name, value, isRegex, isEqual}``.
-
-    With ``max_regex_length``, regexes must also pass :func:`check_regex_safety` (user input, matched on the loop).
-    """
-    if not isinstance(raw, list) or not raw:
-        raise SilenceError("matchers", "matchers: expected a non-empty list")
-    if len(raw) > MAX_MATCHERS:
-        raise SilenceError("matchers", f"matchers: at most {MAX_MATCHERS} per silence")
-    out = []
-    for i, m in enumerate(raw):
-        try:
-            if isinstance(m, str):
-                matcher = parse_matcher(m)
-            elif isinstance(m, dict) and isinstance(m.get("name"), str) and isinstance(m.get("value"), str):
-                if not _LABEL_NAME.match(m["name"]):
-                    raise ValueError(f"invalid label name {m['name']!r}")
-                regex, equal = bool(m.get("isRegex", False)), bool(m.get("isEqual", True))
-                op: MatchOp = ("=~" if equal else "!~") if regex else ("=" if equal else "!=")
-                matcher = Matcher(m["name"], op, m["value"])
-            else:
-                raise ValueError("expected a string or {name, value, isRegex, isEqual}")
-            if max_regex_length is not None and matcher.op in ("=~", "!~"):
-                check_regex_safety(matcher.value, max_regex_length)
-        except ValueError as e:
-            raise SilenceError(f"matchers[{i}]", f"matchers[{i}]: {e}") from None
-        out.append(matcher)
-    if all(_open_ended(m) for m in out):
-        raise SilenceError(
-            "matchers",
-            "matchers: none narrows the silence down (each matches an empty or any value), so it would mute every"
-            ' alert; add one like alertname="GpuThrottled" or uuid="GPU-..."',
-        )
-    return tuple(out)
-
-
-def _open_ended(m: Matcher) -> bool:
-    """Matches the empty string (Alertmanager's test) or an arbitrary value (``=~".+"``, ``!="x"``)."""
-    return m.matches({}) or m.matches({m.name: _ANY_VALUE})
-
-
 class Silences:
     """In-memory view of the silences, written through to SQLite."""
 
     def __init__(self, outbox: Outbox) -> None:
         self._outbox = outbox
         self._items: dict[str, Silence] = {}
+        self.skipped = 0  # stored rows that did not pass validation at load
         for r in outbox.load_silences():
-            ms = tuple(
-                parse_matcher(f"{m['name']}{m['op']}{json.dumps(m['value'])}") for m in json.loads(r["matchers"])
-            )
-            self._items[r["id"]] = Silence(r["id"], ms, r["starts_at"], r["ends_at"], r["created_by"], r["comment"])
+            try:
+                s = silence_from_row(r)
+            except (SilenceError, ValueError, TypeError, KeyError, IndexError) as e:
+                # One bad row (older version, damage, a pattern RE2 refuses) must not hide the others or break
+                # every later listing: skip it, once, and say which.
+                self.skipped += 1
+                log.warning("silences: skipped stored silence %.64r: %s", _row_id(r), e)
+                continue
+            self._items[s.id] = s
 
     def add(
         self,
@@ -124,8 +86,9 @@ class Silences:
         max_duration: float | None = None,
     ) -> Silence:
         """Create and persist a silence; at most ``max_live`` pending or active, each at most ``max_duration`` s."""
-        if ends_at <= starts_at:
-            raise SilenceError("endsAt", "endsAt must be after startsAt")
+        check_window(starts_at, ends_at, now)
+        check_text(created_by, "createdBy")
+        check_text(comment, "comment")
         if ends_at <= now:
             raise SilenceError("endsAt", "endsAt must be in the future")
         if max_duration is not None and ends_at - starts_at > max_duration:
@@ -178,6 +141,35 @@ class Silences:
             s.id, ms, starts_at=s.starts_at, ends_at=s.ends_at, created_by=s.created_by, comment=s.comment, now=now
         )
         self._items[s.id] = s
+
+
+def silence_from_row(r: Any) -> Silence:
+    """A stored silence, held to the API's rules (SilenceError/ValueError if it does not pass them)."""
+    sid = r["id"]
+    if not isinstance(sid, str):
+        raise ValueError("id: not a string")
+    check_id(sid)
+    raw = json.loads(r["matchers"])
+    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_MATCHERS:
+        raise ValueError(f"matchers: expected 1 to {MAX_MATCHERS}")
+    matchers = tuple(make_matcher(str(m["name"]), str(m["op"]), str(m["value"])) for m in raw)
+    starts, ends = r["starts_at"], r["ends_at"]
+    if not all(isinstance(t, int | float) and not isinstance(t, bool) for t in (starts, ends)):
+        raise ValueError("startsAt/endsAt: not numbers")
+    check_window(float(starts), float(ends))
+    texts = [r["created_by"], r["comment"]]
+    if not all(isinstance(t, str) for t in texts):
+        raise ValueError("createdBy/comment: not strings")
+    return Silence(
+        sid, matchers, float(starts), float(ends), check_text(texts[0], "createdBy"), check_text(texts[1], "comment")
+    )
+
+
+def _row_id(r: Any) -> object:
+    try:
+        return r["id"]
+    except (KeyError, IndexError):
+        return None
 
 
 def silence_json(s: Silence, now: float) -> dict[str, Any]:
