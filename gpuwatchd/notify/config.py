@@ -176,7 +176,7 @@ class ApiConfig(Section):
     max_silences: int = Field(default=DEFAULT_MAX_SILENCES, ge=1)
     # Longest silence (endsAt - startsAt); a longer one is refused: extend by creating a new one.
     max_silence_duration: Duration = Field(default=DEFAULT_MAX_SILENCE_DURATION, gt=0)
-    # Longest regex in a silence matcher; nested quantifiers, backreferences and lookaround are refused too.
+    # Longest regex in a silence matcher; regexes run on RE2 (linear time), which has no backreferences or lookaround.
     max_regex_length: int = Field(default=DEFAULT_MAX_REGEX_LENGTH, ge=1)
 
     @field_validator("write_token")
