@@ -19,9 +19,9 @@ import aiohttp
 from gpuwatchd.notify import alertmanager, webhook
 from gpuwatchd.notify.config import NotifyConfig, ReceiverConfig
 from gpuwatchd.notify.metrics import NotifyMetrics
-from gpuwatchd.notify.outbox import Outbox, OutboxRow
 from gpuwatchd.notify.redaction import describe_error, redact, secret_fragments
 from gpuwatchd.notify.retry import TokenBucket, Verdict, backoff, classify_status
+from gpuwatchd.notify.store import Outbox, OutboxRow
 from gpuwatchd.runtime.clock import Clock
 
 log = logging.getLogger(__name__)

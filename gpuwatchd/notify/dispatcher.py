@@ -31,9 +31,9 @@ from gpuwatchd.notify.inhibition import Inhibitor
 from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
 from gpuwatchd.notify.nflog import LogEntry, needs_update
 from gpuwatchd.notify.notification import Notification, sort_alerts
-from gpuwatchd.notify.outbox import Outbox, OutboxRow
 from gpuwatchd.notify.routing import Route, group_key, group_labels, routes_for
 from gpuwatchd.notify.silences import Silences
+from gpuwatchd.notify.store import OutboxRow, StateStore
 from gpuwatchd.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,11 @@ class Dispatcher:
         self.config = config
         self.host = host
         self._clock = clock
-        self.outbox = Outbox(state_dir)
-        self.silences = Silences(self.outbox)
+        self.state = StateStore(state_dir)
+        self.outbox = self.state.outbox
+        self.silences = Silences(self.state.silences)
         self._metrics = NotifyMetrics(self._gauge_state)
+        self._metrics.registry.register(self.state.collector())
         self._groups: dict[tuple[str, str], Group] = {}
         self._sent: dict[tuple[str, str], LogEntry] = self.outbox.effective_entries()
         self._depths: dict[str, int] = self.outbox.depths()
@@ -132,7 +134,7 @@ class Dispatcher:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        self.outbox.close()
+        self.state.close()
 
     def reconfigure(self, config: NotifyConfig) -> None:
         """Apply a new config: changed receivers get new workers, groups are rebuilt (dedup keeps them quiet)."""
@@ -318,7 +320,7 @@ class Dispatcher:
             expires = now + 2 * g.route.repeat_interval
             if not shown:
                 # All resolved but the receiver does not want resolutions: log it so the firing set is forgotten.
-                self.outbox.write_log(rc.name, g.key, firing=firing, resolved=resolved, now=now, expires=expires)
+                self.state.nflog.write(rc.name, g.key, firing=firing, resolved=resolved, now=now, expires=expires)
             else:
                 n = Notification(
                     receiver=rc.name,

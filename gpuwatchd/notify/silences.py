@@ -1,7 +1,7 @@
 """Silences: matchers plus a time window; an alert matching all matchers of an active silence is not notified.
 
 Same model as Alertmanager's (``startsAt``/``endsAt``, ``createdBy``, ``comment``; expiring sets ``endsAt`` to now),
-persisted in the outbox database so a restart keeps them.
+persisted in the state database (``store/silences.py``) so a restart keeps them.
 
 Limits beyond Alertmanager's "at least one matcher must not match the empty string": at least one matcher must
 narrow the silence down (``alertname=~".+"`` matches any alert as surely as ``.*``), every field is bounded
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuwatchd.notify.matchers import Matcher, matches_all
-from gpuwatchd.notify.outbox import Outbox
 from gpuwatchd.notify.silence_input import (
     MAX_MATCHERS,
     SilenceError,
@@ -28,6 +27,7 @@ from gpuwatchd.notify.silence_input import (
     check_window,
     make_matcher,
 )
+from gpuwatchd.notify.store import SilenceStore
 from gpuwatchd.notify.webhook import rfc3339
 
 log = logging.getLogger(__name__)
@@ -58,17 +58,18 @@ class Silence:
 class Silences:
     """In-memory view of the silences, written through to SQLite."""
 
-    def __init__(self, outbox: Outbox) -> None:
-        self._outbox = outbox
+    def __init__(self, store: SilenceStore) -> None:
+        self._store = store
         self._items: dict[str, Silence] = {}
         self.skipped = 0  # stored rows that did not pass validation at load
-        for r in outbox.load_silences():
+        for r in store.rows():
             try:
                 s = silence_from_row(r)
             except (SilenceError, ValueError, TypeError, KeyError, IndexError) as e:
                 # One bad row (older version, damage, a pattern RE2 refuses) must not hide the others or break
                 # every later listing: skip it, once, and say which.
                 self.skipped += 1
+                store.count_skipped()
                 log.warning("silences: skipped stored silence %.64r: %s", _row_id(r), e)
                 continue
             self._items[s.id] = s
@@ -122,7 +123,7 @@ class Silences:
         for sid in old:
             del self._items[sid]
         if old:
-            self._outbox.delete_silences_before(cutoff)
+            self._store.delete_ended_before(cutoff)
         return sorted(self._items.values(), key=lambda s: (s.starts_at, s.id))
 
     def muted_by(self, labels: Mapping[str, str], now: float) -> list[str]:
@@ -137,7 +138,7 @@ class Silences:
 
     def _save(self, s: Silence, now: float) -> None:
         ms = json.dumps([{"name": m.name, "op": m.op, "value": m.value} for m in s.matchers])
-        self._outbox.save_silence(
+        self._store.save(
             s.id, ms, starts_at=s.starts_at, ends_at=s.ends_at, created_by=s.created_by, comment=s.comment, now=now
         )
         self._items[s.id] = s

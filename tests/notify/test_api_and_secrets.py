@@ -103,11 +103,11 @@ async def test_silences_survive_restart(tmp_path: Path, clock: ManualClock) -> N
         comment="",
         now=clock.now(),
     )
-    d.outbox.close()
+    d.state.close()
     d2 = await make_dispatcher(notify_config([]), tmp_path, clock, start=False)
     assert [x.id for x in d2.silences.listing(clock.now())] == [s.id]
     assert d2.silences.muted_by({"uuid": "x"}, clock.now()) == [s.id]
-    d2.outbox.close()
+    d2.state.close()
 
 
 @pytest.mark.parametrize(
@@ -131,7 +131,7 @@ async def test_bad_silences_are_rejected_with_reason(
             assert (await r.json())["error"].startswith(message)
     finally:
         await runner.cleanup()
-        d.outbox.close()
+        d.state.close()
 
 
 SECRETS = ("T000SECRET", "xyzSECRETtoken", "hmacKEYsecret", "BearerTOKENsecret", "UNREACHABLEpath")

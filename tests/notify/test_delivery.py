@@ -264,4 +264,4 @@ def test_metrics_exposition_has_the_families(tmp_path: Path) -> None:
         "gpuwatchd_alerts_silenced",
     ):
         assert f"# TYPE {family} gauge" in text
-    d.outbox.close()
+    d.state.close()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatchd.notify.outbox import Outbox
 from gpuwatchd.notify.silence_input import SilenceError, check_window, parse_matchers_json, parse_time
 from gpuwatchd.notify.silences import Silences, silence_json
+from gpuwatchd.notify.store import StateStore
 
 NOW = 1_800_000_000.0
 GOOD = json.dumps([{"name": "uuid", "op": "=", "value": "GPU-1"}])
@@ -35,9 +35,9 @@ BAD_ROWS = {
 async def test_invalid_stored_silences_are_skipped_once_and_listing_works(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    outbox = Outbox(tmp_path)
+    state = StateStore(tmp_path)
     for sid, (matchers, starts, ends, by, comment) in BAD_ROWS.items():
-        outbox.save_silence(
+        state.silences.save(
             sid.replace("-", ""),
             matchers,
             starts_at=starts,
@@ -46,22 +46,22 @@ async def test_invalid_stored_silences_are_skipped_once_and_listing_works(
             comment=comment,
             now=NOW,  # type: ignore[arg-type]
         )
-    outbox.save_silence("good1", GOOD, starts_at=NOW, ends_at=NOW + 60, created_by="ops", comment="", now=NOW)
-    await outbox.drain()
-    outbox.close()
+    state.silences.save("good1", GOOD, starts_at=NOW, ends_at=NOW + 60, created_by="ops", comment="", now=NOW)
+    await state.outbox.drain()
+    state.close()
 
     with caplog.at_level(logging.WARNING, logger="gpuwatchd.notify.silences"):
-        outbox = Outbox(tmp_path)
-        silences = Silences(outbox)
+        state = StateStore(tmp_path)
+        silences = Silences(state.silences)
     try:
-        assert silences.skipped == len(BAD_ROWS)
+        assert silences.skipped == len(BAD_ROWS) == state.skipped["silences"]
         skipped = [r for r in caplog.records if "skipped stored silence" in r.getMessage()]
         assert len(skipped) == len(BAD_ROWS) and all("\n" not in r.getMessage() for r in skipped)
         listing = silences.listing(NOW)
         assert [s.id for s in listing] == ["good1"]
         assert [silence_json(s, NOW)["status"]["state"] for s in listing] == ["active"]
     finally:
-        outbox.close()
+        state.close()
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, "NaN", "", "2026-13-01T00:00:00Z", [], None, True])

@@ -52,7 +52,7 @@ async def api(tmp_path: Path, clock: ManualClock) -> AsyncIterator[tuple[str, Di
     port, runner = await serve(d)
     yield f"http://127.0.0.1:{port}", d
     await runner.cleanup()
-    d.outbox.close()
+    d.state.close()
 
 
 def silence(*matchers: Any, **kw: Any) -> dict[str, Any]:
@@ -172,7 +172,7 @@ async def test_token_is_required_even_from_loopback_when_set(
         assert d.silences.counts(clock.now())["active"] == 1
     finally:
         await runner.cleanup()
-        d.outbox.close()
+        d.state.close()
 
 
 @pytest.mark.parametrize(
@@ -300,11 +300,11 @@ async def test_regex_bombs_match_in_linear_time(
             assert not d.muting(a, d.now()).muted
     finally:
         await runner.cleanup()
-        d.outbox.close()
+        d.state.close()
     again = await make_dispatcher(notify_config([]), tmp_path, clock, start=False)  # restart: stored silence loads
     try:
         assert [s.id for s in again.silences.listing(clock.now())] == [body["silenceID"]]
         a = mk_alert("ab" * 20, t=clock.now(), uuid="a" * 40, extra={"process": "x" * 40})
         assert not again.muting(a, clock.now()).muted
     finally:
-        again.outbox.close()
+        again.state.close()

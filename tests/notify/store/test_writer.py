@@ -1,4 +1,4 @@
-"""The outbox writes on its own thread: a slow disk does not stall the event loop, and durability is unchanged.
+"""The state database writes on its own thread: a slow disk does not stall the event loop, durability is unchanged.
 
 A slow fsync is played by a connection whose ``COMMIT`` sleeps (SQLite fsyncs inside COMMIT with
 ``synchronous=FULL``); a broken disk by one whose ``COMMIT`` raises. Both wrap the real connection.
@@ -16,11 +16,9 @@ from typing import Any
 
 import pytest
 
-from gpuwatchd.notify import outbox as outbox_mod
-from gpuwatchd.notify.outbox import DB_NAME, Outbox
+from gpuwatchd.notify.store import DB_NAME, StateStore, database
 from gpuwatchd.runtime.clock import ManualClock
-
-from .conftest import Request, Sink, make_dispatcher, mk_alert, notify_config, receiver, settle
+from tests.notify.conftest import Request, Sink, make_dispatcher, mk_alert, notify_config, receiver, settle
 
 DELAY = 0.5  # injected per commit; the loop lag must stay well below it
 LAG_LIMIT = DELAY / 2
@@ -47,14 +45,14 @@ class SlowCommit:
 @pytest.fixture
 def slow_disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[SlowCommit]]:
     made: list[SlowCommit] = []
-    real_open = outbox_mod._open
+    real_connect = database.connect
 
-    def slow_open(path: Path) -> sqlite3.Connection:
-        c = SlowCommit(real_open(path), lambda: time.sleep(DELAY))
+    def slow_connect(path: Path) -> sqlite3.Connection:
+        c = SlowCommit(real_connect(path), lambda: time.sleep(DELAY))
         made.append(c)
         return c  # type: ignore[return-value]
 
-    monkeypatch.setattr(outbox_mod, "_open", slow_open)
+    monkeypatch.setattr(database, "connect", slow_connect)
     yield made
 
 
@@ -81,14 +79,15 @@ class LagProbe:
 
 
 async def test_slow_commits_do_not_block_the_loop(tmp_path: Path, slow_disk: list[SlowCommit]) -> None:
-    box = Outbox(tmp_path)
+    state = StateStore(tmp_path)
+    box = state.outbox
     try:
         with LagProbe() as probe:
             rows = [box.enqueue("r", f"g{i}", "{}", firing=[f"a{i}"], resolved=[], now=float(i)) for i in range(3)]
             box.mark_delivered(rows[0], 10.0, 100.0)
             box.mark_retry(rows[1].id, 20.0, "HTTP 500")
-            box.write_log("r", "quiet", firing=[], resolved=["z"], now=11.0, expires=100.0)
-            box.save_silence("s1", "[]", starts_at=0.0, ends_at=50.0, created_by="me", comment="", now=1.0)
+            state.nflog.write("r", "quiet", firing=[], resolved=["z"], now=11.0, expires=100.0)
+            state.silences.save("s1", "[]", starts_at=0.0, ends_at=50.0, created_by="me", comment="", now=1.0)
             # The hot path answers at once from memory, before anything is on disk.
             assert box.depths() == {"r": 2}
             head = box.next_pending("r")
@@ -101,7 +100,7 @@ async def test_slow_commits_do_not_block_the_loop(tmp_path: Path, slow_disk: lis
         assert [r.status for r in box.rows()] == ["delivered", "pending", "pending"]
         assert box.rows()[1].last_error == "HTTP 500" and box.rows()[1].next_attempt == 20.0
     finally:
-        box.close()
+        state.close()
 
 
 async def test_stored_before_first_attempt_on_a_slow_disk(
@@ -136,45 +135,59 @@ async def test_stored_before_first_attempt_on_a_slow_disk(
         assert other.execute("SELECT status FROM outbox").fetchall() == [("delivered",), ("delivered",)]
 
 
-async def test_a_failing_disk_is_logged_and_delivery_goes_on(
+async def test_a_failing_disk_is_logged_once_delivery_goes_on_and_the_writes_follow_later(
     sink: Sink, tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    real_open = outbox_mod._open
+    real_connect = database.connect
     broken = False
 
     def fail() -> None:
         if broken:
             raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(outbox_mod, "_open", lambda path: SlowCommit(real_open(path), fail))
+    monkeypatch.setattr(database, "connect", lambda path: SlowCommit(real_connect(path), fail))
     config = notify_config([receiver("hook", "webhook", sink.url)], group_wait="0s", routes=[])
     d = await make_dispatcher(config, tmp_path, clock)
     try:
         broken = True
-        with caplog.at_level(logging.ERROR, logger="gpuwatchd.notify.outbox"):
+        with caplog.at_level(logging.ERROR, logger="gpuwatchd.notify.store"):
             d.update([mk_alert(t=clock.now())])
             await settle(d, sink, 1)  # an alert still reaches its receiver when the disk fails
             await d.outbox.drain()
-        assert d.outbox.write_errors >= 2  # the insert and the delivered mark
-        assert "storing notification 1 failed: disk I/O error; kept in memory only" in caplog.text
+        stats = d.state.writer.stats
+        assert stats.failures["enqueue"] == 1 and stats.failures["deliver"] == 1
+        assert stats.held >= 2 and stats.held_notifications == 1 and not stats.writable  # (+ the first gc)
+        # The real error, once for the episode, and never the rollback's "no transaction is active".
+        assert caplog.text.count("disk I/O error") == 1
+        assert "storing notification 1 failed: disk I/O error; keeping this and later writes in memory" in caplog.text
+        assert "no transaction is active" not in caplog.text
         assert d.outbox.depths() == {}
         broken = False
-        assert d.outbox.rows() == []  # nothing half-written: each write is one transaction, rolled back
+        for _ in range(400):  # the writer retries on its own (backoff up to writer.RETRY_MAX_SECONDS)
+            if stats.held == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert stats.writable and stats.held_notifications == 0
+        # Stored late but in order: the insert, then its delivered mark.
+        assert [r.status for r in d.outbox.rows()] == ["delivered"]
+        assert len(sink.requests) == 1
     finally:
         await d.stop()
 
 
 async def test_restart_restores_queue_and_log_and_never_reuses_an_id(tmp_path: Path) -> None:
-    box = Outbox(tmp_path)
+    state = StateStore(tmp_path)
+    box = state.outbox
     a = box.enqueue("r", "g1", "{}", firing=["x"], resolved=[], now=1.0)
     b = box.enqueue("r", "g2", "{}", firing=["y"], resolved=[], now=2.0)
     c = box.enqueue("r", "g3", "{}", firing=["z"], resolved=[], now=3.0)
     box.mark_delivered(a, 5.0, 1000.0)
     box.mark_failed(c.id, 5.0, "gone")
     box.gc(10.0, 1.0)  # removes the finished rows a and c (c had the highest id)
-    box.close()
+    state.close()
 
-    box = Outbox(tmp_path)
+    state = StateStore(tmp_path)
+    box = state.outbox
     try:
         assert box.depths() == {"r": 1}
         head = box.next_pending("r")
@@ -186,6 +199,6 @@ async def test_restart_restores_queue_and_log_and_never_reuses_an_id(tmp_path: P
         assert d.id > c.id
         assert await box.stored(d.id)
     finally:
-        box.close()
-    with pytest.raises(RuntimeError, match="outbox closed"):
-        box.write_log("r", "g", firing=[], resolved=[], now=0.0, expires=1.0)
+        state.close()
+    with pytest.raises(RuntimeError, match="state database closed"):
+        state.nflog.write("r", "g", firing=[], resolved=[], now=0.0, expires=1.0)
