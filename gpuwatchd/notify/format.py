@@ -81,6 +81,8 @@ def title(n: Notification) -> str:
     gpu = ""
     if len({a.labels.get("uuid") for a in n.alerts}) == 1 and n.alerts[0].labels.get("uuid"):
         gpu = f" — {gpu_line(n.alerts[0])}"
+    elif len({a.labels.get("unique_id") for a in n.alerts}) == 1 and n.alerts[0].labels.get("dock"):
+        gpu = f" — {n.alerts[0].labels['dock']}"  # a Thunderbolt dock's alert (rules/dock.py)
     return f"[{status}{num}] {name} on {where}{gpu}"
 
 
@@ -109,8 +111,8 @@ def alert_text(alert: Alert, *, bold: str = "*") -> str:
 
 
 def silence_matchers(alert: Alert) -> str:
-    """Matchers that would silence exactly this alert on this GPU."""
-    keys = [k for k in ("alertname", "host", "uuid", "pid") if alert.labels.get(k)]
+    """Matchers that would silence exactly this alert on this GPU (or Thunderbolt dock)."""
+    keys = [k for k in ("alertname", "host", "uuid", "unique_id", "pid") if alert.labels.get(k)]
     return ", ".join(f'{k}="{alert.labels[k]}"' for k in keys)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from gpuwatchd.model import GpuPresence, Severity, Snapshot, XidEvent
+from gpuwatchd.model import DockSample, GpuPresence, Severity, Snapshot, XidEvent
 from gpuwatchd.store import GpuPoint, ProcessPoint
 
 Level = Literal["raise", "hold", "clear"]
@@ -56,6 +56,12 @@ class RuleView(Protocol):
 
     @property
     def recent_xids(self) -> deque[XidEvent]: ...
+
+    @property
+    def docks(self) -> tuple[DockSample, ...]: ...
+
+    @property
+    def gpu_docks(self) -> Mapping[str, DockSample]: ...  # GPU uuid -> the dock it was last seen behind
 
     def gpu_history(self, uuid: str) -> Sequence[GpuPoint]: ...
 

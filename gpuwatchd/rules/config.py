@@ -189,6 +189,21 @@ class TemperatureRule(RuleSection):
         return self
 
 
+class DockUnauthorizedRule(RuleSection):
+    """``GpuDockUnauthorized``: a Thunderbolt dock attached without a PCIe tunnel (docs/egpu.md)."""
+
+    # boltd authorizes an enrolled device within a second or two of the plug; only one still waiting after
+    # this is a dock nobody approved.
+    for_: Duration = Field(default=30.0, alias="for")
+
+
+class DockLinkRule(RuleSection):
+    """``GpuDockLinkDegraded``: a Thunderbolt link trained below its generation (one lane, or 10 Gb/s lanes)."""
+
+    # Link training settles within seconds of the plug; a link still low after a minute stays low until re-plugged.
+    for_: Duration = Field(default=60.0, alias="for")
+
+
 class RulesConfig(Section):
     """``rules:``: the built-in alert rules."""
 
@@ -205,3 +220,5 @@ class RulesConfig(Section):
     presence: PresenceRule = PresenceRule()
     count: CountRule = CountRule()
     temperature: TemperatureRule = TemperatureRule()
+    dock_unauthorized: DockUnauthorizedRule = DockUnauthorizedRule()
+    dock_link: DockLinkRule = DockLinkRule()

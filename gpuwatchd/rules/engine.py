@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuwatchd.model import Alert, AlertState, fingerprint
-from gpuwatchd.rules import ecc, leak, link, presence, temperature, throttle, xid
+from gpuwatchd.rules import dock, ecc, leak, link, presence, temperature, throttle, xid
 from gpuwatchd.rules.condition import Condition, RuleView
 from gpuwatchd.rules.config import RulesConfig, RuleSection
 
@@ -55,6 +55,11 @@ FAMILIES: tuple[FamilySpec, ...] = (
         {"GpuLost": lambda c: c.presence, "GpuRemoved": lambda c: c.presence, "GpuCountLow": lambda c: c.count},
     ),
     FamilySpec("temperature", temperature.conditions, {"GpuTemperatureHigh": lambda c: c.temperature}),
+    FamilySpec(
+        "dock",
+        dock.conditions,
+        {"GpuDockUnauthorized": lambda c: c.dock_unauthorized, "GpuDockLinkDegraded": lambda c: c.dock_link},
+    ),
 )
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
 

@@ -14,6 +14,7 @@ import time
 from gpuwatchd.model import GpuPresence
 from gpuwatchd.rules.condition import Condition, RuleView, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
+from gpuwatchd.rules.dock import dock_title
 
 LOST = "GpuLost"
 REMOVED = "GpuRemoved"
@@ -51,6 +52,19 @@ def _present_note(name: str, pres: GpuPresence, labels: dict[str, str], now: flo
     )
 
 
+def _detached_dock(view: RuleView, uuid: str) -> tuple[str, str]:
+    """The Thunderbolt dock the GPU was last behind, when that dock is no longer attached: (name, summary note).
+
+    Named in the GpuRemoved message itself (an annotation, not a label: the dock may be read a moment after the
+    removal, and a label appearing later would split the alert in two), so a detach reaches chat as one message.
+    """
+    d = view.gpu_docks.get(uuid)
+    if d is None or any(a.unique_id == d.unique_id for a in view.docks):
+        return "", ""
+    name = dock_title(d)
+    return name, f"; its Thunderbolt dock {name} ({d.unique_id}) was detached"
+
+
 def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
     """Lost and removed GPUs, notes for GPUs back, and the count check."""
     out: list[Condition] = []
@@ -79,14 +93,16 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         else:
             missing.append(f"{title} removed")
             bus = f" at PCI {pres.identity.pci_bus_id}" if pres.identity.pci_bus_id else ""
+            dock, dock_note = _detached_dock(view, uuid)
             out.append(
                 Condition(
                     REMOVED,
                     "warning",
                     labels,
-                    f"{title}{bus}: removed (no longer enumerated) since {_clock(pres.since)}",
+                    f"{title}{bus}: removed (no longer enumerated) since {_clock(pres.since)}{dock_note}",
                     REMOVED_DESCRIPTION,
                     value=pres.since,
+                    annotations={"dock": dock} if dock else {},
                 )
             )
             out.append(

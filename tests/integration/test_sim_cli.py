@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import ROOT, DaemonProcess, free_port, metrics_when, value, wait_until
+from support import ROOT, DaemonProcess, free_port, labels_of, metrics_when, value, wait_until
 
 
 @pytest.fixture
@@ -109,3 +109,26 @@ def test_sim_bad_scenario_file_names_the_step(tmp_path: Path) -> None:
     )  # fmt: skip
     assert res.returncode == 2, res.stderr
     assert "broken.yml" in res.stderr and "timeline[0]" in res.stderr
+
+
+def test_sim_dock_unauthorized_then_enrolled(sim: list[DaemonProcess], tmp_path: Path) -> None:
+    # At 10x the dock is authorized 9 s in: the real daemon's Thunderbolt watch reads the fake bus, then the GPU
+    # appears behind it once its tunnel is up.
+    d = start_sim(sim, tmp_path, "--scenario", "dock-unauthorized", "--speed", "10")
+    uid = "c6030000-0062-0c0e-8328-a0e1c2a5f30b"
+    samples = metrics_when(
+        d, lambda m: value(m, "gpuwatchd_thunderbolt_device_authorized", unique_id=uid) == 0, "the unauthorized dock"
+    )
+    assert value(samples, "gpuwatchd_gpus") in (None, 0)
+    assert value(samples, "gpuwatchd_thunderbolt_link_lanes", unique_id=uid, direction="rx") == 2
+    samples = metrics_when(d, lambda m: value(m, "gpuwatchd_gpus") == 1, "the GPU behind the authorized dock")
+    gpu = "GPU-40704070-1d2e-4c3b-9a5f-0c0e40704070"
+    samples = metrics_when(
+        d,
+        lambda m: value(m, "gpuwatchd_thunderbolt_device_info", unique_id=uid, gpu_uuid=gpu) == 1,
+        "the dock tied to its GPU",
+    )
+    assert value(samples, "gpuwatchd_thunderbolt_device_authorized", unique_id=uid) == 1
+    (info,) = labels_of(samples, "gpuwatchd_thunderbolt_device_info", unique_id=uid)
+    assert info == {"unique_id": uid, "vendor": "Razer", "name": "Core X", "generation": "3", "gpu_uuid": gpu}
+    assert interrupt(d) == 0

@@ -166,7 +166,11 @@ def check_chat_text(sinks: dict[str, Sink]) -> None:
             assert "on sim-host" in text, service
             for a in hook["alerts"]:
                 lab = a["labels"]
-                assert f"GPU {lab['gpu']} · {lab['model']} · {lab['uuid'][:UUID_SHORT]}" in text, service
+                if "uuid" in lab:
+                    assert f"GPU {lab['gpu']} · {lab['model']} · {lab['uuid'][:UUID_SHORT]}" in text, service
+                else:  # a Thunderbolt dock's alert names the dock and silences by its unique_id
+                    assert f" — {lab['dock']}" in text, service
+                    assert a["status"] == "resolved" or f'unique_id="{lab["unique_id"]}"' in text, service
                 assert a["annotations"]["summary"][:40] in text, service
                 if "sparkline" in a["annotations"]:  # the leak rule draws the memory trend
                     assert f"Trend: {a['annotations']['sparkline']}" in text, service

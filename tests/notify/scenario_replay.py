@@ -26,11 +26,12 @@ from aiohttp import web
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.runtime.clock import ManualClock
-from gpuwatchd.sim.pci_tree import sysfs_files
+from gpuwatchd.sim.pci_tree import mirror_sysfs, sysfs_files
 from gpuwatchd.sim.player import SCENARIO_EPOCH, state_at
 from gpuwatchd.sim.scenario import load_scenario
 from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
 from gpuwatchd.sources.supervisor import NvmlSupervisor
+from gpuwatchd.sources.thunderbolt import read_docks
 from gpuwatchd.store import Store
 
 from .conftest import Sink, start_sink
@@ -107,6 +108,10 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
             i += 1
             state = state_at(scen, t)
             write_state(state_path, state)
+            # The fake sysfs tree ``gpuwatchd sim`` keeps, read by the real Thunderbolt source (the daemon's dock
+            # watch runs on the poll period too).
+            mirror_sysfs(tmp / "sysfs", state)
+            store.set_docks(read_docks(tmp / "sysfs"))
             devices = set(sysfs_files(state))
             if devices != pci:  # the supervisor's sysfs hot-plug watch
                 fresh, pci = True, devices

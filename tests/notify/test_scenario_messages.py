@@ -36,6 +36,8 @@ SCENARIOS: dict[str, tuple[set[str], float]] = {
     "xid-storm": ({"GpuXidError", "GpuEccError", "GpuLost"}, 1.0),  # Xid 48 is a DBE, Xid 79 the loss
     "ecc": ({"GpuEccError", "GpuXidError"}, 1.0),
     "link-degraded": ({"GpuPcieLinkDegraded", "GpuPcieReplays"}, 5.0),
+    "dock-unauthorized": ({"GpuDockUnauthorized"}, 5.0),
+    "tb-link-degraded": ({"GpuDockLinkDegraded"}, 5.0),
 }
 
 

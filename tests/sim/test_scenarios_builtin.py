@@ -13,7 +13,8 @@ from gpuwatchd.sim.state import encode_state
 
 MIB = 2**20
 CONTRACT_NAMES = {"idle", "leak", "plateau", "throttle-thermal", "power-brake", "sw-power-cap-idle", "egpu-unplug",
-                  "xid-storm", "ecc", "link-degraded", "nvml-hang", "no-driver", "fleet"}
+                  "xid-storm", "ecc", "link-degraded", "nvml-hang", "no-driver", "fleet", "dock-unauthorized",
+                  "tb-link-degraded"}
 SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
 
 
@@ -252,3 +253,26 @@ def test_energy_counter_integrates_power() -> None:
     two = state_at(looped, 600)["devices"][0]["energy_mj"] - state_at(looped, 0)["devices"][0]["energy_mj"]
     assert two == pytest.approx(2 * cycle, rel=1e-6)
     assert cycle / 1000 == pytest.approx(342 * 180 + 112 * 120, rel=0.01)
+
+
+def test_dock_unauthorized_hides_the_gpu_until_the_dock_is_authorized() -> None:
+    scen = load_scenario("dock-unauthorized")
+    before, after = state_at(scen, 89), state_at(scen, 91)
+    assert before["devices"] == [] and before["thunderbolt"]["devices"][0]["authorized"] == 0
+    assert [d["name"] for d in after["devices"]] == ["NVIDIA GeForce RTX 4070"]
+    assert after["thunderbolt"]["devices"][0]["authorized"] == 1
+
+
+def test_tb_link_degraded_trains_one_slow_lane_under_load() -> None:
+    state = state_at(load_scenario("tb-link-degraded"), 60)
+    (dock,) = state["thunderbolt"]["devices"]
+    assert (dock["rx_lanes"], dock["tx_lanes"], dock["rx_speed"], dock["tx_speed"]) == (1, 1, 10, 10)
+    assert state["devices"][0]["utilization"]["gpu"] == 97
+
+
+def test_egpu_unplug_detaches_the_enclosure_with_the_gpu() -> None:
+    scen = load_scenario("egpu-unplug")
+    egpu = state_at(scen, 0)["devices"][0]["uuid"]
+    assert [d["gpus"] for d in state_at(scen, 74)["thunderbolt"]["devices"]] == [[egpu]]
+    assert state_at(scen, 76)["thunderbolt"]["devices"] == []
+    assert len(state_at(scen, 121)["thunderbolt"]["devices"]) == 1

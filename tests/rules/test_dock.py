@@ -1,0 +1,99 @@
+"""GpuDockUnauthorized / GpuDockLinkDegraded from the docks in the store, and GpuRemoved naming a detached dock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gpuwatchd.model import DockSample, GpuSample, Snapshot
+from gpuwatchd.rules import dock, presence
+from gpuwatchd.rules.config import RulesConfig
+from gpuwatchd.rules.engine import RulesEngine
+from gpuwatchd.store import Store
+
+CORE = DockSample(unique_id="uid-1", route="0-1", domain="domain0", security="user", authorized=True, vendor="Razer",
+                  name="Core X", generation=3, rx_speed_bps=20e9, tx_speed_bps=20e9, rx_lanes=2, tx_lanes=2,
+                  gpu_bus_ids=("0000:0c:00.0",))
+
+
+def _raised(store: Store) -> list[tuple[str, str]]:
+    return [(c.name, c.summary) for c in dock.conditions(store, 0.0, RulesConfig()) if c.level == "raise"]
+
+
+def _store(*docks: DockSample) -> Store:
+    s = Store()
+    s.set_docks(docks)
+    return s
+
+
+def test_a_healthy_authorized_dock_raises_nothing() -> None:
+    assert _raised(_store(CORE)) == []
+
+
+def test_unauthorized_dock_says_how_to_authorize_it() -> None:
+    (got,) = _raised(_store(replace(CORE, authorized=False, gpu_bus_ids=())))
+    assert got == (
+        "GpuDockUnauthorized",
+        "Thunderbolt dock Razer Core X (0-1) is attached but not authorized, so the GPU behind it cannot appear "
+        "(security level 'user'; authorize it: boltctl enroll uid-1)",
+    )
+    assert "BIOS" in dock.UNAUTHORIZED_DESCRIPTION
+
+
+def test_dponly_points_at_the_bios_not_at_boltctl() -> None:
+    ((_, summary),) = _raised(_store(replace(CORE, authorized=False, security="dponly")))
+    assert "the BIOS security level is 'dponly', which never makes a PCIe tunnel" in summary
+    assert "boltctl" not in summary
+
+
+@pytest.mark.parametrize(
+    ("gen", "rx", "lanes", "low"),
+    [
+        (3, 20e9, 1, "rx 1 x 20 Gb/s, tx 1 x 20 Gb/s of 2 x 20 Gb/s"),
+        (3, 10e9, 2, "rx 2 x 10 Gb/s, tx 2 x 10 Gb/s of 2 x 20 Gb/s"),
+        (4, 10e9, 2, "rx 2 x 10 Gb/s, tx 2 x 10 Gb/s of 2 x 20 Gb/s"),
+        (2, 10e9, 2, None),
+        (1, 10e9, 1, None),
+        (4, 40e9, 2, None),
+    ],
+)
+def test_link_below_its_generation(gen: int, rx: float, lanes: int, low: str | None) -> None:
+    d = replace(CORE, generation=gen, rx_speed_bps=rx, tx_speed_bps=rx, rx_lanes=lanes, tx_lanes=lanes)
+    got = _raised(_store(d))
+    if low is None:
+        assert got == []
+    else:
+        kind = "USB4" if gen == 4 else f"Thunderbolt {gen}"
+        assert got == [("GpuDockLinkDegraded", f"Thunderbolt dock Razer Core X (0-1): {kind} link trained at {low}")]
+
+
+def test_unknown_generation_or_speed_is_not_judged() -> None:
+    assert _raised(_store(replace(CORE, generation=None, rx_lanes=1))) == []
+    assert _raised(_store(replace(CORE, rx_speed_bps=None, tx_speed_bps=None))) == []
+
+
+def test_engine_fires_after_the_hold_and_resolves_with_a_note() -> None:
+    store = _store(replace(CORE, authorized=False))
+    engine = RulesEngine(RulesConfig(), host="h")
+    assert [a.state for a in engine.evaluate(store, 0.0) if a.name == "GpuDockUnauthorized"] == ["pending"]
+    assert [a.state for a in engine.evaluate(store, 30.0) if a.name == "GpuDockUnauthorized"] == ["firing"]
+    store.set_docks([CORE])
+    (a,) = [a for a in engine.evaluate(store, 35.0) if a.name == "GpuDockUnauthorized"]
+    assert a.state == "resolved"
+    assert a.summary == "Thunderbolt dock Razer Core X (0-1) is authorized, and 1 GPU(s) behind it"
+    assert a.labels["unique_id"] == "uid-1" and a.labels["dock"] == "Razer Core X"
+
+
+def test_gpu_removed_names_the_dock_that_went_with_it() -> None:
+    store = Store()
+    store.apply(Snapshot(1.0, True, gpus=(GpuSample("GPU-a", 0, name="RTX", pci_bus_id="00000000:0C:00.0"),)))
+    store.set_docks([CORE])
+    store.apply(Snapshot(2.0, True))
+    removed = [c for c in presence.conditions(store, 2.0, RulesConfig()) if c.name == "GpuRemoved"]
+    assert "dock" not in removed[0].annotations  # the dock is still attached: the GPU alone went
+    store.set_docks([])
+    (c,) = [c for c in presence.conditions(store, 2.0, RulesConfig()) if c.name == "GpuRemoved"]
+    assert c.summary.endswith("; its Thunderbolt dock Razer Core X (uid-1) was detached")
+    assert c.annotations == {"dock": "Razer Core X"}
+    assert "dock" not in c.labels
