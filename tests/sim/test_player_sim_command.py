@@ -120,8 +120,8 @@ async def test_replays_a_captured_xml(tmp_path: Path) -> None:
     [
         ({"scenario": "idle", "from_xml": Path("x.xml")}, "exactly one of --scenario NAME or --from-xml FILE"),
         ({"scenario": None}, "exactly one of"),
-        ({"scenario": "idle", "speed": 0.0}, "--speed 0: must be > 0"),
-        ({"scenario": "idle", "gpus": -1}, "--gpus -1: must be >= 0"),
+        ({"scenario": "idle", "speed": 0.0}, "--speed 0: must be between 0.001 and 10000"),
+        ({"scenario": "idle", "gpus": -1}, "--gpus -1: must be between 0 and 256"),
         ({"scenario": "egpu-unplug", "gpus": 1}, "needs at least 2 GPUs"),
         ({"scenario": "leek"}, "no such scenario"),
         ({"from_xml": Path("/nonexistent/capture.xml")}, "--from-xml /nonexistent/capture.xml"),
