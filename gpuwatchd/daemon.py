@@ -34,6 +34,7 @@ from gpuwatchd.runtime.clock import Clock, RealClock
 from gpuwatchd.runtime.nvml_outage import NvmlOutageLog
 from gpuwatchd.runtime.sdnotify import SdNotifier
 from gpuwatchd.runtime.startup import DaemonError, ListenError, StateDirError, listen_error, resolve_state_dir
+from gpuwatchd.sources.kernel_log_task import KernelLogTask
 from gpuwatchd.sources.supervisor import NvmlSupervisor
 from gpuwatchd.sources.thunderbolt import watch_docks
 from gpuwatchd.sources.worker_protocol import WORKER_MODULE
@@ -96,6 +97,7 @@ class Daemon:
         self._alerts_collector: AlertsCollector | None = None
         self._dispatcher: Dispatcher | None = None
         self._supervisor: NvmlSupervisor | None = None
+        self.kernel_log: KernelLogTask | None = None
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._wakeup: asyncio.Event | None = None
@@ -165,6 +167,10 @@ class Daemon:
         )
         self._spawn(self._supervisor.run(), SUPERVISOR_TASK)
         self._spawn(watch_docks(lambda: self.config, self.clock, self.store.set_docks), "thunderbolt watch")
+        if cfg.kernel_log.enabled:
+            self.kernel_log = KernelLogTask(cfg.kernel_log, self.store, clock=self.clock, state_dir=self.state_dir,
+                                            sysfs_root=cfg.sysfs.root, on_event=self._wakeup.set)
+            self._spawn(self.kernel_log.run(), "kernel log")
         self._spawn(self._evaluate_loop(), "rules evaluation")
         if self.sd.watchdog_interval is not None:
             self._spawn(self._watchdog_loop(self.sd.watchdog_interval), "systemd watchdog")
@@ -280,7 +286,11 @@ class Daemon:
     # -- data path ---------------------------------------------------------------------------------------------
 
     def _on_snapshot(self, snap: Snapshot) -> None:
+        if self.kernel_log is not None:
+            snap = self.kernel_log.filter_snapshot(snap)  # an Xid the kernel log already counted is not recounted
         self.store.apply(snap)
+        if self.kernel_log is not None:
+            self.kernel_log.after_snapshot(snap)
         # node_exporter style self-metrics: a driver outage is a failed collection, not an empty one.
         self.store.set_source_status(
             SourceStatus(

@@ -22,6 +22,7 @@ from gpuwatchd.model import (
     SourceStatus,
     XidEvent,
 )
+from gpuwatchd.sources.kernel_log_stats import KernelLogStats
 from gpuwatchd.sources.sysfs_pcie import sysfs_bus_id
 
 DEFAULT_RETENTION_SECONDS = 3600.0  # the longest rule window (leak trend) needs about an hour
@@ -138,6 +139,8 @@ class Store:
         self.gpu_docks: dict[str, DockSample] = {}
         self.xid_counts: dict[tuple[str, int], int] = {}  # (uuid or "unknown", xid) -> count since start
         self.recent_xids: deque[XidEvent] = deque(maxlen=MAX_XID_EVENTS)
+        # What the kernel-log source has seen (sources/kernel_log.py); None when it is not running.
+        self.kernel_log: KernelLogStats | None = None
         self.stale = False  # the last poll missed its deadline; values are being held, not refreshed
         # runtime facts the exporter shows next to the data
         self.nvml_worker_restarts = 0
@@ -220,6 +223,20 @@ class Store:
         self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
         self.recent_xids.append(ev)
         self.version += 1
+
+    def mark_lost(self, uuid: str, since: float) -> bool:
+        """The kernel log says a known GPU fell off the bus: lost since ``since``, before NVML notices.
+
+        Returns False for a GPU the store has never seen (nothing to name), one already removed from enumeration
+        or one already lost since then."""
+        prev = self._presence.get(uuid)
+        if prev is None or prev.state == "removed":
+            return False
+        if prev.state == "lost" and prev.since <= since:
+            return False
+        self._presence[uuid] = GpuPresence(prev.identity, "lost", prev.last_seen, since, prev.first_seen)
+        self.version += 1
+        return True
 
     def mark_stale(self) -> None:
         """The NVML worker missed its deadline: keep serving the last values, flagged as stale."""

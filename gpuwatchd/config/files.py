@@ -25,6 +25,16 @@ class InputFileError(Exception):
 
 def read_text_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_CONFIG_BYTES) -> str:
     """The UTF-8 text of the regular file at ``path``, at most ``max_bytes`` long, never blocking on it."""
+    data = read_bytes_file(path, max_bytes=max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+def read_bytes_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of the regular file at ``path``, with the same checks as :func:`read_text_file`, for files that
+    are decoded line by line (a pasted kernel log: one non-UTF-8 line must not reject the rest)."""
     name = os.fspath(path)
     if "\0" in str(name):
         raise InputFileError("the path contains a NUL byte")
@@ -55,11 +65,7 @@ def read_text_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_CONFIG_
         os.close(fd)
     if size > max_bytes:
         raise InputFileError(f"file too large (more than {_size(max_bytes)})")
-    data = b"".join(chunks)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputFileError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    return b"".join(chunks)
 
 
 def _check_stat(st: os.stat_result, max_bytes: int) -> None:

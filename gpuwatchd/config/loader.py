@@ -18,6 +18,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
+from gpuwatchd.config.kernel_log import KernelLogConfig
 from gpuwatchd.config.safe_yaml import load_yaml
 from gpuwatchd.config.types import Duration, PositiveDuration, SafePath, Section, yaml_error_message
 from gpuwatchd.notify.config import NotifyConfig
@@ -107,6 +108,7 @@ class Config(Section):
     history: HistoryConfig = HistoryConfig()
     rules: RulesConfig = RulesConfig()
     notify: NotifyConfig = NotifyConfig()
+    kernel_log: KernelLogConfig = KernelLogConfig()
 
     @field_validator("listen")
     @classmethod

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from gpuwatchd.exporter import dock_families as df
 from gpuwatchd.exporter import gpu_families as gf
+from gpuwatchd.exporter import kernel_log_families as kf
 from gpuwatchd.exporter import runtime_families as rf
 from gpuwatchd.exporter.encode import freeze
 from gpuwatchd.exporter.families import Spec, spec
@@ -41,7 +42,7 @@ Group = Callable[[Store], Iterable[Metric]]
 
 def store_specs() -> list[Spec]:
     """Every family the store collector can export."""
-    found = [v for mod in (rf, gf, df) for v in vars(mod).values() if isinstance(v, Spec)]
+    found = [v for mod in (rf, gf, df, kf) for v in vars(mod).values() if isinstance(v, Spec)]
     return [*found, COLLECT_ERRORS]
 
 
@@ -82,6 +83,7 @@ class StoreCollector(Collector):
             "xid": rf.xid_families,
             "links": lambda s: rf.link_families(s.links),
             "thunderbolt": df.dock_families,
+            "kernel_log": kf.kernel_log_families,
             "self": lambda s: rf.self_families(s, self._build),
         }
         self.errors: dict[str, int] = dict.fromkeys(self.groups, 0)

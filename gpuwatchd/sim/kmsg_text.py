@@ -1,0 +1,98 @@
+"""Pasted kernel logs -> kernel-log entries, for ``gpuwatchd sim --kernel-log`` and scenario ``kmsg`` steps.
+
+People paste what they have: plain ``dmesg`` (``[  219.524218] msg``), ``dmesg -T`` (``[Sun Feb 23 16:24:18
+2025] msg``), ``dmesg -x`` (``kern  :warn  : [ 219.5] msg``, also with ``--time-format iso``), ``dmesg
+--time-format iso`` (``2024-11-15T05:39:15,491363+00:00 msg``), ``journalctl -k`` and syslog files (``Jun 10
+03:09:55 host kernel: msg``), raw ``/dev/kmsg`` records (``4,1234,219524218,-;msg``), or bare messages. A line
+that starts with white space continues the previous entry (dmesg indents the later lines of a multi-line
+printk). Syslog lines from programs other than ``kernel`` are dropped; every other line becomes an entry, and
+whether it matters for a GPU is :func:`gpuwatchd.sources.kmsg_parse.classify`'s business, as on the live ring.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuwatchd.sources.kmsg_parse import format_record, parse_record
+
+# dmesg -x: "kern  :warn  : "
+_LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warn": 4, "notice": 5, "info": 6, "debug": 7}
+_FACILITY = re.compile(r"^([a-z0-9]+)\s*:\s*(emerg|alert|crit|err|warn|notice|info|debug)\s*:\s?")
+_MONO = re.compile(r"^\[\s*(\d+)\.(\d+)\]\s?")
+_CTIME = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]\s?")
+_ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s")
+# syslog / journalctl -k (short, short-precise, short-iso): TIME HOST PROGRAM[PID]: message. journalctl's ISO
+# stamps have a "+0000" zone and a "." fraction; dmesg's have "+00:00" and ",", which keeps the two apart.
+_SYSLOG = re.compile(
+    r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?"
+    r"(?:Z|[+-]\d{4})) (\S+) ([^\s:\[]+)(?:\[\d+\])?: ?"
+)
+_KMSG = re.compile(r"^\d+,\d+,\d+(?:,[^;]*)?;")
+_KMSG_DICT = re.compile(r"^ [A-Z_]+=")  # the dictionary lines after a /dev/kmsg record
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One kernel message from a pasted log (several lines for a multi-line printk)."""
+
+    usec: int | None  # seconds-since-boot stamp when the format has one
+    level: int
+    message: str
+
+
+def parse_text(data: bytes) -> list[Entry]:
+    """Every kernel entry of a pasted log, in order; each line decoded on its own (bad bytes -> U+FFFD)."""
+    out: list[Entry] = []
+    kmsg = False
+    for raw in data.split(b"\n"):
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        if not line.strip() or (kmsg and _KMSG_DICT.match(line)):
+            continue
+        kmsg = bool(_KMSG.match(line))
+        if line[0] in " \t" and out and not _SYSLOG.match(line.lstrip()):
+            prev = out[-1]
+            out[-1] = Entry(prev.usec, prev.level, f"{prev.message}\n{line.strip()}")
+            continue
+        entry = _entry(line.strip())
+        if entry is not None:
+            out.append(entry)
+    return out
+
+
+def _entry(line: str) -> Entry | None:
+    if _KMSG.match(line):
+        rec = parse_record(line)
+        return Entry(rec.usec, rec.level, rec.message) if rec is not None else None
+    level = 4
+    m = _SYSLOG.match(line)
+    if m is not None:
+        if m.group(2) != "kernel":
+            return None  # another program's syslog line: not a kernel line
+        line = line[m.end():]
+    m = _FACILITY.match(line)
+    if m is not None:
+        if m.group(1) != "kern":
+            return None  # dmesg -x of a userspace facility (printk from /dev/kmsg writers)
+        level = _LEVELS[m.group(2)]
+        line = line[m.end():]
+    usec: int | None = None
+    m = _MONO.match(line)
+    if m is not None:
+        usec = int(m.group(1)) * 1_000_000 + int(m.group(2).ljust(6, "0")[:6])
+        line = line[m.end():]
+    else:
+        m = _CTIME.match(line) or _ISO.match(line)
+        if m is not None:
+            line = line[m.end():]
+    return Entry(usec, level, line)
+
+
+def to_records(entries: list[Entry], *, first_seq: int) -> bytes:
+    """Entries as consecutive /dev/kmsg records starting at ``first_seq`` (what the replay file holds)."""
+    chunks = []
+    last = 0
+    for i, e in enumerate(entries):
+        last = e.usec if e.usec is not None else last
+        chunks.append(format_record(first_seq + i, last, e.message, level=e.level))
+    return b"".join(chunks)

@@ -1,0 +1,203 @@
+"""What the daemon does with kernel-log records: Xids into the store (de-duplicated against NVML), GpuLost at once
+on a fall off the bus, address -> UUID mapping, AER errors by GPU, and the counters the exporter shows.
+
+No I/O and no clock of its own: :mod:`gpuwatchd.sources.kmsg_reader` hands records in with their time, and the
+PCI topology (which ports sit above which GPU) comes in as a function, so the live daemon, the sim's replay and
+tests share all of it. docs/kernel-log.md describes the behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+
+from gpuwatchd.model import Snapshot, XidEvent
+from gpuwatchd.sources import kmsg_parse as kp
+from gpuwatchd.sources.kernel_log_stats import KernelLogStats
+from gpuwatchd.sources.xid_dedup import XidDeduplicator
+from gpuwatchd.store import Store
+
+log = logging.getLogger(__name__)
+
+# Xid 79 and "GPU at ... has fallen off the bus" come together (kern04: 2 us apart), and the driver may repeat the
+# latter: reports of one GPU within this many seconds are one fall.
+FALL_MERGE_SECONDS = 60.0
+MAX_ADDRESSES = 256  # address -> UUID entries kept (and persisted); a host has at most a few dozen GPUs
+XID_FALLEN_OFF = 79
+
+Topology = Callable[[str], Sequence[str]]  # GPU address -> the addresses of the ports above it (store form)
+
+
+class KernelLogIngest:
+    """Applies kernel-log records to the store. Single-threaded: called on the daemon's event loop."""
+
+    def __init__(self, store: Store, *, topology: Topology | None = None, dedup_window: float = 10.0,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.store = store
+        self._on_change = on_change
+        self.stats = KernelLogStats()
+        self.addresses: dict[str, str] = {}  # store-form PCI address -> UUID, kept after the GPU is gone
+        self.dedup = XidDeduplicator(dedup_window)
+        self._topology = topology or (lambda _address: ())
+        self._falls: dict[str, float] = {}  # uuid or address -> time of the last counted fall
+        self._held_lost: dict[str, float] = {}  # uuid -> since: lost per the kernel, NVML not caught up yet
+        self._ancestors: dict[str, tuple[str, ...]] = {}  # GPU address -> ports above it, remembered
+
+    # -- records --------------------------------------------------------------------------------------------------
+
+    def apply(self, record: kp.KmsgRecord, t: float) -> None:
+        """One record read at ``t`` (daemon clock: when the kernel logged it, as near as the reader can tell)."""
+        self.stats.last_seq = record.seq
+        for line in record.message.split("\n"):
+            if not line.strip():
+                continue
+            event = kp.classify(line)
+            self.stats.lines[kp.kind_of(event)] += 1
+            if event is not None:
+                self._event(event, line.strip(), t)
+                if self._on_change is not None:
+                    self._on_change()
+
+    def _event(self, ev: kp.KernelEvent, line: str, t: float) -> None:
+        if isinstance(ev, kp.GpuAddress):
+            self.remember(ev.pci_bus_id, ev.uuid)
+            self._held_lost.pop(ev.uuid, None)  # the driver (re)initialised it: NVML decides again
+        elif isinstance(ev, kp.Xid):
+            uuid = self.uuid_at(ev.pci_bus_id)
+            xid = XidEvent(uuid, ev.code, t, "kmsg", ev.pci_bus_id, ev.text or None)
+            self.record_report(xid, uuid)
+            if self.dedup.admit(xid, uuid):
+                self.store.add_xid(xid)
+            if ev.code == XID_FALLEN_OFF:
+                self._fell(ev.pci_bus_id, t)
+        elif isinstance(ev, kp.FallenOffBus):
+            self._fell(ev.pci_bus_id, t)
+        elif isinstance(ev, kp.AerError):
+            uuid = self._gpu_below(ev.source, ev.port)
+            key = (uuid or "unknown", ev.severity)
+            self.stats.aer[key] = self.stats.aer.get(key, 0) + 1
+        elif isinstance(ev, kp.DriverLoaded):
+            self.stats.driver_version = ev.version
+        elif isinstance(ev, kp.VersionMismatch | kp.RmInitFailed):
+            if isinstance(ev, kp.VersionMismatch):
+                self.stats.version_mismatch = ev.text
+            log.warning("kernel log: %s", line)
+        # pciehp link and thunderbolt lines are counted by kind (lines_total) and shown in the log's replay; the
+        # Thunderbolt source (sources/ tb) and the PCI hot-plug watch act on the same changes from sysfs.
+
+    def record_report(self, ev: XidEvent, uuid: str | None) -> None:
+        key = (uuid or "unknown", str(ev.xid), ev.source)
+        self.stats.xid_reports[key] = self.stats.xid_reports.get(key, 0) + 1
+
+    def _fell(self, address: str | None, t: float) -> None:
+        uuid = self.uuid_at(address) if address else self._only_gpu()
+        key = uuid or address or "unknown"
+        last = self._falls.get(key)
+        if last is not None and 0 <= t - last < FALL_MERGE_SECONDS:
+            return
+        self._falls[key] = t
+        label = uuid or "unknown"
+        self.stats.fallen_off_bus[label] = self.stats.fallen_off_bus.get(label, 0) + 1
+        if uuid is not None and self.store.mark_lost(uuid, t):
+            self._held_lost[uuid] = t
+            log.warning("kernel log: GPU %s at PCI %s has fallen off the bus", uuid, address)
+
+    # -- NVML snapshots ------------------------------------------------------------------------------------------
+
+    def filter_snapshot(self, snap: Snapshot) -> Snapshot:
+        """Drop the NVML Xid events the kernel log already counted (call before ``Store.apply``)."""
+        if not snap.xid_events:
+            return snap
+        kept = []
+        for ev in snap.xid_events:
+            self.record_report(ev, ev.uuid)
+            if self.dedup.admit(ev, ev.uuid):
+                kept.append(ev)
+        return snap if len(kept) == len(snap.xid_events) else replace(snap, xid_events=tuple(kept))
+
+    def after_snapshot(self, snap: Snapshot) -> None:
+        """Keep a GPU the kernel reported fallen off lost until NVML sees it gone too (call after ``Store.apply``).
+
+        NVML may answer for a poll or two after the kernel logged the fall; without this, GpuLost would fire on the
+        kernel line and resolve on the next snapshot. Once NVML reports it lost or removed, presence is NVML's again
+        (so a re-plug resolves the alert as before); a new ``NVRM: GPU at`` line for it (driver re-init) also ends
+        the hold.
+        """
+        for g in snap.gpus:
+            if g.pci_bus_id is not None:
+                self.remember(g.pci_bus_id, g.uuid)
+        if not self._held_lost:
+            return
+        present = {g.uuid for g in snap.gpus}
+        for uuid, since in list(self._held_lost.items()):
+            if uuid in present:
+                self.store.mark_lost(uuid, since)
+            elif snap.nvml_ok:
+                del self._held_lost[uuid]
+
+    # -- addresses ------------------------------------------------------------------------------------------------
+
+    def remember(self, address: str, uuid: str) -> None:
+        norm = kp.normalize_pci(address)
+        if norm is None:
+            return
+        if self.addresses.get(norm) != uuid:
+            self.addresses.pop(norm, None)
+            self.addresses[norm] = uuid
+            while len(self.addresses) > MAX_ADDRESSES:
+                del self.addresses[next(iter(self.addresses))]
+        if norm not in self._ancestors:
+            ports = tuple(self._topology(norm))
+            if ports:
+                self._ancestors[norm] = ports
+
+    def load_addresses(self, addresses: Mapping[str, str]) -> None:
+        for address, uuid in list(addresses.items())[-MAX_ADDRESSES:]:
+            self.remember(address, uuid)
+
+    def uuid_at(self, address: str | None) -> str | None:
+        """The GPU at a PCI address: one NVML sees there now, else the last one the log or NVML put there."""
+        norm = kp.normalize_pci(address) if address else None
+        if norm is None:
+            return None
+        gone: str | None = None
+        for uuid, pres in self.store.presence.items():
+            if pres.identity.pci_bus_id is not None and kp.normalize_pci(pres.identity.pci_bus_id) == norm:
+                if pres.state == "present":
+                    return uuid
+                gone = uuid
+        return self.addresses.get(norm) or gone
+
+    def _only_gpu(self) -> str | None:
+        uuids = set(self.store.presence) | set(self.addresses.values())
+        return next(iter(uuids)) if len(uuids) == 1 else None
+
+    def _gpu_below(self, *addresses: str | None) -> str | None:
+        """The one GPU at or below these addresses (an AER error names a port and a source device)."""
+        wanted = {a for a in addresses if a}
+        for a in wanted:
+            uuid = self.uuid_at(a)
+            if uuid is not None:
+                return uuid
+        candidates: set[str] = set()
+        for gpu_address in self._gpu_addresses():
+            ports = self._ancestors.get(gpu_address)
+            if ports is None:
+                ports = tuple(self._topology(gpu_address))
+                if ports:
+                    self._ancestors[gpu_address] = ports
+            if wanted & set(ports):
+                uuid = self.uuid_at(gpu_address)
+                if uuid is not None:
+                    candidates.add(uuid)
+        return candidates.pop() if len(candidates) == 1 else None
+
+    def _gpu_addresses(self) -> Iterable[str]:
+        seen = set(self.addresses)
+        for pres in self.store.presence.values():
+            if pres.identity.pci_bus_id is not None:
+                norm = kp.normalize_pci(pres.identity.pci_bus_id)
+                if norm is not None:
+                    seen.add(norm)
+        return sorted(seen)

@@ -1,0 +1,292 @@
+"""Reads kernel-log records and hands them to :class:`~gpuwatchd.sources.kernel_log.KernelLogIngest`.
+
+``kernel_log.path`` is ``/dev/kmsg`` on a host. A character device or a FIFO is read non-blocking from the event
+loop's ``add_reader`` (one record per ``read`` on /dev/kmsg; ``EPIPE`` means the ring overwrote records we had not
+read yet, and the next read goes on with the oldest one left); a regular file (``gpuwatchd sim --kernel-log`` writes
+one) is followed like ``tail -f``, checked every :data:`FOLLOW_INTERVAL` seconds. Both split the bytes into
+records the same way and share the parser and everything after it.
+
+Restarts: the last sequence number applied, the boot it belongs to and the address -> UUID map are saved in
+``kernel_log.state_file`` (atomic replace, written from a thread, at most every :data:`SAVE_INTERVAL` seconds and
+at stop). At start the ring is read from its oldest record and everything at or below the saved number is
+skipped, so nothing is counted or alerted twice; a gap in the numbers (ring wrapped while we were down, or while
+we were slow) is counted in ``gpuwatchd_kernel_log_records_lost_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuwatchd.model import SourceStatus
+from gpuwatchd.runtime.clock import Clock
+from gpuwatchd.sources.kernel_log import KernelLogIngest
+from gpuwatchd.sources.kmsg_parse import parse_record
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 16384  # a /dev/kmsg record is at most ~8 KiB (message + dictionary); a smaller buffer gets EINVAL
+FOLLOW_INTERVAL = 0.2  # seconds between checks of a followed regular file (sim replay)
+SAVE_INTERVAL = 1.0  # seconds: the position is saved at most this often (and at stop)
+RETRY_INTERVAL = 60.0  # seconds between attempts to open a log we could not open (permissions do not change often)
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+STATE_VERSION = 1
+
+
+class RecordSplitter:
+    """Bytes -> records: a header line ``prio,seq,usec,flags;msg`` plus the dictionary lines after it (leading
+    space). Holds an incomplete line until its newline arrives."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._current: list[bytes] = []
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        out: list[bytes] = []
+        for line in lines:
+            if line.startswith(b" "):
+                if self._current:
+                    self._current.append(line)
+                continue
+            if self._current:
+                out.append(b"\n".join(self._current))
+            self._current = [line] if line else []
+        return out
+
+    def flush(self) -> list[bytes]:
+        """The held record, once no more bytes are coming for now (its dictionary lines came in the same read)."""
+        out = [b"\n".join(self._current)] if self._current else []
+        self._current = []
+        return out
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """The saved position; an unreadable or foreign file counts as none (logged), never stops the daemon."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.warning("kernel log: ignoring the saved position in %s: %s", path, e)
+        return {}
+    if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+        return {}
+    addresses = data.get("addresses")
+    return {
+        "boot_id": data.get("boot_id") if isinstance(data.get("boot_id"), str) else None,
+        "seq": data.get("seq") if isinstance(data.get("seq"), int) else None,
+        "addresses": {k: v for k, v in addresses.items() if isinstance(k, str) and isinstance(v, str)}
+        if isinstance(addresses, dict) else {},
+    }
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """Atomic: write a temporary file, fsync, rename over the old one (a crash leaves the old or the new)."""
+    tmp = path.with_name(path.name + ".tmp")
+    data = json.dumps({"version": STATE_VERSION, **state}, sort_keys=True).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _boot_id() -> str:
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return "unknown-boot"
+
+
+class KmsgReader:
+    """Reads ``path`` until stopped; see the module docstring."""
+
+    def __init__(self, path: Path, ingest: KernelLogIngest, *, clock: Clock, state_file: Path | None) -> None:
+        self.path = path
+        self.ingest = ingest
+        self.clock = clock
+        self.state_file = state_file
+        self._splitter = RecordSplitter()
+        self._fd: int | None = None
+        self._live = False  # a character device: record times come from the kernel's monotonic stamps
+        self._event_driven = False  # a character device or FIFO: add_reader; a regular file: followed
+        self._save_timer: asyncio.TimerHandle | None = None
+        self._boot = ""
+        self._skip_through: int | None = None  # saved seq: records up to it were applied before a restart
+        self._expect: int | None = None  # next sequence number we should see
+        self._dirty = False
+        self._saving: asyncio.Task[None] | None = None
+        self._last_save = 0.0
+        self._readable = asyncio.Event()
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Open (retrying while it fails), then read until cancelled."""
+        saved = load_state(self.state_file) if self.state_file is not None else {}
+        self.ingest.load_addresses(saved.get("addresses", {}))
+        while not self._open(saved):
+            await asyncio.sleep(RETRY_INTERVAL / self.clock.speed)
+        loop = asyncio.get_running_loop()
+        assert self._fd is not None
+        try:
+            if self._event_driven:
+                loop.add_reader(self._fd, self._readable.set)
+                while True:
+                    self._drain()
+                    await self._readable.wait()
+                    self._readable.clear()
+            else:
+                while True:
+                    self._drain()
+                    await asyncio.sleep(FOLLOW_INTERVAL)
+        finally:
+            if self._event_driven:
+                loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = None
+            self.ingest.stats.up = False
+            await self.flush_state()
+
+    def _open(self, saved: dict[str, Any]) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as e:
+            self._down(e)
+            return False
+        mode = os.fstat(fd).st_mode
+        self._fd = fd
+        self._live = stat.S_ISCHR(mode)
+        self._event_driven = stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+        st = os.fstat(fd)
+        self._boot = _boot_id() if self._live else f"file:{st.st_dev}:{st.st_ino}"
+        if saved.get("boot_id") == self._boot and saved.get("seq") is not None:
+            self._skip_through = saved["seq"]
+            self._expect = saved["seq"] + 1
+        stats = self.ingest.stats
+        if not stats.up:
+            log.info("kernel log: reading %s", self.path)
+        stats.up, stats.error = True, None
+        self._status(True, None)
+        return True
+
+    def _down(self, e: OSError) -> None:
+        stats = self.ingest.stats
+        if e.errno in (errno.EACCES, errno.EPERM):
+            reason = (f"permission denied reading {self.path} (kernel.dmesg_restrict=1 needs CAP_SYSLOG; "
+                      "docs/kernel-log.md)")
+        else:
+            reason = f"cannot open {self.path}: {e.strerror or e}"
+        if stats.error != reason:
+            log.warning("kernel log source down: %s; Xids still come from NVML events", reason)
+        stats.up, stats.error = False, reason
+        self._status(False, reason)
+
+    def _status(self, ok: bool, error: str | None) -> None:
+        self.ingest.store.set_source_status(
+            SourceStatus(name="kernel_log", success=ok, duration_seconds=0.0, timestamp=self.clock.now(), error=error)
+        )
+
+    # -- reading --------------------------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Read everything available now, apply it, and schedule a save."""
+        assert self._fd is not None
+        got_any = False
+        while True:
+            try:
+                data = os.read(self._fd, READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno == errno.EPIPE:
+                    continue  # records overwritten under us; the gap in sequence numbers counts them
+                if e.errno == errno.EINTR:
+                    continue
+                raise
+            if not data:
+                break
+            got_any = True
+            for raw in self._splitter.feed(data):
+                self._record(raw)
+            if self._live:
+                for raw in self._splitter.flush():  # /dev/kmsg: one whole record per read
+                    self._record(raw)
+        for raw in self._splitter.flush():
+            self._record(raw)
+        if got_any:
+            self._schedule_save()
+
+    def _record(self, raw: bytes) -> None:
+        rec = parse_record(raw)
+        if rec is None:
+            return
+        if self._skip_through is not None and rec.seq <= self._skip_through:
+            return
+        if self._expect is not None and rec.seq > self._expect:
+            lost = rec.seq - self._expect
+            self.ingest.stats.records_lost += lost
+            log.warning("kernel log: %d record(s) overwritten before they were read (ring buffer wrapped)", lost)
+        self._expect = rec.seq + 1
+        self._skip_through = None
+        self.ingest.apply(rec, self._stamp(rec.usec))
+        self._dirty = True
+
+    def _stamp(self, usec: int) -> float:
+        """Daemon-clock time of a record: its age on the monotonic clock for the live ring; now for a replay."""
+        now = self.clock.now()
+        if not self._live:
+            return now
+        age = time.clock_gettime(time.CLOCK_MONOTONIC) - usec / 1e6
+        return now - max(0.0, age)
+
+    # -- state ----------------------------------------------------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        return {"boot_id": self._boot, "seq": self.ingest.stats.last_seq, "addresses": dict(self.ingest.addresses)}
+
+    def _schedule_save(self) -> None:
+        if self.state_file is None or (self._saving is not None and not self._saving.done()):
+            return
+        if time.monotonic() - self._last_save < SAVE_INTERVAL:
+            if self._save_timer is None:
+                self._save_timer = asyncio.get_running_loop().call_later(SAVE_INTERVAL, self._schedule_save_if_dirty)
+            return
+        self._saving = asyncio.ensure_future(self.flush_state())
+
+    def _schedule_save_if_dirty(self) -> None:
+        self._save_timer = None
+        if self._dirty and self._fd is not None:
+            self._schedule_save()
+
+    async def flush_state(self) -> None:
+        """Save the position now (from a thread: fsync must not stall the event loop)."""
+        if self.state_file is None or not self._dirty or self.ingest.stats.last_seq is None:
+            return
+        self._dirty = False
+        self._last_save = time.monotonic()
+        try:
+            await asyncio.to_thread(save_state, self.state_file, self._state())
+        except OSError as e:
+            self._dirty = True
+            log.warning("kernel log: cannot save the position to %s: %s", self.state_file, e.strerror or e)
+
+    async def stop(self) -> None:
+        if self._save_timer is not None:
+            self._save_timer.cancel()
+        if self._saving is not None:
+            with contextlib.suppress(Exception):
+                await self._saving
+        await self.flush_state()
