@@ -72,6 +72,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--scenario", help="scenario name (see --list) or a scenario file (.yml, docs/scenarios.md); default: idle"
     )
     src.add_argument("--from-xml", type=Path, metavar="FILE", help="replay a captured `nvidia-smi -q -x` file")
+    sim.add_argument("--kernel-log", type=Path, metavar="FILE",
+                     help="replay a captured kernel log (dmesg, dmesg -T/-x/--time-format iso, journalctl -k, syslog)"
+                     " into the daemon's kernel-log source, as if it were the live ring")
     src.add_argument("--list", action="store_true", help="list the scenarios and exit")
     sim.add_argument("--gpus", type=int, help="number of simulated GPUs (scenario default if unset)")
     sim.add_argument("--speed", type=float, default=1.0, help="run scenario time this many times faster (default 1)")
@@ -194,6 +197,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             run_sim(
                 scenario=scenario,
                 from_xml=args.from_xml,
+                kernel_log=args.kernel_log,
                 gpus=args.gpus,
                 speed=args.speed,
                 listen=args.listen,

@@ -20,6 +20,7 @@ from typing import TextIO
 from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.runtime.clock import ScaledClock
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_USAGE
+from gpuwatchd.sim.kmsg_replay import KernelLogError, ReplayRing, feed_when_ready, load_kernel_log
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import Player
 from gpuwatchd.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_names
@@ -41,7 +42,7 @@ def list_scenarios() -> list[tuple[str, str]]:
 
 async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | None, speed: float,
                   listen: str | None, config_path: Path | None, state_dir: Path | None,
-                  out: TextIO | None = None) -> int:
+                  out: TextIO | None = None, kernel_log: Path | None = None) -> int:
     """Run the simulation until SIGINT/SIGTERM; returns the process exit code.
 
     ``ConfigError`` from a bad ``--config`` propagates (the CLI owns that exit code); scenario, XML and option
@@ -60,10 +61,17 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
     except ScenarioError as e:
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
+    try:
+        kernel_entries = load_kernel_log(kernel_log) if kernel_log is not None else []
+    except KernelLogError as e:
+        print(f"gpuwatchd sim: {e}", file=sys.stderr)
+        return EXIT_USAGE
     clock = ScaledClock(speed=speed)
     with tempfile.TemporaryDirectory(prefix="gpuwatchd-sim-") as tmp_name:
         tmp = Path(tmp_name)
         state_path = tmp / "state"
+        # The simulated host's kernel ring (the real /dev/kmsg knows nothing of simulated GPUs).
+        ring = ReplayRing(tmp / "kmsg")
         player: Player | None = None
         if scen is not None:
             player = Player(scen, state_path, clock, sysfs_root=tmp / "sysfs")
@@ -82,6 +90,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
             print(f"gpuwatchd sim: cannot build the stand-in NVML driver: {e}", file=sys.stderr)
             return EXIT_USAGE
         config = _sim_config(config, libdir, state_dir or (tmp / "state-dir"), state_dir is not None, tmp / "sysfs")
+        config = config.model_copy(update={"kernel_log": config.kernel_log.model_copy(update={"path": ring.path})})
         daemon = Daemon(config, config_path=config_path, clock=clock, listen=listen,
                         worker_env={**os.environ, STATE_ENV: str(state_path)}, worker_module=SIM_WORKER_MODULE)
         try:
@@ -91,6 +100,8 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
             return e.exit_code
         print(banner(title, expect, daemon.url, scen=scen, speed=speed, state_path=state_path), file=out, flush=True)
         task = asyncio.create_task(player.run(), name="scenario player") if player is not None else None
+        feeder = asyncio.create_task(feed_when_ready(ring, kernel_entries, lambda: daemon.store.latest is not None),
+                                     name="kernel log replay")
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, daemon.request_stop)
@@ -99,10 +110,11 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            for t in (task, feeder):
+                if t is not None:
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
             await daemon.stop()
         return EXIT_OK if daemon.failure is None else DaemonError.exit_code
 

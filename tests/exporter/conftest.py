@@ -16,6 +16,7 @@ from prometheus_client.samples import Sample
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.exporter.runtime_families import BuildInfo
 from gpuwatchd.model import DockSample, LinkSample, SourceStatus, snapshot_from_dict
+from gpuwatchd.sources.kernel_log_stats import KernelLogStats
 from gpuwatchd.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -44,6 +45,13 @@ def store_from_fixture(name: str) -> Store:
     store.config_reload_timestamp = data.get("config_reload_timestamp")
     if data.get("stale"):
         store.mark_stale()
+    if (kl := data.get("kernel_log")) is not None:
+        store.kernel_log = KernelLogStats(
+            up=kl["up"], lines=dict(kl["lines"]), records_lost=kl["records_lost"],
+            fallen_off_bus={u: n for u, n in kl["fallen_off_bus"]},
+            aer={(u, sev): n for u, sev, n in kl["aer"]},
+            xid_reports={(u, x, src): n for u, x, src, n in kl["xid_reports"]},
+        )
     return store
 
 

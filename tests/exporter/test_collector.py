@@ -104,8 +104,9 @@ def test_lost_and_removed_gpus_export_only_presence_identity_and_last_seen(mixed
         "gpuwatchd_gpu_info",
         "gpuwatchd_gpu_last_seen_timestamp_seconds",
     }
-    # no readings for a gone GPU; its Xid counters (events that happened, e.g. the 79 that took it) stay
-    events = {"gpuwatchd_gpu_xid_errors_total"}
+    # no readings for a gone GPU; its event counters (events that happened, e.g. the 79 that took it) stay
+    events = {"gpuwatchd_gpu_xid_errors_total", "gpuwatchd_gpu_xid_reports_total", "gpuwatchd_gpu_fallen_off_bus_total",
+              "gpuwatchd_pcie_aer_errors_total"}
     for uuid in (UUID_C, UUID_D):
         names = {s.name for s in samples(text) if s.labels.get("uuid") == uuid}
         assert names - events == allowed, uuid

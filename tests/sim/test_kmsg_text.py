@@ -30,7 +30,8 @@ FORMATS = {
     "journalctl -k -o short-iso": f"2025-06-10T03:09:55+0000 gpu-host kernel: {UUID_LINE}\n"
                                   f"2025-06-10T03:09:55+0000 gpu-host kernel: {XID}\n"
                                   "2025-06-10T03:09:56+0000 gpu-host kernel: usb 1-1: reset\n",
-    "/dev/kmsg": f"6,100,219524218,-;{UUID_LINE}\n SUBSYSTEM=pci\n4,101,219524300,-;{XID}\n6,102,220000000,-;usb 1-1: reset\n",
+    "/dev/kmsg": f"6,100,219524218,-;{UUID_LINE}\n SUBSYSTEM=pci\n4,101,219524300,-;{XID}\n"
+                 "6,102,220000000,-;usb 1-1: reset\n",
     "bare messages": f"{UUID_LINE}\n{XID}\nusb 1-1: reset\n",
 }
 
@@ -73,4 +74,5 @@ def test_records_round_trip_through_the_kmsg_parser() -> None:
     lines = raw.decode().splitlines()
     assert len(lines) == 2  # a multi-line message is one record (newline escaped as \x0a)
     recs = [kp.parse_record(line) for line in lines]
-    assert [(r.seq, r.usec, r.level, r.message) for r in recs if r] == [(41, 5, 4, XID), (42, 5, 6, "line one\nline two")]
+    got = [(r.seq, r.usec, r.level, r.message) for r in recs if r]
+    assert got == [(41, 5, 4, XID), (42, 5, 6, "line one\nline two")]
