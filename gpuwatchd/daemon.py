@@ -28,6 +28,9 @@ from gpuwatchd.exporter.http import make_app
 from gpuwatchd.exporter.status import status_from_store
 from gpuwatchd.model import Alert, Snapshot, SourceStatus
 from gpuwatchd.notify.dispatcher import Dispatcher
+from gpuwatchd.probes.api import probe_routes
+from gpuwatchd.probes.service import ProbeService
+from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.rules.metrics import AlertsCollector
 from gpuwatchd.runtime.clock import Clock, RealClock
@@ -76,6 +79,7 @@ class Daemon:
         notifier: SdNotifier | None = None,
         env: Mapping[str, str] | None = None,
         worker_module: str = WORKER_MODULE,
+        probe_sim: SimProbes | None = None,
     ) -> None:
         self.config = config
         self._worker_module = worker_module  # gpuwatchd.sim.worker under the simulator
@@ -98,6 +102,8 @@ class Daemon:
         self._dispatcher: Dispatcher | None = None
         self._supervisor: NvmlSupervisor | None = None
         self.kernel_log: KernelLogTask | None = None
+        self._probe_sim = probe_sim  # gpuwatchd sim only: probes on the CPU device, faults from the scenario
+        self.probes: ProbeService | None = None
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._wakeup: asyncio.Event | None = None
@@ -143,6 +149,7 @@ class Daemon:
         self.store.config_reload_timestamp = self.clock.now()
         self._engine = RulesEngine(cfg.rules, host=cfg.host)
         self._dispatcher = Dispatcher(cfg.notify, state_dir=self.state_dir, clock=self.clock, host=cfg.host)
+        self.probes = ProbeService(cfg, self.store, self.clock, self.state_dir, sim=self._probe_sim)
         self.registry.register(StoreCollector(self.store))
         self._alerts_collector = AlertsCollector(self._engine)
         self.registry.register(self._alerts_collector)
@@ -172,6 +179,7 @@ class Daemon:
                                             sysfs_root=cfg.sysfs.root, on_event=self._wakeup.set)
             self._spawn(self.kernel_log.run(), "kernel log")
         self._spawn(self._evaluate_loop(), "rules evaluation")
+        self._spawn(self.probes.run(), "probe scheduler")
         if self.sd.watchdog_interval is not None:
             self._spawn(self._watchdog_loop(self.sd.watchdog_interval), "systemd watchdog")
         log.info("gpuwatchd %s serving on %s (state in %s)", __version__, self.url, self.state_dir)
@@ -183,7 +191,7 @@ class Daemon:
             registry=self.registry,
             status=self.status,
             ready=self.ready,
-            extra_routes=self.dispatcher.routes(lambda: self.alerts),
+            extra_routes=[*self.dispatcher.routes(lambda: self.alerts), *self._probe_routes()],
             cache_key=self._metrics_cache_key,
         )
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
@@ -197,6 +205,9 @@ class Daemon:
         self.host = host
         # With port 0 (tests) the kernel picks the port; report the one actually bound.
         self.port = int(runner.addresses[0][1]) if runner.addresses else port
+
+    def _probe_routes(self) -> list[web.RouteDef]:
+        return probe_routes(self.probes, lambda: self.config.notify.api) if self.probes is not None else []
 
     def _metrics_cache_key(self) -> tuple[int, int, int]:
         # The store's version covers GPU data, our generation counter alerts and reloads; the notification counters
@@ -377,6 +388,8 @@ class Daemon:
             "config_reload_success": self.store.config_reload_success,
             "alerts_firing": sum(a.state == "firing" for a in self.alerts),
         }
+        if self.probes is not None:
+            out["probes"] = self.probes.status()
         return out
 
     def _status_line(self) -> str:
@@ -435,6 +448,8 @@ class Daemon:
             new.nvml != old.nvml or new.processes != old.processes or new.sysfs != old.sysfs
         ):
             self._supervisor.reconfigure(new.nvml, new.processes, new.sysfs)
+        if self.probes is not None:
+            self.probes.reconfigure(new)
         if self._dispatcher is not None and new.notify != old.notify:
             self._dispatcher.reconfigure(new.notify)
         if self._engine is not None:

@@ -22,6 +22,7 @@ from gpuwatchd.model import (
     SourceStatus,
     XidEvent,
 )
+from gpuwatchd.probes.ledger import ProbeLedger
 from gpuwatchd.sources.kernel_log_stats import KernelLogStats
 from gpuwatchd.sources.sysfs_pcie import sysfs_bus_id
 
@@ -147,6 +148,7 @@ class Store:
         self.nvml_init_failures = 0
         self.config_reload_success = True
         self.config_reload_timestamp: float | None = None
+        self.probes = ProbeLedger()  # what the torch health probes found (gpuwatchd.probes.service writes it)
         # Bumped by every writer method, so readers (the /metrics cache) can tell "nothing changed" cheaply.
         # The runtime facts above are plain attributes: readers that cache include them in their key.
         self.version = 0

@@ -22,6 +22,7 @@ from gpuwatchd.config.kernel_log import KernelLogConfig
 from gpuwatchd.config.safe_yaml import load_yaml
 from gpuwatchd.config.types import Duration, PositiveDuration, SafePath, Section, yaml_error_message
 from gpuwatchd.notify.config import NotifyConfig
+from gpuwatchd.probes.config import ProbesConfig
 from gpuwatchd.rules.config import RulesConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuwatchd/gpuwatchd.yml")
@@ -109,6 +110,7 @@ class Config(Section):
     rules: RulesConfig = RulesConfig()
     notify: NotifyConfig = NotifyConfig()
     kernel_log: KernelLogConfig = KernelLogConfig()
+    probes: ProbesConfig = ProbesConfig()
 
     @field_validator("listen")
     @classmethod

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from gpuwatchd.exporter import dock_families as df
 from gpuwatchd.exporter import gpu_families as gf
 from gpuwatchd.exporter import kernel_log_families as kf
+from gpuwatchd.exporter import probe_families as pf
 from gpuwatchd.exporter import runtime_families as rf
 from gpuwatchd.exporter.encode import freeze
 from gpuwatchd.exporter.families import Spec, spec
@@ -85,6 +86,7 @@ class StoreCollector(Collector):
             "thunderbolt": df.dock_families,
             "kernel_log": kf.kernel_log_families,
             "self": lambda s: rf.self_families(s, self._build),
+            "probes": pf.probe_families,
         }
         self.errors: dict[str, int] = dict.fromkeys(self.groups, 0)
         # group -> (the GPU samples its families were built from, the families, frozen)

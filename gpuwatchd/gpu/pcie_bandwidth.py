@@ -31,13 +31,22 @@ def raw_bytes_per_second(gen: int, width: int) -> float:
     return GT_PER_S[gen] * 1e9 * ENCODING[gen] * width / 8
 
 
-def expectation(gen: int | None, width: int | None, *, thunderbolt: bool = False) -> LinkExpectation | None:
+TUNNEL_NAMES = {1: "Thunderbolt 1", 2: "Thunderbolt 2", 3: "Thunderbolt 3", 4: "USB4/Thunderbolt 4"}
+
+
+def tunnel_name(generation: int | None) -> str:
+    """The dock's Thunderbolt generation (sysfs ``generation``: 1-3 Thunderbolt, 4 USB4) as users say it."""
+    return TUNNEL_NAMES.get(generation or 0, "Thunderbolt 3/4")
+
+
+def expectation(gen: int | None, width: int | None, *, thunderbolt: bool = False,
+                tunnel: str = "Thunderbolt 3/4") -> LinkExpectation | None:
     """What a healthy link of this generation and width delivers per direction; None when unknown."""
     if thunderbolt:
         tgen, twidth = THUNDERBOLT_TUNNEL
         own = raw_bytes_per_second(gen, width) * PROTOCOL_EFFICIENCY if gen in GT_PER_S and width else None
         rate = THUNDERBOLT_BYTES_PER_SECOND if own is None else min(own, THUNDERBOLT_BYTES_PER_SECOND)
-        return LinkExpectation(f"a Thunderbolt 3/4 tunnel (PCIe Gen{tgen} x{twidth})", rate)
+        return LinkExpectation(f"a {tunnel} tunnel (PCIe Gen{tgen} x{twidth})", rate)
     if gen not in GT_PER_S or not width or width <= 0:
         return None
     return LinkExpectation(f"PCIe Gen{gen} x{width}", raw_bytes_per_second(gen, width) * PROTOCOL_EFFICIENCY)

@@ -78,12 +78,15 @@ async def run_worker(argv: Sequence[str], env: Mapping[str, str], deadline: floa
         # The group, even after a clean exit: a probe must leave no helper process running.
         _kill_group(proc.pid)
         await wait_task
+    except BaseException:
+        # Cancelled (the daemon is stopping): the group goes with us, and so do the pipe readers.
+        _kill_group(proc.pid)
+        for t in (wait_task, out_task, err_task):
+            t.cancel()
+        raise
     finally:
         if cancel_task is not None:
             cancel_task.cancel()
-        if not wait_task.done():
-            _kill_group(proc.pid)
-            wait_task.cancel()
     stdout, _ = await out_task
     stderr, _ = await err_task
     seconds = time.monotonic() - t0

@@ -204,6 +204,14 @@ class DockLinkRule(RuleSection):
     for_: Duration = Field(default=60.0, alias="for")
 
 
+class ProbeRule(RuleSection):
+    """``GpuProbeFailed`` and ``GpuPerformanceDegraded``: verdicts of the torch health probes (docs/probes.md)."""
+
+    # A measure below this share of the GPU's own baseline (or PCIe bandwidth below this share of what its link
+    # should give) on two consecutive runs is degraded: 0.8 is well outside run-to-run noise on an idle GPU.
+    degraded_ratio: float = Field(default=0.8, gt=0, lt=1)
+
+
 class RulesConfig(Section):
     """``rules:``: the built-in alert rules."""
 
@@ -222,3 +230,4 @@ class RulesConfig(Section):
     temperature: TemperatureRule = TemperatureRule()
     dock_unauthorized: DockUnauthorizedRule = DockUnauthorizedRule()
     dock_link: DockLinkRule = DockLinkRule()
+    probe: ProbeRule = ProbeRule()

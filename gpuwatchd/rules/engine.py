@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuwatchd.model import Alert, AlertState, fingerprint
-from gpuwatchd.rules import dock, ecc, leak, link, presence, temperature, throttle, xid
+from gpuwatchd.rules import dock, ecc, leak, link, presence, probe, temperature, throttle, xid
 from gpuwatchd.rules.condition import Condition, RuleView
 from gpuwatchd.rules.config import RulesConfig, RuleSection
 
@@ -59,6 +59,9 @@ FAMILIES: tuple[FamilySpec, ...] = (
         "dock",
         dock.conditions,
         {"GpuDockUnauthorized": lambda c: c.dock_unauthorized, "GpuDockLinkDegraded": lambda c: c.dock_link},
+    ),
+    FamilySpec(
+        "probe", probe.conditions, {"GpuProbeFailed": lambda c: c.probe, "GpuPerformanceDegraded": lambda c: c.probe}
     ),
 )
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)

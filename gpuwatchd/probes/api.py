@@ -1,0 +1,116 @@
+"""``POST /api/v1/probe``: run probes now through the daemon (its one-at-a-time lock and its baselines).
+
+Body ``{"gpus": ["0", "GPU-..."], "probes": ["gemm"]}`` (both optional: every present GPU, every enabled probe).
+Guarded like the silences API (``notify.api``: loopback peers only by default, bearer token when set): a probe
+run takes GPU time, so it is a write. The answer lists, per GPU, each probe's result with measured, baseline and
+expected figures; ``gpuwatchd probe`` prints it as a table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from gpuwatchd.notify.api import write_refusal
+from gpuwatchd.notify.config import ApiConfig
+from gpuwatchd.notify.json_body import BodyError, read_json
+from gpuwatchd.probes.config import PROBE_NAMES
+from gpuwatchd.probes.ledger import ProbeRecord
+from gpuwatchd.probes.service import ProbeService
+from gpuwatchd.store import Store
+
+MAX_BODY_BYTES = 16 * 1024
+BODY_TIMEOUT_SECONDS = 10.0
+
+
+class SelectError(ValueError):
+    pass
+
+
+def select_gpus(store: Store, wanted: list[str]) -> list[tuple[str, int, str | None]]:
+    """(uuid, index, name) of the GPUs named by index or UUID (all present GPUs when none are named)."""
+    gpus = list(store.latest.gpus) if store.latest is not None else []
+    if not wanted:
+        return [(g.uuid, g.index, g.name) for g in gpus]
+    out = []
+    for w in wanted:
+        match = [g for g in gpus if w == g.uuid or (w.isdigit() and int(w) == g.index)]
+        if not match:
+            known = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
+            raise SelectError(f"no present GPU {w!r} (present: {known})")
+        g = match[0]
+        if (g.uuid, g.index, g.name) not in out:
+            out.append((g.uuid, g.index, g.name))
+    return out
+
+
+def select_probes(wanted: list[str], enabled: list[str]) -> list[str]:
+    for p in wanted:
+        if p not in PROBE_NAMES:
+            raise SelectError(f"unknown probe {p!r} (known: {', '.join(PROBE_NAMES)})")
+    return list(wanted) or enabled
+
+
+def record_json(service: ProbeService, rec: ProbeRecord) -> dict[str, Any]:
+    link = service.link_expectation(rec.uuid)
+    return {
+        "probe": rec.probe,
+        "result": rec.result,
+        "problem": rec.problem,
+        "errors": rec.errors,
+        "seconds": rec.duration_seconds,
+        "measures": {
+            k: {
+                "measured": v,
+                "baseline": service.baselines.baseline(rec.uuid, k),
+                "expected": link.bytes_per_second if link is not None and k.startswith("pcie.") else None,
+                "expected_name": link.name if link is not None and k.startswith("pcie.") else None,
+                "degraded": rec.degraded.get(k),
+            }
+            for k, v in sorted(rec.measures.items())
+        },
+    }
+
+
+async def run_request(service: ProbeService, gpus: list[str], probes: list[str]) -> dict[str, Any]:
+    """Run the probes of the selected GPUs one after the other; the answer of the API and of a direct run."""
+    targets = select_gpus(service.store, gpus)
+    chosen = select_probes(probes, service.cfg.selected())
+    if not await service.ensure_available():
+        reason = service.ledger.unavailable_reason
+        return {"available": False, "reason": reason, "gpus": []}
+    out = []
+    for uuid, index, name in targets:
+        records = await service.run_gpu(uuid, chosen)
+        skipped = not records
+        out.append({"uuid": uuid, "index": index, "name": name,
+                    "skipped": service.last_skip(uuid) if skipped else None,
+                    "records": [record_json(service, r) for r in records]})
+    return {"available": True, "device": service.device, "gpus": out}
+
+
+def probe_routes(service: ProbeService, api: Callable[[], ApiConfig]) -> list[web.RouteDef]:
+    async def post(request: web.Request) -> web.Response:
+        refused = write_refusal(request, api())
+        if refused is not None:
+            return refused
+        try:
+            body = (await read_json(request, max_bytes=MAX_BODY_BYTES, timeout=BODY_TIMEOUT_SECONDS)
+                    if request.can_read_body else {})
+        except BodyError as e:
+            return web.json_response({"error": str(e)}, status=e.status)
+        if not isinstance(body, dict):
+            return web.json_response({"error": "expected a JSON object"}, status=400)
+        gpus, probes = body.get("gpus") or [], body.get("probes") or []
+        if not all(isinstance(x, str) for x in [*gpus, *probes]) or not isinstance(gpus, list) or not isinstance(
+            probes, list
+        ):
+            return web.json_response({"error": "gpus and probes: expected lists of strings"}, status=400)
+        try:
+            return web.json_response(await run_request(service, gpus, probes))
+        except SelectError as e:
+            return web.json_response({"error": str(e)}, status=400)
+
+    return [web.post("/api/v1/probe", post)]

@@ -1,0 +1,78 @@
+"""``probes:``: when and how hard the torch health probes run (docs/probes.md).
+
+```yaml
+probes:
+  interval: 1h
+  idle_for: 5m
+  gemm: true
+  memory: {}          # per-probe switches are plain booleans: memory: false
+```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from gpuwatchd.config.types import Duration, Section
+
+MIB = 1 << 20
+PROBE_NAMES = ("gemm", "memory", "pcie", "launch")
+
+
+class ProbesConfig(Section):
+    """Torch health probes on idle GPUs (needs the `gpuwatchd[probes]` extra: torch)."""
+
+    enabled: bool = True
+    # Per GPU, how often a probe run is due. 1 h: a run costs ~10-20 s of GPU time (torch start, CUDA context,
+    # the probes), so 1 h stays at ~0.5% of the GPU's time, under the 1% duty-cycle cap with room to spare, and
+    # a GPU that starts computing wrong numbers is caught within the hour; the 5-run baseline is built in 5 h.
+    interval: Duration = Field(default=3600.0, ge=60.0)
+    # A GPU must have been idle this long (no compute process, utilization under idle_utilization) before a run:
+    # 5 min is longer than the pauses inside a job (checkpointing, evaluation), so a probe does not land in them.
+    idle_for: Duration = Field(default=300.0, ge=0.0)
+    # "Idle" utilization ceiling (a desktop compositor keeps a few percent busy).
+    idle_utilization: float = Field(default=0.05, ge=0.0, le=1.0)
+    # Hard deadline of one run (wall seconds): then the worker's whole process group is killed, a probe failure.
+    deadline: Duration = Field(default=120.0, ge=5.0, le=3600.0)
+    # Probe time may take at most this share of each GPU's time: after a run of d seconds the next waits at
+    # least d / duty_cycle. Enforced, not advisory.
+    duty_cycle: float = Field(default=0.01, gt=0.0, le=1.0)
+    # The memory test and the GEMM use at most this share of the GPU's free memory ...
+    max_memory_share: float = Field(default=0.25, gt=0.0, le=0.9)
+    # ... and at most this much for the memory pattern test.
+    memory_bytes: int = Field(default=1024 * MIB, ge=MIB, le=1 << 40)
+    # GEMM dimension (n x n x n; halved until it fits max_memory_share).
+    gemm_n: int = Field(default=2048, ge=64, le=16384)
+    # Bytes per host<->device copy in the pcie probe.
+    transfer_bytes: int = Field(default=256 * MIB, ge=MIB, le=1 << 34)
+    # A measure's baseline is the median of its first N healthy runs.
+    baseline_runs: int = Field(default=5, ge=1, le=100)
+    gemm: bool = True
+    memory: bool = True
+    pcie: bool = True
+    launch: bool = True
+    # Interpreter that has torch (a venv with gpuwatchd[probes]); unset: the daemon's own.
+    python: Path | None = None
+
+    @model_validator(mode="after")
+    def _some_probe(self) -> ProbesConfig:
+        if self.enabled and not self.selected():
+            raise ValueError("every probe is switched off: set enabled: false instead")
+        if self.idle_for > self.interval:
+            raise ValueError("idle_for must not exceed interval")
+        return self
+
+    def selected(self) -> list[str]:
+        return [p for p in PROBE_NAMES if getattr(self, p)]
+
+
+def sim_probes(cfg: ProbesConfig, explicit: set[str]) -> ProbesConfig:
+    """``gpuwatchd sim``'s schedule: minutes, not hours, unless the config file set the key itself.
+
+    A CPU run takes a few seconds, so a 50% cap lets the sim show baselines, failures and recoveries within a
+    scenario; the real defaults would need a day of scenario time.
+    """
+    sim = {"interval": 120.0, "idle_for": 30.0, "duty_cycle": 0.5, "baseline_runs": 3, "deadline": 60.0}
+    return cfg.model_copy(update={k: v for k, v in sim.items() if k not in explicit})

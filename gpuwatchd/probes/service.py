@@ -1,0 +1,335 @@
+"""The daemon's probe service: availability, the schedule loop, one run at a time, judging, baselines.
+
+Built by the daemon (``gpuwatchd run``: real GPUs, ``--device cuda``) or by ``gpuwatchd sim`` with a
+:class:`~gpuwatchd.probes.sim.SimProbes` (the CPU device, attributed to each simulated GPU, faults injected from
+the scenario). Never imports torch: whether torch can run is asked of a one-shot worker (``--check``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuwatchd.config.loader import Config
+from gpuwatchd.gpu.pcie_bandwidth import LinkExpectation, expectation, tunnel_name
+from gpuwatchd.probes.baseline import FILE_NAME, Baselines
+from gpuwatchd.probes.config import ProbesConfig
+from gpuwatchd.probes.ledger import ProbeRecord
+from gpuwatchd.probes.runner import WorkerRun, run_worker, worker_env
+from gpuwatchd.probes.scheduler import Scheduler, foreign_process, present
+from gpuwatchd.probes.sim import SimProbes
+from gpuwatchd.probes.verdict import LINK_MEASURES, WORKER, degraded_problem, judge_probe, ratio
+from gpuwatchd.runtime.clock import Clock
+from gpuwatchd.sources.sysfs_pcie import PCI_DEVICES, sysfs_bus_id
+from gpuwatchd.store import Store
+
+log = logging.getLogger(__name__)
+
+TICK_S = 5.0  # how often (clock seconds) the schedule is looked at
+WATCH_S = 0.25  # how often (wall seconds) a running probe checks for a user's job or a lost GPU
+CHECK_DEADLINE_S = 120.0
+# CPU sizes (tests, sim): about a second of work on a busy core.
+CPU_SIZES = ["--gemm-n", "96", "--memory-bytes", str(1 << 20), "--transfer-bytes", str(1 << 20)]
+ENABLE_HINT = {
+    "torch_not_installed": "install the probes extra (pip install 'gpuwatchd[probes]') or point probes.python at "
+                           "an interpreter that has torch",
+    "torch_without_cuda": "this torch is a CPU-only build: install a CUDA build of torch (pip install "
+                          "'gpuwatchd[probes]' from the PyTorch CUDA index)",
+    "driver_too_old": "the NVIDIA driver is older than torch's CUDA needs: update the driver or install a torch "
+                      "built for an older CUDA",
+    "no_cuda_device": "torch sees no CUDA device",
+    "check_failed": "the torch check itself failed (see the log line above)",
+    "disabled": "probes.enabled is false",
+}
+_CHECKED: dict[tuple[str, str], tuple[bool, str | None]] = {}  # (python, device) -> result, once per process
+
+
+def behind_thunderbolt(sysfs_root: Path, bus_id: str | None) -> bool:
+    """True when sysfs marks the GPU or a bridge above it removable (an external-facing Thunderbolt/USB4 port,
+    Linux >= 5.14; nvml-egpu.md §4, "Finding the Thunderbolt parent")."""
+    if not bus_id:
+        return False
+    try:
+        d = (sysfs_root / PCI_DEVICES / sysfs_bus_id(bus_id)).resolve()
+    except OSError:
+        return False
+    for node in (d, *d.parents):
+        try:
+            if (node / "removable").read_text(encoding="ascii").strip() == "removable":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+class ProbeService:
+    def __init__(self, config: Config, store: Store, clock: Clock, state_dir: Path | None, *,
+                 sim: SimProbes | None = None, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.ledger = store.probes
+        self.clock = clock
+        self.sim = sim
+        self.device = "cpu" if sim is not None else "cuda"
+        self._env = dict(os.environ if env is None else env)
+        self.baselines = Baselines(state_dir / FILE_NAME if state_dir else None, config.probes.baseline_runs)
+        self.ledger.baseline_resets = self.baselines.resets
+        self.scheduler = Scheduler(config.probes)
+        self._lock = asyncio.Lock()  # one probe subprocess per host
+        self.own_pids: set[int] = set()
+        self._logged_unavailable = False
+        self.current: str | None = None  # uuid being probed
+
+    @property
+    def cfg(self) -> ProbesConfig:
+        return self.config.probes
+
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
+        self.scheduler.cfg = config.probes
+
+    def _changed(self) -> None:
+        self.store.version += 1  # the /metrics cache key
+
+    # -- availability --------------------------------------------------------------------------------------------
+
+    @property
+    def python(self) -> str:
+        return str(self.cfg.python) if self.cfg.python is not None else sys.executable
+
+    async def ensure_available(self) -> bool:
+        if not self.cfg.enabled:
+            self._set_available(False, "disabled")
+            return False
+        if self.ledger.available is not None and self.ledger.unavailable_reason != "disabled":
+            return self.ledger.available
+        key = (self.python, self.device)
+        if key not in _CHECKED:
+            _CHECKED[key] = await self._check()
+        ok, reason = _CHECKED[key]
+        self._set_available(ok, reason)
+        return ok
+
+    async def _check(self) -> tuple[bool, str | None]:
+        if self.cfg.python is None and importlib.util.find_spec("torch") is None:
+            return False, "torch_not_installed"
+        if self.device == "cpu":
+            return True, None  # sim: torch imports (find_spec) and the CPU device always exists
+        argv = [self.python, "-m", "gpuwatchd.probes.worker", "--check", "--device", "cuda"]
+        run = await run_worker(argv, worker_env(self._env, None), CHECK_DEADLINE_S)
+        if run.outcome != "ok" or run.result is None or not isinstance(run.result.get("check"), dict):
+            if self.cfg.python is not None and "No module named 'torch'" in run.detail:
+                return False, "torch_not_installed"
+            log.warning("probes: the torch availability check failed: %s", run.detail or run.outcome)
+            return False, "check_failed"
+        chk = run.result["check"]
+        if chk.get("available"):
+            log.info("probes: torch %s with CUDA %s is available", chk.get("torch"), chk.get("cuda"))
+            return True, None
+        if chk.get("detail"):
+            log.info("probes: torch says: %s", chk["detail"])
+        return False, str(chk.get("reason") or "no_cuda_device")
+
+    def _set_available(self, ok: bool, reason: str | None) -> None:
+        if (self.ledger.available, self.ledger.unavailable_reason) == (ok, None if ok else reason):
+            return
+        self.ledger.set_available(ok, reason)
+        self._changed()
+        if not ok and not self._logged_unavailable:
+            self._logged_unavailable = True
+            log.warning("torch health probes are off (%s): %s", reason, ENABLE_HINT.get(reason or "", reason))
+
+    # -- schedule ------------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The daemon task: look at the schedule every TICK_S clock seconds, run what is due."""
+        while True:
+            await self.step()
+            await self.clock.sleep(TICK_S)
+
+    async def step(self) -> list[ProbeRecord]:
+        """Run the most overdue idle GPU's probes, if any is due (tests call this directly)."""
+        if not self.cfg.enabled:
+            self._set_available(False, "disabled")
+            return []
+        if self._lock.locked():
+            return []
+        now = self.clock.now()
+        due, skips = self.scheduler.decide(self.store, now, self.own_pids)
+        for uuid, reason in skips:
+            self.ledger.skip(uuid, reason, now)
+        if skips:
+            self._changed()
+        if not due:
+            return []
+        if not await self.ensure_available():
+            for uuid in due:
+                self.ledger.skip(uuid, "unavailable", now)
+                self.scheduler.started(uuid, now)  # look again at the next interval, not every tick
+            self._changed()
+            return []
+        return await self.run_gpu(due[0])
+
+    # -- one run -------------------------------------------------------------------------------------------------
+
+    async def run_gpu(self, uuid: str, probes: list[str] | None = None) -> list[ProbeRecord]:
+        """Probe one GPU now (waits for the host's probe lock); returns the records of the run."""
+        async with self._lock:
+            if not present(self.store, uuid):
+                self.ledger.skip(uuid, "gpu_not_present", self.clock.now())
+                self._changed()
+                return []
+            pid = foreign_process(self.store, uuid, self.own_pids)
+            if pid is not None:
+                self.ledger.skip(uuid, "busy_process", self.clock.now())
+                self.scheduler.postpone(uuid, self.clock.now())
+                self._changed()
+                return []
+            self.current = uuid
+            try:
+                return await self._run_locked(uuid, probes or self.cfg.selected())
+            finally:
+                self.current = None
+
+    def _argv(self, probes: list[str], faults_json: str | None) -> list[str]:
+        cfg = self.cfg
+        argv = [self.python, "-m", "gpuwatchd.probes.worker", "--device", self.device]
+        for p in probes:
+            argv += ["--probe", p]
+        if self.device == "cpu":
+            argv += CPU_SIZES
+        else:
+            argv += ["--gemm-n", str(cfg.gemm_n), "--memory-bytes", str(cfg.memory_bytes),
+                     "--memory-share", str(cfg.max_memory_share), "--transfer-bytes", str(cfg.transfer_bytes)]
+        if faults_json is not None:
+            argv += ["--inject", faults_json]
+        return argv
+
+    async def _run_locked(self, uuid: str, probes: list[str]) -> list[ProbeRecord]:
+        faults = self.sim.faults(uuid) if self.sim is not None else None
+        argv = self._argv(probes, faults.to_json() if faults is not None and faults.active else None)
+        start = self.clock.now()
+        self.scheduler.started(uuid, start)
+        cancel = asyncio.Event()
+        why: list[str] = []
+        worker: list[int] = []
+
+        def started(pid: int) -> None:
+            worker.append(pid)
+            self.own_pids.add(pid)
+
+        watch = asyncio.ensure_future(self._watch(uuid, worker, cancel, why))
+        try:
+            run = await run_worker(argv, worker_env(self._env, uuid), self.cfg.deadline, cancel, started)
+        finally:
+            watch.cancel()
+            self.own_pids.difference_update(worker)
+        end = self.clock.now()
+        self.scheduler.finished(uuid, end)
+        link = self._link(uuid)
+        if run.result is not None and self.sim is not None and faults is not None:
+            self.sim.adjust(uuid, run.result, faults, link)
+        records = self._judge(uuid, probes, run, end, link=link, cancel_reason=why[0] if why else "job")
+        self.ledger.record(records, building=self._building(uuid, records))
+        self._changed()
+        for r in records:
+            if not r.success:
+                log.warning("probe %s on %s: %s: %s", r.probe, uuid, r.result, r.problem)
+        return records
+
+    async def _watch(self, uuid: str, worker: list[int], cancel: asyncio.Event, why: list[str]) -> None:
+        """Kill the probe when a user's job starts on the GPU (the user wins) or the GPU goes away."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            if not present(self.store, uuid):
+                why.append("gpu_lost")
+            elif foreign_process(self.store, uuid, set(worker) | self.own_pids) is not None:
+                why.append("job")
+            if why:
+                cancel.set()
+                return
+
+    def last_skip(self, uuid: str) -> str | None:
+        v = self.ledger.verdicts.get(uuid)
+        return v.verdict if v is not None and v.verdict.startswith("skipped") else "skipped"
+
+    def link_expectation(self, uuid: str) -> LinkExpectation | None:
+        return self._link(uuid)
+
+    def _link(self, uuid: str) -> LinkExpectation | None:
+        g = self.store.gpu(uuid)
+        if g is None:
+            return None
+        gen = g.pcie_link_max_generation or g.pcie_link_generation
+        width = g.pcie_link_max_width or g.pcie_link_width
+        # Behind a dock the Thunderbolt source found (store.gpu_docks), else sysfs' "removable" mark.
+        dock = self.store.gpu_docks.get(uuid)
+        if dock is not None and dock in self.store.docks:
+            return expectation(gen, width, thunderbolt=True, tunnel=tunnel_name(dock.generation))
+        return expectation(gen, width, thunderbolt=behind_thunderbolt(self.config.sysfs.root, g.pci_bus_id))
+
+    def _building(self, uuid: str, records: list[ProbeRecord]) -> bool:
+        return any(self.baselines.count(uuid, k) < self.baselines.runs for r in records for k in r.measures)
+
+    def _judge(self, uuid: str, probes: list[str], run: WorkerRun, now: float, *, link: LinkExpectation | None,
+               cancel_reason: str) -> list[ProbeRecord]:
+        secs = run.seconds
+        if run.outcome == "cancelled":
+            self.ledger.skip(uuid, "gpu_lost" if cancel_reason == "gpu_lost" else "preempted", now)
+            return [ProbeRecord(uuid, p, "cancelled", now, secs) for p in probes]
+        if run.outcome in ("timeout", "crash") or run.result is None:
+            what = f"the probe worker (running {', '.join(probes)}) {run.detail}"
+            return [ProbeRecord(uuid, WORKER, "timeout" if run.outcome == "timeout" else "crash", now, secs,
+                                problem=what)]
+        threshold = self.config.rules.probe.degraded_ratio
+        out: list[ProbeRecord] = []
+        entries: dict[str, Any] = run.result.get("probes") or {}
+        for probe in probes:
+            entry = entries.get(probe)
+            if entry is None:
+                continue  # not reached: an earlier probe's CUDA error ended the run (that one is the failure)
+            j = judge_probe(probe, entry)
+            seconds = float(entry.get("seconds") or 0.0)
+            if j.result == "oom":
+                self.ledger.skip(uuid, "oom", now)
+                out.append(ProbeRecord(uuid, probe, "oom", now, seconds, problem=j.problem))
+                continue
+            ratios: dict[str, float] = {}
+            degraded: dict[str, str] = {}
+            healthy: dict[str, float] = {}
+            for key, value in j.measures.items():
+                base = self.baselines.baseline(uuid, key)
+                if base is not None:
+                    ratios[key] = ratio(key, value, base)
+                why = degraded_problem(key, value, base, link if key in LINK_MEASURES else None, threshold)
+                if why is not None:
+                    degraded[key] = why
+                else:
+                    healthy[key] = value
+            result = j.result
+            if result == "pass" and degraded:
+                result = "degraded"
+            if result == "pass":
+                self.baselines.add(uuid, healthy)  # only healthy runs build a baseline
+            out.append(ProbeRecord(uuid, probe, result, now, seconds, j.errors, j.problem, dict(j.measures),
+                                   ratios, degraded))
+        return out
+
+    # -- views ---------------------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """``/api/v1/status`` ``probes`` block: availability and the last verdict per GPU."""
+        led = self.ledger
+        return {
+            "available": led.available,
+            "unavailable_reason": led.unavailable_reason,
+            "device": self.device,
+            "running": self.current,
+            "gpus": {u: {"verdict": v.verdict, "timestamp": v.timestamp, "detail": v.detail}
+                     for u, v in sorted(led.verdicts.items())},
+        }
