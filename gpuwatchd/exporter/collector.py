@@ -43,7 +43,7 @@ Group = Callable[[Store], Iterable[Metric]]
 
 def store_specs() -> list[Spec]:
     """Every family the store collector can export."""
-    found = [v for mod in (rf, gf, df, kf) for v in vars(mod).values() if isinstance(v, Spec)]
+    found = [v for mod in (rf, gf, df, kf, pf) for v in vars(mod).values() if isinstance(v, Spec)]
     return [*found, COLLECT_ERRORS]
 
 

@@ -65,6 +65,11 @@ class Baselines:
     def count(self, uuid: str, key: str) -> int:
         return len(self._values.get(uuid, {}).get(key, []))
 
+    def building(self, uuid: str) -> bool:
+        """No complete baseline yet for some measure of this GPU (or none at all)."""
+        per = self._values.get(uuid)
+        return not per or any(len(v) < self.runs for v in per.values())
+
     def add(self, uuid: str, measures: dict[str, float]) -> None:
         """Take the measures of a healthy run while the baseline of each is still being built."""
         changed = False

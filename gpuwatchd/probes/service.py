@@ -234,8 +234,9 @@ class ProbeService:
         link = self._link(uuid)
         if run.result is not None and self.sim is not None and faults is not None:
             self.sim.adjust(uuid, run.result, faults, link)
+        building = self.baselines.building(uuid)  # before this run's values join the baseline
         records = self._judge(uuid, probes, run, end, link=link, cancel_reason=why[0] if why else "job")
-        self.ledger.record(records, building=self._building(uuid, records))
+        self.ledger.record(records, building=building)
         self._changed()
         for r in records:
             if not r.success:
@@ -272,9 +273,6 @@ class ProbeService:
         if dock is not None and dock in self.store.docks:
             return expectation(gen, width, thunderbolt=True, tunnel=tunnel_name(dock.generation))
         return expectation(gen, width, thunderbolt=behind_thunderbolt(self.config.sysfs.root, g.pci_bus_id))
-
-    def _building(self, uuid: str, records: list[ProbeRecord]) -> bool:
-        return any(self.baselines.count(uuid, k) < self.baselines.runs for r in records for k in r.measures)
 
     def _judge(self, uuid: str, probes: list[str], run: WorkerRun, now: float, *, link: LinkExpectation | None,
                cancel_reason: str) -> list[ProbeRecord]:

@@ -152,15 +152,15 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write("probe worker: --inject is for simulated GPUs (--device cpu) only\n")
             return 2
         faults = faults_from_json(args.inject)
+    if faults.hang:
+        while True:  # an unresponsive driver call: only the runner's deadline ends this
+            time.sleep(3600)
     import torch
 
     torch.set_num_threads(max(1, args.threads))
     if args.check:
         _emit({"v": 1, "check": check(torch)})
         return 0
-    if faults.hang:
-        while True:  # an unresponsive driver call: only the runner's deadline ends this
-            time.sleep(3600)
     result = run_probes(torch, args, faults)
     _crash(faults.crash, result)
     _emit(result)

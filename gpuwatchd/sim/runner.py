@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TextIO
 
 from gpuwatchd.config.loader import Config, load_config
+from gpuwatchd.probes.config import sim_probes
+from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.runtime.clock import ScaledClock
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_USAGE
 from gpuwatchd.sim.kmsg_replay import KernelLogError, ReplayRing, feed_when_ready, load_kernel_log
@@ -92,7 +94,8 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         config = _sim_config(config, libdir, state_dir or (tmp / "state-dir"), state_dir is not None, tmp / "sysfs")
         config = config.model_copy(update={"kernel_log": config.kernel_log.model_copy(update={"path": ring.path})})
         daemon = Daemon(config, config_path=config_path, clock=clock, listen=listen,
-                        worker_env={**os.environ, STATE_ENV: str(state_path)}, worker_module=SIM_WORKER_MODULE)
+                        worker_env={**os.environ, STATE_ENV: str(state_path)}, worker_module=SIM_WORKER_MODULE,
+                        probe_sim=SimProbes(state_path))
         try:
             await daemon.start()
         except DaemonError as e:
@@ -161,7 +164,9 @@ def _sim_config(config: Config, libdir: Path, state_dir: Path, explicit: bool, s
     # The host's real /sys knows nothing of simulated GPUs: the player keeps a fake PCI tree in step with the
     # scenario, which is how the daemon's hot-plug watch sees an eGPU leave and come back.
     sysfs = config.sysfs.model_copy(update={"root": sysfs_root})
-    update: dict[str, object] = {"nvml": nvml, "sysfs": sysfs}
+    # Probes run on the CPU device on a minutes schedule (probes/config.py sim_probes).
+    probes = sim_probes(config.probes, set(config.probes.model_fields_set))
+    update: dict[str, object] = {"nvml": nvml, "sysfs": sysfs, "probes": probes}
     # A simulation keeps its alert state and outbox away from a real daemon's, unless told where.
     if explicit or "state_dir" not in config.model_fields_set:
         update["state_dir"] = state_dir

@@ -153,6 +153,8 @@ def check_field(path: FieldPath, value: Any, schema: dict[str, Any], *, numeric:
         if keys[0] not in _TOP_LEVEL:
             raise ValueError(f"unknown field {path.text!r}")
         expected = _TOP_LEVEL[str(keys[0])]
+    elif keys[0] == PROBE_FAULTS:
+        return _check_probe_faults(path, value)
     elif keys[0] in OPEN_MAPS:
         kind = OPEN_MAPS[str(keys[0])]
         if len(keys) == 1:
@@ -194,6 +196,23 @@ def check_field(path: FieldPath, value: Any, schema: dict[str, Any], *, numeric:
             raise ValueError(f"{path.text}: not a numeric field")
         return value
     _check_type(expected, value, path.text)
+    return value
+
+
+PROBE_FAULTS = "_probe"  # devices[N]._probe: probe faults for the sim (gpuwatchd.probes.faults); C ignores "_" keys
+
+
+def _check_probe_faults(path: FieldPath, value: Any) -> Any:
+    """``devices[N]._probe`` (a mapping) or ``devices[N]._probe.<fault>``."""
+    from gpuwatchd.probes.faults import faults_from_dict
+
+    keys = path.keys
+    if len(keys) > 2 or (len(keys) == 2 and not isinstance(keys[1], str)):
+        raise ValueError(f"unknown field {path.text!r}")
+    try:
+        faults_from_dict(value if len(keys) == 1 else {keys[1]: value})
+    except ValueError as e:
+        raise ValueError(f"{path.text}: {e}") from None
     return value
 
 
