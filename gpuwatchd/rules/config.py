@@ -212,6 +212,14 @@ class ProbeRule(RuleSection):
     degraded_ratio: float = Field(default=0.8, gt=0, lt=1)
 
 
+class RuleFailingRule(RuleSection):
+    """``GpuwatchdRuleFailing``: a rule family raised at every evaluation for ``for``, so its alerts cannot fire."""
+
+    # A family raising once (a reading it did not expect) is logged and counted; one raising at every evaluation
+    # for 5 min is broken, and the GPUs it watches are unwatched.
+    for_: Duration = Field(default=300.0, alias="for")
+
+
 class RulesConfig(Section):
     """``rules:``: the built-in alert rules."""
 
@@ -231,3 +239,4 @@ class RulesConfig(Section):
     dock_unauthorized: DockUnauthorizedRule = DockUnauthorizedRule()
     dock_link: DockLinkRule = DockLinkRule()
     probe: ProbeRule = ProbeRule()
+    rule_failing: RuleFailingRule = RuleFailingRule()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuwatchd.model import Alert, AlertState, fingerprint
-from gpuwatchd.rules import dock, ecc, leak, link, presence, probe, temperature, throttle, xid
+from gpuwatchd.rules import dock, ecc, failing, leak, link, presence, probe, temperature, throttle, xid
 from gpuwatchd.rules.condition import Condition, RuleView
 from gpuwatchd.rules.config import RulesConfig, RuleSection
 
@@ -65,6 +65,8 @@ FAMILIES: tuple[FamilySpec, ...] = (
     ),
 )
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
+# The engine's own family: a family that keeps raising (rules/failing.py).
+FAILING = "rule_failing"
 
 
 @dataclass(slots=True)
@@ -95,6 +97,7 @@ class RulesEngine:
         self._tracked: dict[str, _Tracked] = {}
         self._stats: dict[str, FamilyStats] = {f.name: FamilyStats() for f in families}
         self._cache: dict[str, tuple[float, list[Condition]]] = {}  # family -> (run at, conditions)
+        self._failing: set[str] = set()  # families whose last run raised
         self.evaluations = 0
         self.last_evaluation: float | None = None
 
@@ -124,6 +127,7 @@ class RulesEngine:
         """Run every enabled family at ``now`` and advance the state machine; returns ``alerts()``."""
         seen: dict[str, tuple[str, Condition]] = {}
         failed: set[str] = set()
+        errors: dict[str, str] = {}
         for fam in self._families:
             enabled = [n for n, sec in fam.sections.items() if sec(self._config).enabled]
             if not enabled:
@@ -137,16 +141,25 @@ class RulesEngine:
             try:
                 conds = fam.evaluate(view, now, self._config)
             except Exception as e:  # a broken family must not silence the others; it is counted and logged
-                log.exception("rule family %s failed", fam.name)
                 st = self._stats[fam.name]
+                if fam.name not in self._failing:  # once per streak of failures, not at every evaluation
+                    log.exception("rule family %s failed", fam.name)
+                    self._failing.add(fam.name)
                 self._stats[fam.name] = FamilyStats(
                     time.perf_counter() - t0, st.failures + 1, f"{type(e).__name__}: {e}"
                 )
                 failed.add(fam.name)
+                errors[fam.name] = f"{type(e).__name__}: {e}"
                 continue
+            if fam.name in self._failing:
+                log.info("rule family %s evaluates again", fam.name)
+                self._failing.discard(fam.name)
             self._stats[fam.name] = replace(self._stats[fam.name], duration_seconds=time.perf_counter() - t0)
             self._cache[fam.name] = (now, conds)
             self._collect(fam.name, conds, enabled, seen)
+        if self._config.rule_failing.enabled:
+            names = {f.name: tuple(f.sections) for f in self._families}
+            self._collect(FAILING, failing.conditions(errors, names), [failing.ALERTNAME], seen)
         self._advance(seen, failed, now)
         self.evaluations += 1
         self.last_evaluation = now
@@ -188,6 +201,8 @@ class RulesEngine:
         return labels
 
     def _timing(self, family: str, name: str) -> RuleSection:
+        if family == FAILING:
+            return self._config.rule_failing
         for fam in self._families:
             if fam.name == family and name in fam.sections:
                 return fam.sections[name](self._config)

@@ -154,7 +154,8 @@ def test_failing_family_is_counted_and_others_still_run(store: Store, caplog: py
     alerts = eng.evaluate(store, T0 + 120)
     names = {a.name: a.state for a in alerts}
     # the throttle alert keeps its state (missing data is not "all clear"); temperature still evaluated
-    assert names == {"GpuThrottled": "firing", "GpuTemperatureHigh": "firing"}
+    # ... and the failure itself is an alert (pending for rules.rule_failing.for, 5 min)
+    assert names == {"GpuThrottled": "firing", "GpuTemperatureHigh": "firing", "GpuwatchdRuleFailing": "pending"}
     assert eng.stats["throttle"].failures == 1 and "ZeroDivisionError: boom" in (eng.stats["throttle"].last_error or "")
     assert "rule family throttle failed" in caplog.text
 
