@@ -32,6 +32,8 @@ DEFAULT_PORT = 9945
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 DEFAULT_STATE_DIR = Path("/var/lib/gpuwatchd")
 MIN_POLL_TIMEOUT = 0.05
+# A file with thousands of wrong keys gets the first ten and a count, not thousands of lines.
+MAX_PROBLEMS_SHOWN = 10
 # Points kept per GPU and per process series: a day at 1 s; the default (1 h at 5 s) keeps 720.
 MAX_HISTORY_POINTS = 86_400
 
@@ -146,7 +148,10 @@ class ConfigError(Exception):
         super().__init__(f"{source}: " + "; ".join(problems))
 
     def __str__(self) -> str:
-        return "\n".join(f"{self.source}: {p}" for p in self.problems)
+        shown = [f"{self.source}: {p}" for p in self.problems[:MAX_PROBLEMS_SHOWN]]
+        if len(self.problems) > MAX_PROBLEMS_SHOWN:
+            shown.append(f"{self.source}: ... and {len(self.problems) - MAX_PROBLEMS_SHOWN} more problems")
+        return "\n".join(shown)
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:

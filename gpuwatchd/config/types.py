@@ -80,7 +80,11 @@ class Section(BaseModel):
 
 
 def yaml_error_message(e: yaml.YAMLError) -> str:
-    """``line 3, column 7: invalid YAML: <problem>`` for a parse error (config files and scenario files)."""
+    """``line 3, column 7: invalid YAML: <problem>`` for a parse error (config files and scenario files), one line."""
+    if isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow (NUL, other control characters)
+        code = ord(e.character) if isinstance(e.character, str) else int(e.character)
+        return f"character {e.position + 1}: invalid YAML: unacceptable character #x{code:04x}"
     mark = getattr(e, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return f"{where}invalid YAML: {getattr(e, 'problem', None) or e}"
+    problem = " ".join(str(getattr(e, "problem", None) or e).split())
+    return f"{where}invalid YAML: {problem}"

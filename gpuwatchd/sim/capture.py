@@ -19,12 +19,16 @@ from gpuwatchd.sim.standin_abi import MAX_SIM_GPUS
 __all__ = ["CLOCK_EVENT_REASON_BITS", "CaptureError", "describe_capture", "parse_cuda_version", "state_from_xml"]
 
 _ROOT_TAG = "nvidia_smi_log"
+# nvidia-smi's XML nests 5-6 levels (nvidia_smi_log/gpu/ecc_errors/volatile/sram_correctable); 32 is far past it.
+MAX_XML_DEPTH = 32
 
 
 def state_from_xml(source: str | os.PathLike[str]) -> dict[str, Any]:
     """The stand-in state dict for an nvidia-smi XML dump, given as a path or as the XML text itself."""
     root = _load(source)
     count = sum(1 for _ in root.iterfind("gpu"))
+    if count == 0:  # nvidia-smi prints one <gpu> per GPU and fails outright on a host without one
+        raise CaptureError(f"{_name(source)}: no <gpu> element (nvidia-smi -q -x lists one per GPU)")
     if count > MAX_SIM_GPUS:
         raise CaptureError(f"{_name(source)}: {count} <gpu> elements; the simulator plays at most {MAX_SIM_GPUS} GPUs")
     driver = text(root, "driver_version")
@@ -70,14 +74,26 @@ def _load(source: str | os.PathLike[str]) -> ET.Element:
         try:
             data = read_text_file(source, max_bytes=MAX_XML_BYTES)
         except InputFileError as error:
-            raise CaptureError(f"{_name(source)}: cannot read the capture: {error}") from None
+            raise CaptureError(f"{_name(source)}: {error}") from None
     try:
         root = ET.fromstring(data)  # noqa: S314 - see the import: no entity expansion bombs, no network
     except ET.ParseError as error:
         raise CaptureError(f"{_name(source)}: not well-formed XML: {error}") from error
+    if _depth(root) > MAX_XML_DEPTH:
+        raise CaptureError(f"{_name(source)}: elements nested deeper than {MAX_XML_DEPTH} levels (not nvidia-smi's)")
     if root.tag != _ROOT_TAG:
         raise CaptureError(f"{_name(source)}: root element is <{root.tag}>, expected <{_ROOT_TAG}> (nvidia-smi -q -x)")
     return root
+
+
+def _depth(root: ET.Element) -> int:
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        element, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth <= MAX_XML_DEPTH:
+            stack.extend((child, depth + 1) for child in element)
+    return deepest
 
 
 def _name(source: str | os.PathLike[str]) -> str:

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
+from gpuwatchd.config.files import shown_path
 from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.probes.config import sim_probes
 from gpuwatchd.probes.sim import SimProbes
@@ -50,8 +51,6 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
     ``ConfigError`` from a bad ``--config`` propagates (the CLI owns that exit code); scenario, XML and option
     problems are printed to stderr and return ``EXIT_USAGE``; daemon start-up failures return their exit code.
     """
-    from gpuwatchd.daemon import Daemon, DaemonError
-
     out = out or sys.stdout
     problem = _check_options(scenario, from_xml, speed, gpus)
     if problem:
@@ -84,13 +83,17 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
             try:
                 title, expect = _write_capture(from_xml, state_path, tmp / "sysfs")
             except (OSError, ValueError) as e:
-                print(f"gpuwatchd sim: --from-xml {from_xml}: {e}", file=sys.stderr)
+                name, msg = shown_path(from_xml), str(e)
+                print(f"gpuwatchd sim: --from-xml {msg if msg.startswith(name) else f'{name}: {msg}'}", file=sys.stderr)
                 return EXIT_USAGE
         try:
             libdir = _library_dir(scen, tmp)
         except (OSError, RuntimeError) as e:
             print(f"gpuwatchd sim: cannot build the stand-in NVML driver: {e}", file=sys.stderr)
             return EXIT_USAGE
+        # Imported once the inputs are known good: a bad file is refused without loading the whole daemon.
+        from gpuwatchd.daemon import Daemon, DaemonError
+
         config = _sim_config(config, libdir, state_dir or (tmp / "state-dir"), state_dir is not None, tmp / "sysfs")
         config = config.model_copy(update={"kernel_log": config.kernel_log.model_copy(update={"path": ring.path})})
         daemon = Daemon(config, config_path=config_path, clock=clock, listen=listen,

@@ -42,7 +42,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gpuwatchd.config.files import InputFileError, missing, read_text_file, shown_path
-from gpuwatchd.config.loader import format_validation_error
+from gpuwatchd.config.loader import MAX_PROBLEMS_SHOWN, format_validation_error
 from gpuwatchd.config.safe_yaml import load_yaml
 from gpuwatchd.config.types import yaml_error_message
 from gpuwatchd.sim.scenario_fields import (
@@ -68,7 +68,10 @@ class ScenarioError(Exception):
     def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
         self.problems = problems
-        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+        shown = [f"{source}: {p}" for p in problems[:MAX_PROBLEMS_SHOWN]]
+        if len(problems) > MAX_PROBLEMS_SHOWN:
+            shown.append(f"{source}: ... and {len(problems) - MAX_PROBLEMS_SHOWN} more problems")
+        super().__init__("\n".join(shown))
 
 
 # --- the format ----------------------------------------------------------------------------------------------------
@@ -392,8 +395,8 @@ def load_scenario_file(path: Path) -> Scenario:
     src = shown_path(path.name)
     try:
         text = read_text_file(path)
-    except InputFileError as e:
-        raise ScenarioError(src, [str(e)]) from None
+    except InputFileError as e:  # the whole path: "zero: not a regular file" would not say which file
+        raise ScenarioError(shown_path(path), [str(e)]) from None
     try:
         data = load_yaml(text)
     except yaml.YAMLError as e:
