@@ -59,7 +59,11 @@ def test_unit_declares_what_the_daemon_relies_on() -> None:
     assert _values("User") == ["gpuwatchd"]  # non-root
     assert "DynamicUser" not in {k for _, k, _ in _settings(UNIT.read_text())}
     assert _values("DevicePolicy") == ["closed"]
-    assert _values("DeviceAllow") == ["char-nvidia* rw"]
+    assert _values("DeviceAllow") == ["char-nvidia* rw", "/dev/kmsg r"]
+    # the kernel-log source: exactly the capability /dev/kmsg needs under kernel.dmesg_restrict=1, and nothing more
+    assert _values("CapabilityBoundingSet") == ["CAP_SYSLOG"]
+    assert _values("AmbientCapabilities") == ["CAP_SYSLOG"]
+    assert "ProtectKernelLogs" not in {k for _, k, _ in _settings(UNIT.read_text())}
     assert "PrivateDevices" not in {k for _, k, _ in _settings(UNIT.read_text())}
     assert _values("ExecReload") == ["/bin/kill -HUP $MAINPID"]
     exec_start = _values("ExecStart")[0].split()
