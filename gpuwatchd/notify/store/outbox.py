@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import json
 import logging
 import uuid
@@ -183,7 +184,11 @@ class Outbox:
                 "notification database %s: cannot read the outbox (%s); using the rows in memory", self._writer.path, e
             )
             return [r for r in self._pending.values() if receiver is None or r.receiver == receiver]
-        return build_all(found, row_from, table="outbox", skipped=collections.Counter(), where=self._writer.path)
+        out = []
+        for r in found:
+            with contextlib.suppress(Exception):  # unreadable: already logged and counted at start
+                out.append(row_from(r))
+        return out
 
     def mark_delivered(self, row: OutboxRow, now: float, log_expires: float, *, log: bool = True) -> None:
         """Delivered + notification log update, in one transaction."""

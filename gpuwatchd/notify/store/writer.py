@@ -173,7 +173,12 @@ class DbWriter:
                     if isinstance(job, _Query):
                         self._run_query(db, job)
                     else:
-                        self._write(db, job)
+                        try:
+                            self._write(db, job)
+                        except Exception:  # a bug here must not end the thread: every later drain() would hang
+                            log.exception("notification database %s: %s failed unexpectedly", self.path, job.what)
+                            if not job.future.done():
+                                job.future.set_result(False)
                 if self._held and time.monotonic() >= self._retry_at:
                     self._retry(db)
             if self._held:
@@ -234,7 +239,6 @@ class DbWriter:
                 if old.key == w.key:
                     self._held[i] = w
                     self._held_bytes += w.size - old.size
-                    old.future.set_result(False)
                     self._count()
                     w.future.set_result(False)
                     return
