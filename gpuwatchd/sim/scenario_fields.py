@@ -117,6 +117,7 @@ def device_schema() -> dict[str, Any]:
     schema.setdefault("delays_ms", {})
     schema.setdefault("processes", {"compute": [], "graphics": []})
     schema.setdefault("supported_event_types", 0)
+    schema.setdefault("power_default_limit_mw", 0)
     return schema
 
 

@@ -657,6 +657,19 @@ GET_UINT(nvmlDeviceGetEnforcedPowerLimit, plimit)
 #ifndef OMIT_nvmlDeviceGetPowerManagementLimit
 GET_UINT(nvmlDeviceGetPowerManagementLimit, plimit)
 #endif
+#ifndef OMIT_nvmlDeviceGetPowerManagementDefaultLimit
+GET_UINT(nvmlDeviceGetPowerManagementDefaultLimit, pdefault)
+#endif
+#ifndef OMIT_nvmlDeviceGetPersistenceMode
+EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetPersistenceMode, device, mode != NULL, &d);
+    if (r) return r;
+    if (d->persist == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *mode = d->persist ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return leave(NVML_SUCCESS);
+}
+#endif
 #ifndef OMIT_nvmlDeviceGetTotalEnergyConsumption
 GET_ULL(nvmlDeviceGetTotalEnergyConsumption, energy)
 #endif

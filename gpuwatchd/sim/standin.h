@@ -48,7 +48,8 @@
     X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetMigMode) X(nvmlDeviceGetComputeRunningProcesses_v3) \
     X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetSupportedEventTypes) X(nvmlDeviceRegisterEvents) \
     X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetGraphicsRunningProcesses_v2) \
-    X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses)
+    X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses) \
+    X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetPowerManagementDefaultLimit)
 
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,
@@ -76,6 +77,8 @@ typedef struct {
     long long temp;
     long long tthr[4]; /* shutdown, slowdown, mem_max, gpu_max = nvmlTemperatureThresholds_t 0..3 */
     long long power, plimit, pcons[2], energy;
+    long long pdefault; /* nvmlDeviceGetPowerManagementDefaultLimit, mW */
+    long long persist;  /* nvmlDeviceGetPersistenceMode: nvmlEnableState_t */
     long long clk[4], maxclk[4]; /* nvmlClockType_t order: graphics, sm, mem, video */
     long long cer, scer;
     long long viol[NVML_PERF_POLICY_COUNT];

@@ -114,6 +114,9 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         "nvmlDeviceGetGraphicsRunningProcesses_v2",
         "nvmlDeviceGetComputeRunningProcesses",
         "nvmlDeviceGetGraphicsRunningProcesses",
+        # gpuwatchd doctor: persistence mode and the board's default power limit (nvml.h)
+        "nvmlDeviceGetPersistenceMode",
+        "nvmlDeviceGetPowerManagementDefaultLimit",
     ]
 )
 # Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).
