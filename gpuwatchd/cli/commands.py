@@ -1,4 +1,4 @@
-"""Command line: ``gpuwatchd run | check-config | status | sim``. Thin: parsing, logging, exit codes."""
+"""Command line: ``gpuwatchd run | check-config | status | sim | doctor``. Thin: parsing, logging, exit codes."""
 
 from __future__ import annotations
 
@@ -81,6 +81,9 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--listen", metavar="HOST:PORT", help="listen address (default: the config's)")
     sim.add_argument("--config", type=Path, help="YAML config file (default: built-in defaults)")
     sim.add_argument("--state-dir", type=Path, help="where the simulated daemon keeps state (default: a temp dir)")
+    from gpuwatchd.cli.doctor import add_parser as add_doctor
+
+    add_doctor(sub)
     return p
 
 
@@ -238,4 +241,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return cmd_run(args.config, args.listen)
     if args.command == "status":
         return cmd_status(args.url, args.config, args.json, args.timeout)
+    if args.command == "doctor":
+        from gpuwatchd.cli.doctor import cmd_doctor
+
+        return cmd_doctor(args)
     return cmd_sim(args)

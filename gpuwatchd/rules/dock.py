@@ -52,7 +52,7 @@ def _gbps(bps: float) -> str:
     return f"{bps / 1e9:g} Gb/s"
 
 
-def _degraded(d: DockSample) -> str | None:
+def link_shortfall(d: DockSample) -> str | None:
     """``"1 x 20 Gb/s (rx), ..."`` when the link trained below its generation, else None."""
     if d.generation is None:
         return None
@@ -98,7 +98,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                     "The dock's PCIe tunnel is up; the GPU in it can be used.", level="clear",
                 )
             )
-        low = _degraded(d) if d.authorized is not False else None
+        low = link_shortfall(d) if d.authorized is not False else None
         if low is None and d.generation is not None:
             out.append(
                 Condition(

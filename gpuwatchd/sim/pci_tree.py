@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.sim.host_tree import mirror_host
 from gpuwatchd.sim.tb_tree import ROOT_BUS, gpu_parents, tb_files
 
 # sysfs current_link_speed text per PCIe generation (drivers/pci/pci-sysfs.c, PCIE_SPEED2STR).
@@ -90,6 +91,7 @@ def mirror_sysfs(root: Path, state: dict[str, Any]) -> None:
     for link, rel in links.items():
         if not link.is_symlink():
             link.symlink_to(f"../../../devices/{rel}")
+    mirror_host(root, state)  # /proc, /sys/module and /dev of the same host (gpuwatchd doctor reads them)
 
 
 def _prune(devices: Path, keep: set[Path]) -> None:

@@ -23,6 +23,7 @@ from gpuwatchd.probes.config import sim_probes
 from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.runtime.clock import ScaledClock
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_USAGE
+from gpuwatchd.sim.host_tree import write_manifest
 from gpuwatchd.sim.kmsg_replay import KernelLogError, ReplayRing, feed_when_ready, load_kernel_log
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import Player
@@ -105,6 +106,9 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
             print(f"gpuwatchd sim: {e}", file=sys.stderr)
             return e.exit_code
         print(banner(title, expect, daemon.url, scen=scen, speed=speed, state_path=state_path), file=out, flush=True)
+        if daemon.state_dir is not None:
+            write_manifest(daemon.state_dir, root=tmp / "sysfs", library_dir=libdir, state=state_path, url=daemon.url)
+            print(f"  check it: gpuwatchd doctor --sim {daemon.state_dir}", file=out, flush=True)
         task = asyncio.create_task(player.run(), name="scenario player") if player is not None else None
         feeder = asyncio.create_task(feed_when_ready(ring, kernel_entries, lambda: daemon.store.latest is not None),
                                      name="kernel log replay")

@@ -121,7 +121,8 @@ def device_schema() -> dict[str, Any]:
     return schema
 
 
-_TOP_LEVEL = {"driver_version": str, "nvml_version": str, "cuda_driver_version": int, "init_error": str}
+_TOP_LEVEL = {"driver_version": str, "nvml_version": str, "cuda_driver_version": int, "init_error": str,
+              "kernel_module_version": str, "torch": dict}  # the last two: sim/host_tree.py
 OPEN_MAPS = {"errors": str, "delays_ms": int}  # keyed by C symbol name or "*"
 _PROCESS_FIELDS: dict[str, Any] = {"pid": int, "used_memory": int, "name": str, "user": str, "host_rss": int}
 

@@ -71,7 +71,9 @@ _NVLINK_MAX_LINKS = 36  # nvml.h NVML_NVLINK_MAX_LINKS
 _STR_MAX = {"uuid": 95, "name": 95, "serial": 29, "driver_version": 79, "nvml_version": 79}
 
 _TOP_KEYS = {"clock", "driver_version", "nvml_version", "cuda_driver_version", "init_error", "devices", "events",
-             "thunderbolt"}  # thunderbolt: Python-only, the fake /sys/bus/thunderbolt (sim/tb_tree.py)
+             "thunderbolt", "kernel_module_version", "torch"}
+# thunderbolt, kernel_module_version, torch: Python-only, the rest of the simulated host (sim/tb_tree.py,
+# sim/host_tree.py); the stand-in C never sees them.
 _CLOCK_KEYS = ("graphics", "sm", "memory", "video")  # nvmlClockType_t order
 _THRESHOLD_KEYS = ("shutdown", "slowdown", "mem_max", "gpu_max")  # nvmlTemperatureThresholds_t 0..3
 _VIOLATION_KEYS = (
@@ -340,6 +342,10 @@ def encode_state(state: dict[str, Any]) -> str:
         e.put("cuda_driver_version", _int("cuda_driver_version", state["cuda_driver_version"], 0, 2**31 - 1))
     if state.get("init_error") is not None:
         e.put("init_error", _error_code("init_error", state["init_error"]))
+    if state.get("torch") is not None:
+        from gpuwatchd.sim.host_tree import validate_torch
+
+        validate_torch(state["torch"])
     if state.get("thunderbolt") is not None:
         from gpuwatchd.sim.tb_tree import validate
 

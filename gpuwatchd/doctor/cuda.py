@@ -1,0 +1,138 @@
+"""CUDA: the highest CUDA version the driver supports (NVML) vs the CUDA torch was built for, whether torch can use
+the GPUs, and whether it sees as many as NVML (``CUDA_VISIBLE_DEVICES``). torch runs in a child process with a
+deadline: ``torch.cuda`` initialisation can hang on a wedged GPU, and the daemon never imports torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from typing import Any
+
+from gpuwatchd.doctor.context import Host
+from gpuwatchd.doctor.nvml_probe import NvmlFacts
+from gpuwatchd.doctor.report import Result, fail, ok, warn
+
+G = "cuda"
+# Printed by the child as one JSON line; torch is imported only there (never in this process).
+TORCH_SNIPPET = """
+import json, sys
+try:
+    import torch
+except ImportError:
+    print(json.dumps({"installed": False})); sys.exit(0)
+out = {"installed": True, "version": torch.__version__, "cuda": torch.version.cuda}
+try:
+    out["available"] = bool(torch.cuda.is_available())
+    out["device_count"] = int(torch.cuda.device_count())
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+
+def cuda_text(v: int) -> str:
+    """NVML's 12020 -> ``12.2``."""
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _as_int(text: str) -> int | None:
+    """``"12.4"`` -> 12040, NVML's encoding."""
+    try:
+        major, minor = [*text.split("."), "0"][:2]
+        return int(major) * 1000 + int(minor) * 10
+    except ValueError:
+        return None
+
+
+def probe_torch(host: Host) -> dict[str, Any]:
+    """The installed torch's build and view of the GPUs, from a child process killed at the deadline."""
+    if host.torch_facts is not None:
+        return host.torch_facts
+    try:
+        proc = subprocess.Popen(
+            [host.python, "-c", TORCH_SNIPPET], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=host.library_env(), start_new_session=True, text=True,
+        )  # fmt: skip
+    except OSError as e:
+        return {"installed": None, "error": f"could not start {host.python}: {e}"}
+    try:
+        out, err = proc.communicate(timeout=host.deadline)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"installed": True, "timed_out": True}
+    for line in reversed(out.splitlines()):
+        try:
+            facts: dict[str, Any] = json.loads(line)
+            return facts
+        except ValueError:
+            continue
+    return {"installed": None, "error": (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
+
+
+def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:
+    out: list[Result] = []
+    drv = nvml.system.get("cuda_driver_version") if nvml.ok else None
+    if nvml.ok and drv is None:
+        out.append(fail(
+            G, "driver CUDA", "libcuda.so.1 not found: CUDA programs cannot run",
+            "install the driver's CUDA library (Debian/Ubuntu: libnvidia-compute-NNN, same version as the driver)",
+        ))  # fmt: skip
+    elif drv is not None:
+        out.append(ok(G, "driver CUDA", f"the driver supports CUDA up to {cuda_text(int(drv))}"))
+    t = probe_torch(host)
+    if t.get("timed_out"):
+        out.append(fail(
+            G, "torch", f"torch.cuda did not answer within {host.deadline:g} s",
+            "a GPU or the driver is wedged: see the driver checks above, `sudo dmesg`, then reset the GPU or reboot",
+        ))  # fmt: skip
+        return out
+    if t.get("installed") is False:
+        out.append(ok(G, "torch", f"not installed for {host.python} (nothing to check)"))
+        return out
+    if t.get("installed") is None or t.get("error"):
+        out.append(fail(G, "torch", f"torch failed: {t.get('error')}", "run `python -c 'import torch'` to see why"))
+        return out
+    built = t.get("cuda")
+    if built is None:
+        out.append(warn(
+            G, "torch build", f"torch {t.get('version')} is a CPU-only build: it will never use the GPU",
+            "install a CUDA build: `pip install torch --index-url https://download.pytorch.org/whl/cu124` (pick the "
+            "cuXYZ at or below the driver's CUDA version)",
+        ))  # fmt: skip
+        return out
+    need = _as_int(str(built))
+    if drv is not None and need is not None and need > int(drv):
+        out.append(fail(
+            G, "torch build", f"torch {t.get('version')} is built for CUDA {built}, but the driver supports only up "
+            f"to {cuda_text(int(drv))} (\"CUDA driver version is insufficient\")",
+            f"upgrade the NVIDIA driver to one that supports CUDA {built} (`nvidia-smi` shows the supported version), "
+            f"or install a torch build for CUDA {cuda_text(int(drv))} or older (https://pytorch.org/get-started/locally)",
+        ))  # fmt: skip
+        return out
+    out.append(ok(G, "torch build", f"torch {t.get('version')} built for CUDA {built}"))
+    if nvml.ok and not nvml.system.get("count"):
+        out.append(ok(G, "torch.cuda", "no GPU for torch to use: NVML lists none (see the lines above)"))
+        return out
+    if not t.get("available"):
+        out.append(fail(
+            G, "torch.cuda", "torch.cuda.is_available() is False",
+            "check the driver checks above and that CUDA_VISIBLE_DEVICES is not empty; run "
+            "`python -c 'import torch; torch.cuda.init()'` for torch's own reason",
+        ))  # fmt: skip
+        return out
+    out.append(ok(G, "torch.cuda", "torch.cuda.is_available() is True"))
+    seen, count = int(t.get("device_count") or 0), int(nvml.system.get("count") or 0)
+    if nvml.ok and seen < count:
+        cvd = host.env.get("CUDA_VISIBLE_DEVICES")
+        why = f"CUDA_VISIBLE_DEVICES={cvd!r} hides the others" if cvd is not None else "some are not usable by CUDA"
+        out.append(warn(
+            G, "torch devices", f"torch sees {seen} of the {count} GPUs NVML lists: {why}",
+            "unset CUDA_VISIBLE_DEVICES (or list every GPU in it)" if cvd is not None
+            else "check the per-GPU lines above (lost GPU, MIG mode)",
+        ))  # fmt: skip
+    else:
+        out.append(ok(G, "torch devices", f"torch sees {seen} GPU(s), as NVML does"))
+    return out

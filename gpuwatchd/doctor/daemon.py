@@ -1,0 +1,66 @@
+"""The daemon: its config valid, its state dir writable, one running and answering its status API, and the last
+NVML error it saw (its view, from the same machine, of what the checks above found)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from gpuwatchd.cli.status import StatusUnavailable, fetch_status
+from gpuwatchd.doctor.context import Host
+from gpuwatchd.doctor.report import Result, fail, ok, warn
+
+G = "daemon"
+
+
+def fetch(host: Host) -> tuple[dict[str, Any] | None, str]:
+    """The daemon's ``/api/v1/status``, or None and why not."""
+    try:
+        status, _ = asyncio.run(fetch_status(host.url.rstrip("/"), timeout=min(host.deadline, 5.0)))
+    except StatusUnavailable as e:
+        return None, str(e)
+    return status, ""
+
+
+def check_daemon(host: Host, status: dict[str, Any] | None, why: str) -> list[Result]:
+    out: list[Result] = []
+    where = str(host.config_path) if host.config_path else "built-in defaults"
+    if host.config_error:
+        out.append(fail(G, "config", f"{where}: {host.config_error}", f"fix it; `gpuwatchd check-config {where}`"))
+    else:
+        out.append(ok(G, "config", f"{where}: valid"))
+    out.append(_state_dir(host))
+    if status is None:
+        out.append(warn(
+            G, "running", why, "start it: `sudo systemctl enable --now gpuwatchd`; `journalctl -u gpuwatchd` says "
+            "why it stopped (or pass --url)",
+        ))  # fmt: skip
+        return out
+    out.append(ok(G, "running", f"answering at {host.url}"))
+    nvml = status.get("nvml") or {}
+    if nvml.get("ok") is False:
+        out.append(fail(
+            G, "last NVML error", f"the daemon's NVML is down: {nvml.get('error')}",
+            "see the driver lines above; the daemon retries by itself and recovers without a restart",
+        ))  # fmt: skip
+    elif nvml.get("stale"):
+        out.append(warn(
+            G, "last NVML error", "the daemon's last NVML poll missed its deadline (a GPU hangs)",
+            "see `gpuwatchd status`; the hung GPU is set aside and retried; a reset or reboot clears a wedged GPU",
+        ))  # fmt: skip
+    else:
+        out.append(ok(G, "last NVML error", "none"))
+    return out
+
+
+def _state_dir(host: Host) -> Result:
+    d = host.config.state_dir
+    probe = d if d.exists() else d.parent
+    if os.access(probe, os.W_OK | os.X_OK):
+        return ok(G, "state dir", f"{d} writable")
+    return fail(
+        G, "state dir", f"{d} is not writable by this user",
+        f"create it for the service user: `sudo install -d -o {host.service_user} -m 0700 {d}` (the shipped unit's "
+        "StateDirectory=gpuwatchd does this)",
+    )  # fmt: skip

@@ -1,0 +1,26 @@
+"""All checks in order: driver, devices, each GPU, Thunderbolt docks, CUDA, the daemon."""
+
+from __future__ import annotations
+
+from gpuwatchd.doctor.context import Host
+from gpuwatchd.doctor.cuda import check_cuda
+from gpuwatchd.doctor.daemon import check_daemon, fetch
+from gpuwatchd.doctor.devices import check_devices, check_persistence
+from gpuwatchd.doctor.driver import check_driver
+from gpuwatchd.doctor.gpus import check_docks, check_gpu, gpu_docks
+from gpuwatchd.doctor.nvml_probe import probe_nvml
+from gpuwatchd.doctor.report import Result
+
+
+def run_checks(host: Host) -> list[Result]:
+    nvml = probe_nvml(host)
+    status, why = fetch(host)
+    xids = status.get("recent_xids") if status is not None else None
+    results = [*check_driver(host, nvml), *check_devices(host, nvml), *check_persistence(nvml.gpus)]
+    docks = gpu_docks(host, nvml.gpus)
+    for g in nvml.gpus:
+        results += check_gpu(g, docks, xids)
+    results += check_docks(docks)
+    results += check_cuda(host, nvml)
+    results += check_daemon(host, status, why)
+    return results

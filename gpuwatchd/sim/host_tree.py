@@ -1,0 +1,73 @@
+"""The rest of a simulated host that ``gpuwatchd doctor`` looks at, under the same root as the fake sysfs:
+``proc/driver/nvidia/version`` and ``sys/module/nvidia/version`` (the loaded kernel module), ``/dev/nvidia*``
+nodes (plain files, mode 0666 as the driver's default NVreg_DeviceFileMode makes them), and the manifest that
+points ``gpuwatchd doctor --sim DIR`` at a running ``gpuwatchd sim``.
+
+State keys (Python-only, docs/sim-state.md): ``kernel_module_version`` (default: ``driver_version``; null: the
+module is not loaded), ``torch`` (what the simulated host's torch reports, for doctor's CUDA checks).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "sim-host.json"
+TORCH_KEYS = {"installed", "version", "cuda", "available", "device_count"}
+
+
+def kernel_module(state: dict[str, Any]) -> str | None:
+    if "kernel_module_version" in state:
+        v = state["kernel_module_version"]
+        return None if v is None else str(v)
+    if state.get("init_error") in ("DRIVER_NOT_LOADED", 9):
+        return None
+    return str(state.get("driver_version") or "") or None
+
+
+def validate_torch(value: object) -> None:
+    if not isinstance(value, dict) or set(value) - TORCH_KEYS:
+        raise ValueError(f"torch: expected a mapping with keys among {', '.join(sorted(TORCH_KEYS))}")
+
+
+def mirror_host(root: Path, state: dict[str, Any]) -> None:
+    """Write the kernel module files and device nodes a host with this state has (and remove stale ones)."""
+    kmod = kernel_module(state)
+    proc_v = root / "proc" / "driver" / "nvidia" / "version"
+    mod = root / "sys" / "module" / "nvidia"
+    dev = root / "dev"
+    if kmod is None:
+        proc_v.unlink(missing_ok=True)
+        shutil.rmtree(mod, ignore_errors=True)
+        shutil.rmtree(dev, ignore_errors=True)
+        return
+    _write(proc_v, f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {kmod}  Thu Feb 22 01:44:30 UTC 2024\n"
+                   "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")  # fmt: skip
+    _write(mod / "version", kmod + "\n")
+    want = {"nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in range(len(state.get("devices") or [])))}
+    dev.mkdir(parents=True, exist_ok=True)
+    for p in dev.iterdir():
+        if p.name.startswith("nvidia") and p.name not in want:
+            p.unlink()
+    for name in want:
+        node = dev / name
+        if not node.exists():
+            node.write_bytes(b"")
+            node.chmod(0o666)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def write_manifest(state_dir: Path, *, root: Path, library_dir: Path, state: Path, url: str) -> Path:
+    """``<state_dir>/sim-host.json``: where ``gpuwatchd doctor --sim <state_dir>`` finds the simulated host."""
+    path = state_dir / MANIFEST
+    doc = {"root": str(root), "library_dir": str(library_dir), "state": str(state), "url": url,
+           "state_dir": str(state_dir)}  # fmt: skip
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path

@@ -1,0 +1,94 @@
+"""`gpuwatchd doctor` as users run it: against a running `gpuwatchd sim` (``--sim DIR``), JSON and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import ROOT, free_port, wait_until
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture
+def sims() -> Iterator[list[subprocess.Popen[bytes]]]:
+    running: list[subprocess.Popen[bytes]] = []
+    yield running
+    for p in running:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def start_sim(sims: list[subprocess.Popen[bytes]], tmp: Path, scenario: str, *args: str) -> Path:
+    state_dir = tmp / "state-dir"
+    with (tmp / "sim.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwatchd", "sim", "--scenario", scenario, "--state-dir", str(state_dir),
+             "--listen", f"127.0.0.1:{free_port()}", *args],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV,
+        )  # fmt: skip
+    sims.append(proc)
+
+    def ready() -> bool:
+        assert proc.poll() is None, (tmp / "sim.log").read_text()
+        return (state_dir / "sim-host.json").exists()
+
+    wait_until(ready, f"gpuwatchd sim --scenario {scenario}")
+    return state_dir
+
+
+def doctor(*args: str, timeout: float = 120) -> tuple[int, dict[str, Any]]:
+    res = subprocess.run([sys.executable, "-m", "gpuwatchd", "doctor", "--json", *args], capture_output=True,
+                         text=True, cwd=ROOT, env=ENV, timeout=timeout, check=False)  # fmt: skip
+    return res.returncode, json.loads(res.stdout)
+
+
+def failing(doc: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(c["group"], c["check"], c["status"]) for c in doc["checks"] if c["status"] != "pass"}
+
+
+def test_driver_mismatch(sims: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    state_dir = start_sim(sims, tmp_path, "driver-mismatch")
+
+    def daemon_saw_it() -> tuple[int, dict[str, Any]] | None:
+        code, doc = doctor("--sim", str(state_dir))
+        return (code, doc) if ("daemon", "last NVML error", "fail") in failing(doc) else None
+
+    code, doc = wait_until(daemon_saw_it, "the sim daemon's first NVML attempt")
+    assert code == 2 and doc["exit_code"] == 2
+    assert failing(doc) == {
+        ("driver", "libnvidia-ml.so.1", "fail"), ("cuda", "torch.cuda", "fail"), ("daemon", "last NVML error", "fail"),
+    }  # fmt: skip
+    lib = next(c for c in doc["checks"] if c["check"] == "libnvidia-ml.so.1")
+    assert "Driver/library version mismatch" in lib["detail"] and "reboot" in lib["fix"]
+    assert ("daemon", "running", "pass") in {(c["group"], c["check"], c["status"]) for c in doc["checks"]}
+
+
+def test_idle_host_passes_and_exits_0(sims: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    state_dir = start_sim(sims, tmp_path, "idle")
+    code, doc = doctor("--sim", str(state_dir))
+    assert (code, failing(doc)) == (0, set())
+
+
+def test_nvml_hang_returns_within_doctors_deadline(sims: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    # At speed 1 the hang starts 5 s in and each call on GPU 1 blocks for 60 s.
+    state_dir = start_sim(sims, tmp_path, "nvml-hang")
+    time.sleep(6)  # into the hang: the scenario's own time, not a wait for a condition
+    t0 = time.monotonic()
+    code, doc = doctor("--sim", str(state_dir), "--deadline", "3", timeout=55)
+    assert time.monotonic() - t0 < 55  # the 60 s hang would exceed it; liveness, not a timing check
+    lib = next(c for c in doc["checks"] if c["check"] == "libnvidia-ml.so.1")
+    assert code == 2 and lib["status"] == "fail" and "GPU 1 stopped answering" in lib["detail"]
