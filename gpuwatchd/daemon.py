@@ -25,6 +25,7 @@ from gpuwatchd import __version__
 from gpuwatchd.config.loader import Config, ConfigError, load_config, parse_listen
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.exporter.http import make_app
+from gpuwatchd.exporter.server import start_server
 from gpuwatchd.exporter.status import status_from_store
 from gpuwatchd.model import Alert, Snapshot, SourceStatus
 from gpuwatchd.notify.dispatcher import Dispatcher
@@ -194,17 +195,15 @@ class Daemon:
             extra_routes=[*self.dispatcher.routes(lambda: self.alerts), *self._probe_routes()],
             cache_key=self._metrics_cache_key,
         )
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
-        await runner.setup()
-        self._runner = runner
-        site = web.TCPSite(runner, host, port)
+        # Connection cap and timeouts, dual-stack [::], malformed requests as rate-limited debug lines.
         try:
-            await site.start()
+            server = await start_server(app, host, port, self.config.http, self.registry)
         except OSError as e:
             raise listen_error(e, host, port) from None
+        self._runner = server.runner
         self.host = host
         # With port 0 (tests) the kernel picks the port; report the one actually bound.
-        self.port = int(runner.addresses[0][1]) if runner.addresses else port
+        self.port = server.port
 
     def _probe_routes(self) -> list[web.RouteDef]:
         return probe_routes(self.probes, lambda: self.config.notify.api) if self.probes is not None else []

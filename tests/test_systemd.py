@@ -58,6 +58,12 @@ def test_unit_declares_what_the_daemon_relies_on() -> None:
     assert _values("StateDirectory") == ["gpuwatchd"]
     assert _values("User") == ["gpuwatchd"]  # non-root
     assert "DynamicUser" not in {k for _, k, _ in _settings(UNIT.read_text())}
+    # The HTTP connection cap (http.max_connections) fits under it with the daemon's reserve (exporter/connections).
+    from gpuwatchd.exporter.config import HttpConfig
+    from gpuwatchd.exporter.connections import effective_limit
+
+    (nofile,) = _values("LimitNOFILE")
+    assert effective_limit(HttpConfig().max_connections, int(nofile)) == HttpConfig().max_connections
     assert _values("DevicePolicy") == ["closed"]
     assert _values("DeviceAllow") == ["char-nvidia* rw", "/dev/kmsg r"]
     # the kernel-log source: exactly the capability /dev/kmsg needs under kernel.dmesg_restrict=1, and nothing more

@@ -21,6 +21,7 @@ from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
 from gpuwatchd.config.kernel_log import KernelLogConfig
 from gpuwatchd.config.safe_yaml import load_yaml
 from gpuwatchd.config.types import Duration, PositiveDuration, SafePath, Section, yaml_error_message
+from gpuwatchd.exporter.config import HttpConfig
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.probes.config import ProbesConfig
 from gpuwatchd.rules.config import RulesConfig
@@ -113,6 +114,7 @@ class Config(Section):
     notify: NotifyConfig = NotifyConfig()
     kernel_log: KernelLogConfig = KernelLogConfig()
     probes: ProbesConfig = ProbesConfig()
+    http: HttpConfig = HttpConfig()
 
     @field_validator("listen")
     @classmethod

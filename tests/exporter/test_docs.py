@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 
 from gpuwatchd.exporter.collector import store_specs
+from gpuwatchd.exporter.connections import CONNECTION_SPECS
+from gpuwatchd.exporter.request_log import BAD_REQUESTS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 _ROW = re.compile(r"^\| `(gpuwatchd_\w+)`(?: \*\*\(contract\)\*\*)? \| (\w+) \| ([^|]*) \|", re.MULTILINE)
@@ -13,7 +15,7 @@ _ROW = re.compile(r"^\| `(gpuwatchd_\w+)`(?: \*\*\(contract\)\*\*)? \| (\w+) \| 
 
 def test_every_family_is_documented_with_type_and_labels() -> None:
     rows = {m.group(1): (m.group(2), m.group(3).strip()) for m in _ROW.finditer(DOC.read_text())}
-    specs = store_specs()
+    specs = [*store_specs(), *CONNECTION_SPECS, BAD_REQUESTS]  # the store's and the HTTP server's own
     assert len(specs) > 50
     for s in specs:
         assert s.name in rows, f"{s.name} missing from docs/metrics.md"

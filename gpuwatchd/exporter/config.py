@@ -1,0 +1,29 @@
+"""The ``http`` config section: how the HTTP server protects itself from idle, slow and too many connections."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from gpuwatchd.config.types import PositiveDuration, Section
+
+
+class HttpConfig(Section):
+    """Limits of the HTTP server (/metrics, /healthz, the API); changing them takes a restart."""
+
+    # Open connections at most. At the cap, the connection idle longest is closed to make room; when every one is
+    # busy with a request, the new one is refused. Also held below the open-file limit minus the descriptors the
+    # daemon needs for itself (NVML worker pipes, SQLite, probes), whatever is set here.
+    max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    # A connection with no request under way is closed after this long (HTTP keep-alive). Prometheus reuses its
+    # connection between scrapes only when this is longer than the scrape interval.
+    idle_timeout: PositiveDuration = 120.0
+    # A request's headers must arrive within this long of its first byte (a slowloris dribbles them).
+    header_timeout: PositiveDuration = 10.0
+
+    @model_validator(mode="after")
+    def _order(self) -> HttpConfig:
+        if self.header_timeout > self.idle_timeout:
+            raise ValueError("header_timeout must be <= idle_timeout")
+        return self
