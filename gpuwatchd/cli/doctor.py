@@ -33,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     d.add_argument("--user", default=SERVICE_USER, help=f"the user the daemon runs as (default: {SERVICE_USER})")
     d.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE,
                    help=f"seconds before a hung NVML or torch probe is killed (default {DEFAULT_DEADLINE:g})")
+    d.add_argument("--kernel-log", type=Path, metavar="FILE",
+                   help="read recent Xids from this saved kernel log (dmesg, journalctl -k) instead of the daemon's")
     d.add_argument("--sim", type=Path, metavar="DIR",
                    help="examine a running `gpuwatchd sim` (DIR: its state dir, as its banner prints)")
 
@@ -49,7 +51,8 @@ def host_from_args(args: argparse.Namespace) -> Host:
         except ConfigError as e:
             error = str(e).replace("\n", "; ")
     host = Host(root=args.root, config=config, config_path=path, config_error=error, deadline=args.deadline,
-                service_user=args.user, url=args.url or default_status_url(path))  # fmt: skip
+                service_user=args.user, url=args.url or default_status_url(path),
+                kernel_log=args.kernel_log)  # fmt: skip
     if args.sim is not None:
         _simulated(host, args.sim, args.url)
     return host

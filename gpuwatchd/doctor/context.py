@@ -33,6 +33,8 @@ class Host:
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))  # of the probe subprocesses
     # A simulated host's torch (from its scenario) instead of running the installed one (docs/egpu.md).
     torch_facts: dict[str, Any] | None = None
+    # A saved kernel log to read Xids from instead of the daemon's or the live ring's (``--kernel-log``).
+    kernel_log: Path | None = None
 
     def path(self, absolute: str) -> Path:
         """``/proc/driver/nvidia/version`` under ``root``."""

@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuwatchd.doctor.context import Host
+from gpuwatchd.doctor.kernel_log import KernelLog
 from gpuwatchd.doctor.report import Result, fail, ok, warn
 from gpuwatchd.gpu.clock_events import THROTTLE_REASONS, decode
 from gpuwatchd.model import DockSample
 from gpuwatchd.rules.dock import link_shortfall
 from gpuwatchd.rules.xid import describe, severity
+from gpuwatchd.sources.kmsg_parse import normalize_pci
 from gpuwatchd.sources.thunderbolt import read_docks
 
 # A GPU under this utilization may train its link down to save power (rules/link.py uses the same 50 %).
@@ -27,7 +29,10 @@ REASON_FIX = {
 }
 
 
-def check_gpu(g: dict[str, Any], docks: Sequence[DockSample], xids: Sequence[dict[str, Any]] | None) -> list[Result]:
+def check_gpu(
+    g: dict[str, Any], docks: Sequence[DockSample], xids: Sequence[dict[str, Any]] | None,
+    klog: KernelLog | None = None,
+) -> list[Result]:
     grp = f"gpu {g['index']}"
     if g.get("error"):
         return [fail(
@@ -38,7 +43,7 @@ def check_gpu(g: dict[str, Any], docks: Sequence[DockSample], xids: Sequence[dic
         _link(grp, g),
         _dock(grp, g, docks),
         _memory(grp, g),
-        *_xids(grp, g, xids),
+        *_xids(grp, g, xids, klog),
         _power(grp, g),
         _reasons(grp, g),
     ]
@@ -96,11 +101,11 @@ def _memory(grp: str, g: dict[str, Any]) -> Result:
     return ok(grp, "memory", "no row remap or page retirement pending")
 
 
-def _xids(grp: str, g: dict[str, Any], xids: Sequence[dict[str, Any]] | None) -> list[Result]:
-    """From the daemon's recent Xid events (NVML events and, with the kernel-log source, the kernel log); no line
-    when no daemon answered: doctor does not read the kernel ring itself."""
+def _xids(grp: str, g: dict[str, Any], xids: Sequence[dict[str, Any]] | None, klog: KernelLog | None) -> list[Result]:
+    """From the daemon's recent Xid events (NVML events and the kernel log, de-duplicated) when one answers, else
+    from the kernel log read here; no line when neither could be read."""
     if xids is None:
-        return []
+        return _xids_from_log(grp, g, klog)
     mine = [x for x in xids if x.get("uuid") == g.get("uuid")]
     if not mine:
         return [ok(grp, "recent Xids", "none")]
@@ -114,6 +119,20 @@ def _xids(grp: str, g: dict[str, Any], xids: Sequence[dict[str, Any]] | None) ->
     if severity(worst) == "warning":
         return [warn(grp, "recent Xids", text, f"Xid {worst}: {action}")]
     return [ok(grp, "recent Xids", f"{text}, informational only")]
+
+
+def _xids_from_log(grp: str, g: dict[str, Any], klog: KernelLog | None) -> list[Result]:
+    if klog is None:
+        return []
+    if klog.error is not None:
+        return [warn(grp, "recent Xids", "the kernel log could not be read", klog.error)]
+    bus = normalize_pci(str(g.get("pci_bus_id") or ""))
+    if any(f.pci_bus_id == bus for f in klog.fallen):
+        return [fail(
+            grp, "recent Xids", f"the kernel log says it fell off the bus ({klog.source})",
+            "reboot to recover it; if it recurs check the PCIe slot/riser or the eGPU cable and enclosure power",
+        )]  # fmt: skip
+    return _xids(grp, g, [{"uuid": g.get("uuid"), "xid": x.code} for x in klog.xids if x.pci_bus_id == bus], None)
 
 
 def _power(grp: str, g: dict[str, Any]) -> Result:

@@ -8,6 +8,7 @@ from gpuwatchd.doctor.daemon import check_daemon, fetch
 from gpuwatchd.doctor.devices import check_devices, check_persistence
 from gpuwatchd.doctor.driver import check_driver
 from gpuwatchd.doctor.gpus import check_docks, check_gpu, gpu_docks
+from gpuwatchd.doctor.kernel_log import read_file, read_ring
 from gpuwatchd.doctor.nvml_probe import probe_nvml
 from gpuwatchd.doctor.report import Result
 
@@ -16,10 +17,15 @@ def run_checks(host: Host) -> list[Result]:
     nvml = probe_nvml(host)
     status, why = fetch(host)
     xids = status.get("recent_xids") if status is not None else None
+    klog = None
+    if host.kernel_log is not None:
+        klog = read_file(host.kernel_log)
+    elif xids is None:
+        klog = read_ring(host)
     results = [*check_driver(host, nvml), *check_devices(host, nvml), *check_persistence(nvml.gpus)]
     docks = gpu_docks(host, nvml.gpus)
     for g in nvml.gpus:
-        results += check_gpu(g, docks, xids)
+        results += check_gpu(g, docks, xids if host.kernel_log is None else None, klog)
     results += check_docks(docks)
     results += check_cuda(host, nvml)
     results += check_daemon(host, status, why)

@@ -51,6 +51,9 @@ def mirror_host(root: Path, state: dict[str, Any]) -> None:
     for p in dev.iterdir():
         if p.name.startswith("nvidia") and p.name not in want:
             p.unlink()
+    kmsg = dev / "kmsg"  # an empty ring: the simulated kernel logged nothing doctor reads (replays go to the daemon)
+    if not kmsg.exists():
+        kmsg.write_bytes(b"")
     for name in want:
         node = dev / name
         if not node.exists():

@@ -159,3 +159,48 @@ def test_daemon_config_and_state_dir(tmp_path: Path) -> None:
         assert got["state dir"] == "fail"
     res = check_daemon(Host(), {"nvml": {"ok": True, "stale": True}}, "")
     assert _status(res)["last NVML error"] == "warn"
+
+
+def _bus_gpu(**over: Any) -> dict[str, Any]:
+    return {**GPU, "pci_bus_id": "0000:06:00.0", **over}
+
+
+def test_xids_from_a_saved_kernel_log(tmp_path: Path) -> None:
+    from gpuwatchd.doctor.kernel_log import read_file
+
+    log = tmp_path / "dmesg.txt"
+    log.write_text(
+        "[  219.520000] NVRM: Xid (PCI:0000:06:00): 13, pid=4242, name=python3, Graphics Exception\n"
+        "[  219.530000] usb 1-2: new high-speed USB device number 3\n"
+        "[  220.000000] NVRM: Xid (PCI:0000:41:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+    )
+    klog = read_file(log)
+    (r,) = [r for r in check_gpu(_bus_gpu(), (), None, klog) if r.check == "recent Xids"]
+    assert r.status == "warn" and r.detail.startswith("Xid 13 (1 events)")
+    (r,) = [r for r in check_gpu(_bus_gpu(pci_bus_id="0000:41:00.0"), (), None, klog) if r.check == "recent Xids"]
+    assert r.status == "fail" and r.fix.startswith("Xid 79:")
+
+
+def test_fallen_off_the_bus_without_an_xid_from_the_ring(tmp_path: Path) -> None:
+    from gpuwatchd.doctor.kernel_log import read_ring
+    from gpuwatchd.sources.kmsg_parse import format_record
+
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/kmsg").write_bytes(
+        format_record(1, 5_000_000, "NVRM: GPU 0000:06:00.0: GPU has fallen off the bus.", level=3)
+        + format_record(2, 5_000_100, "pcieport 0000:00:07.0: pciehp: Slot(1): Link Down")
+    )
+    klog = read_ring(Host(root=tmp_path))
+    assert klog.error is None and len(klog.fallen) == 1
+    (r,) = [r for r in check_gpu(_bus_gpu(), (), None, klog) if r.check == "recent Xids"]
+    assert r.status == "fail" and "fell off the bus" in r.detail
+    (r,) = [r for r in check_gpu(GPU, (), None, klog) if r.check == "recent Xids"]
+    assert r.status == "pass"
+
+
+def test_an_unreadable_ring_warns_with_the_way_round(tmp_path: Path) -> None:
+    from gpuwatchd.doctor.kernel_log import read_ring
+
+    klog = read_ring(Host(root=tmp_path))  # no dev/kmsg at all
+    (r,) = [r for r in check_gpu(GPU, (), None, klog) if r.check == "recent Xids"]
+    assert r.status == "warn" and "cannot read" in r.fix
