@@ -1,4 +1,7 @@
-"""Command line: ``gpuwatchd run | check-config | status | sim | doctor``. Thin: parsing, logging, exit codes."""
+"""Command line: ``gpuwatchd run | check-config | status | probe | sim | doctor``.
+
+Thin: parsing, logging, exit codes.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuwatchd import __version__
+from gpuwatchd.cli.probe import add_probe_parser, cmd_probe_args
 from gpuwatchd.config.files import missing, shown_path
 from gpuwatchd.config.loader import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, parse_listen
 from gpuwatchd.runtime.exitcodes import (
@@ -60,6 +64,8 @@ def _build_parser() -> argparse.ArgumentParser:
     status.add_argument("--config", type=Path, help=f"config file to read listen from (default: {DEFAULT_CONFIG_PATH})")
     status.add_argument("--json", action="store_true", help="print the raw status JSON instead of tables")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon (default 5)")
+
+    add_probe_parser(sub)
 
     sim = sub.add_parser(
         "sim",
@@ -245,4 +251,6 @@ def _main(argv: Sequence[str] | None) -> int:
         from gpuwatchd.cli.doctor import cmd_doctor
 
         return cmd_doctor(args)
+    if args.command == "probe":
+        return cmd_probe_args(args, default_status_url(args.config))
     return cmd_sim(args)

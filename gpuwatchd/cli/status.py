@@ -91,6 +91,7 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
                 _num(_pick(g, "utilization_gpu_ratio", "utilization_ratio"), "{:.0f}%", 100),
                 _num(_pick(g, "temperature_celsius"), "{:.0f}C"),
                 _num(_pick(g, "power_watts"), "{:.0f}W"),
+                _probe(g.get("probe")),
                 str(g.get("uuid", "-")),
             ]
         )
@@ -105,7 +106,7 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
                         _num(_pick(p, "used_memory_bytes", "memory_used_bytes"), "{:.2f} GiB", 1 / GIB),
                     ]
                 )
-    headers = ["GPU", "NAME", "STATE", "MEMORY", "UTIL", "TEMP", "POWER", "UUID"]
+    headers = ["GPU", "NAME", "STATE", "MEMORY", "UTIL", "TEMP", "POWER", "PROBE", "UUID"]
     out += ["", _table(headers, rows) if rows else "No GPUs."]
     if procs:
         out += ["", _table(["GPU", "PID", "PROCESS", "USER", "GPU MEMORY"], procs)]
@@ -123,6 +124,11 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
         )
     out += ["", _table(["ALERT", "SEVERITY", "STATE", "GPU", "SUMMARY"], arows) if arows else "No alerts."]
     return "\n".join(out)
+
+
+def _probe(verdict: Any) -> str:
+    """Last probe verdict of a GPU: "pass", "degraded", "FAILED", "skipped (busy_process)", or "-"."""
+    return str(verdict.get("verdict") or "-") if isinstance(verdict, dict) else "-"
 
 
 def _header(status: Mapping[str, Any]) -> str:

@@ -33,6 +33,12 @@ def _readings(g: GpuSample) -> dict[str, Any]:
     return out
 
 
+def _probe_verdict(store: Store, uuid: str) -> dict[str, Any] | None:
+    """The last torch health probe verdict of a GPU (docs/probes.md), None before its first run."""
+    v = store.probes.verdicts.get(uuid)
+    return dataclasses.asdict(v) if v is not None else None
+
+
 def status_from_store(store: Store) -> dict[str, Any]:
     """NVML status, GPUs (presence, identity, readings, processes), links, sources and Xid counts."""
     snap = store.latest
@@ -54,6 +60,7 @@ def status_from_store(store: Store) -> dict[str, Any]:
                 "processes": [_process(p) for p in sample.processes] if sample is not None else [],
                 "processes_total": sample.processes_total if sample is not None else None,
                 "errors": dict(sample.errors) if sample is not None else {},
+                "probe": _probe_verdict(store, uuid),
             }
         )
     return {

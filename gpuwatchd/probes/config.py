@@ -74,5 +74,5 @@ def sim_probes(cfg: ProbesConfig, explicit: set[str]) -> ProbesConfig:
     A CPU run takes a few seconds, so a 50% cap lets the sim show baselines, failures and recoveries within a
     scenario; the real defaults would need a day of scenario time.
     """
-    sim = {"interval": 120.0, "idle_for": 30.0, "duty_cycle": 0.5, "baseline_runs": 3, "deadline": 60.0}
+    sim = {"interval": 120.0, "idle_for": 30.0, "duty_cycle": 0.5, "baseline_runs": 3, "deadline": 30.0}
     return cfg.model_copy(update={k: v for k, v in sim.items() if k not in explicit})

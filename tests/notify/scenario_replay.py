@@ -24,6 +24,9 @@ from typing import Any
 from aiohttp import web
 
 from gpuwatchd.notify.dispatcher import Dispatcher
+from gpuwatchd.probes.config import sim_probes
+from gpuwatchd.probes.service import ProbeService
+from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.runtime.clock import ManualClock
 from gpuwatchd.sim.pci_tree import mirror_sysfs, sysfs_files
@@ -81,8 +84,12 @@ class Replay:
     workers: int  # NVML sessions started (1 + re-enumerations)
 
 
-async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: float) -> Replay:
-    """Run scenario ``name`` from 0 to its end plus ``tail``, one poll and one evaluation every ``step`` seconds."""
+async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: float, probes: bool = False) -> Replay:
+    """Run scenario ``name`` from 0 to its end plus ``tail``, one poll and one evaluation every ``step`` seconds.
+
+    With ``probes``, the torch health probes run as under ``gpuwatchd sim`` (CPU device, the sim's schedule and
+    fault source), one scheduling step after each poll; a run takes real seconds while the clock stands still.
+    """
     scen = load_scenario(name)
     clock = ManualClock(SCENARIO_EPOCH)
     runners: list[web.AppRunner] = []
@@ -99,6 +106,10 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
     dispatcher = Dispatcher(config.notify, state_dir=tmp / "state-dir", clock=clock, host=config.host)
     await dispatcher.start()
     state_path = tmp / "state"
+    prober = None
+    if probes:
+        config = config.model_copy(update={"probes": sim_probes(config.probes, set())})
+        prober = ProbeService(config, store, clock, tmp / "state-dir", sim=SimProbes(state_path))
     workers = 0
     try:
         fresh = True
@@ -126,6 +137,8 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
             msg = child.call(op="poll")
             fresh = msg.pop("reenumerate") is not None  # the worker exits; the supervisor starts a fresh one
             store.apply(intake.receive(msg))  # the supervisor's own intake, not a copy of it
+            if prober is not None:
+                await prober.step()
             dispatcher.update(list(engine.evaluate(store, clock.now())))
         await _drain(dispatcher)
     finally:

@@ -36,9 +36,15 @@ SCENARIOS: dict[str, tuple[set[str], float]] = {
     "xid-storm": ({"GpuXidError", "GpuEccError", "GpuLost"}, 1.0),  # Xid 48 is a DBE, Xid 79 the loss
     "ecc": ({"GpuEccError", "GpuXidError"}, 1.0),
     "link-degraded": ({"GpuPcieLinkDegraded", "GpuPcieReplays"}, 5.0),
+    # Torch health probes (run on the CPU device as under `gpuwatchd sim`; a probe run takes real seconds).
+    "probe-sdc": ({"GpuProbeFailed"}, 10.0),
+    "egpu-slow-link": ({"GpuPerformanceDegraded"}, 10.0),
+    "probe-hang": ({"GpuProbeFailed"}, 10.0),
     "dock-unauthorized": ({"GpuDockUnauthorized"}, 5.0),
     "tb-link-degraded": ({"GpuDockLinkDegraded"}, 5.0),
 }
+
+PROBE_SCENARIOS = {"probe-sdc", "egpu-slow-link", "probe-hang"}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +78,7 @@ def _readable(name: str, slack: list[Any]) -> None:
 @pytest.mark.parametrize("name", list(SCENARIOS))
 async def test_exact_messages(name: str, child: NvmlChild, tmp_path: Path) -> None:
     expected, step = SCENARIOS[name]
-    run = await replay(name, child, tmp_path, step=step, tail=TAIL_S)
+    run = await replay(name, child, tmp_path, step=step, tail=TAIL_S, probes=name in PROBE_SCENARIOS)
     got = {s: run.sinks[s].bodies() for s in SERVICES}
     if not expected:
         assert got == {s: [] for s in SERVICES}

@@ -1,0 +1,173 @@
+"""``gpuwatchd probe [--gpu INDEX|UUID ...] [--probe NAME ...] [--json]``: run the torch health probes now.
+
+With a daemon running it asks the daemon (``POST /api/v1/probe``), so the daemon's one-probe-at-a-time lock and
+its baselines are used; without one it reads the GPUs with one NVML poll and runs the probes itself, with the
+same baselines file in the state dir. Prints measured, baseline and expected figures and a verdict per probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gpuwatchd.config.loader import Config
+from gpuwatchd.model import Snapshot, snapshot_from_dict
+from gpuwatchd.probes.verdict import fmt_measure
+
+NVML_POLL_TIMEOUT_S = 60.0
+
+
+class NoDaemon(Exception):
+    pass
+
+
+async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], timeout: float) -> dict[str, Any]:
+    """POST the request; :class:`NoDaemon` when nothing listens (then the caller runs the probes itself)."""
+    t = aiohttp.ClientTimeout(total=timeout, connect=5.0)
+    try:
+        async with aiohttp.ClientSession(timeout=t) as session, session.post(
+            f"{base_url}/api/v1/probe", json={"gpus": list(gpus), "probes": list(probes)}
+        ) as resp:
+            body = await resp.json(content_type=None)
+            if resp.status != 200:
+                err = body.get("error") if isinstance(body, dict) else None
+                raise RuntimeError(f"the daemon refused: HTTP {resp.status}: {err or body}")
+            if not isinstance(body, dict):
+                raise RuntimeError("the daemon answered something that is not a probe result")
+            return body
+    except (aiohttp.ClientConnectionError, OSError) as e:
+        raise NoDaemon(str(e) or type(e).__name__) from None
+
+
+def nvml_snapshot(config: Config) -> Snapshot:
+    """One poll of the NVML worker (a child process, as in the daemon): the GPUs to probe, their links, processes."""
+    from gpuwatchd.sources.worker_process import child_env
+    from gpuwatchd.sources.worker_protocol import HELLO
+
+    opts: dict[str, Any] = {"interval": 0.1, "max_polls": 1, "top_n": config.processes.top_n}
+    if config.nvml.library_path is not None:
+        opts["library_path"] = str(config.nvml.library_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuwatchd.sources.nvml_worker", json.dumps(opts)],
+        env=child_env(os.environ, config.nvml.library_path), capture_output=True, text=True,
+        timeout=NVML_POLL_TIMEOUT_S, check=False,
+    )
+    for line in proc.stdout.splitlines():
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and HELLO not in data:
+            return snapshot_from_dict(data)
+    raise RuntimeError(f"the NVML worker gave no snapshot (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+
+
+async def run_direct(config: Config, gpus: Sequence[str], probes: Sequence[str]) -> dict[str, Any]:
+    """No daemon: one NVML poll, then the probes through the same service the daemon uses."""
+    from gpuwatchd.probes.api import run_request
+    from gpuwatchd.probes.service import ProbeService
+    from gpuwatchd.runtime.clock import RealClock
+    from gpuwatchd.runtime.startup import resolve_state_dir
+    from gpuwatchd.store import Store
+
+    snap = await asyncio.to_thread(nvml_snapshot, config)
+    if not snap.nvml_ok:
+        raise RuntimeError(f"NVML is not available ({snap.nvml_error}): no GPU to probe")
+    clock = RealClock()
+    store = Store()
+    store.apply(Snapshot(**{**{f: getattr(snap, f) for f in snap.__dataclass_fields__}, "timestamp": clock.now()}))
+    service = ProbeService(config, store, clock, resolve_state_dir(config, os.environ))
+    return await run_request(service, list(gpus), list(probes))
+
+
+def _fmt(key: str, value: Any) -> str:
+    # fmt_measure gives "<label> <number> <unit>"; the table's column names the measure already.
+    return " ".join(fmt_measure(key, float(value)).split()[-2:]) if isinstance(value, int | float) else "-"
+
+
+def render(result: Mapping[str, Any]) -> str:
+    """One row per measure (a probe without figures gets one row): GPU, probe, measure, figures, verdict."""
+    if not result.get("available", True):
+        return f"probes unavailable: {result.get('reason')}"
+    rows: list[list[str]] = []
+    for g in result.get("gpus") or []:
+        gpu = str(g.get("index"))
+        if not g.get("records"):
+            rows.append([gpu, "-", "-", "-", "-", "-", str(g.get("skipped") or "skipped")])
+        for r in g.get("records") or []:
+            verdict = r["result"] + (f": {r['problem']}" if r.get("problem") else "")
+            measures = r.get("measures") or {}
+            if not measures:
+                rows.append([gpu, r["probe"], "-", "-", "-", "-", verdict])
+            for key, m in measures.items():
+                expected = _fmt(key, m.get("expected"))
+                if m.get("expected_name"):
+                    expected += f" ({m['expected_name']})"
+                row_verdict = "degraded: " + m["degraded"] if m.get("degraded") else verdict
+                rows.append([gpu, r["probe"], key.split(".", 1)[1], _fmt(key, m.get("measured")),
+                             _fmt(key, m.get("baseline")), expected, row_verdict])
+    headers = ["GPU", "PROBE", "MEASURE", "MEASURED", "BASELINE", "EXPECTED", "VERDICT"]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines) if rows else "No GPUs to probe."
+
+
+def cmd_probe(config: Config, url: str, gpus: Sequence[str], probes: Sequence[str], *, as_json: bool,
+              timeout: float) -> int:
+    """Exit 0 when every probe run passed or was degraded, 1 when one failed or none could run."""
+    try:
+        try:
+            result = asyncio.run(ask_daemon(url, gpus, probes, timeout))
+            source = f"daemon at {url}"
+        except NoDaemon:
+            result = asyncio.run(run_direct(config, gpus, probes))
+            source = "no daemon running: probes run directly"
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+        print(f"gpuwatchd probe: {e}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(f"({source})")
+        print(render(result))
+    failed = not result.get("available", True) or any(
+        r["result"] in ("fail", "error", "crash", "timeout") for g in result.get("gpus") or []
+        for r in g.get("records") or []
+    )
+    return 1 if failed else 0
+
+
+
+
+def add_probe_parser(sub: Any) -> None:
+    p = sub.add_parser("probe", help="run the torch health probes now (through the daemon when one runs)")
+    p.add_argument("--gpu", action="append", default=[], metavar="INDEX|UUID", help="GPU to probe (repeatable; "
+                   "default: every present GPU)")
+    p.add_argument("--probe", action="append", default=[], choices=("gemm", "memory", "pcie", "launch"),
+                   help="probe to run (repeatable; default: those enabled in the config)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--url", help="daemon base URL (default: from the config's listen address)")
+    p.add_argument("--config", type=Path, help="config file (listen address, probes, state dir)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the daemon's answer")
+
+
+def cmd_probe_args(args: argparse.Namespace, default_url: str) -> int:
+    from gpuwatchd.config.loader import ConfigError, load_config
+
+    try:
+        config = load_config(args.config, required=args.config is not None)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    url = (args.url or default_url).rstrip("/")
+    return cmd_probe(config, url, args.gpu, args.probe, as_json=args.json, timeout=args.timeout)

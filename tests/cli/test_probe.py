@@ -1,0 +1,78 @@
+"""``gpuwatchd probe``: through a running daemon (its lock and baselines), and directly without one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from gpuwatchd.cli.probe import render
+from gpuwatchd.sim.standin_abi import STATE_ENV
+from gpuwatchd.sim.state import make_state, write_state
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _gpuwatchd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuwatchd", *args], env=env or ENV, capture_output=True,
+                          text=True, timeout=600, check=False)
+
+
+def test_without_a_daemon_it_runs_directly_and_says_why_it_cannot(tmp_path: Path, standin_libdir: Path) -> None:
+    state = tmp_path / "state"
+    write_state(state, make_state(1))
+    cfg = tmp_path / "gpuwatchd.yml"
+    cfg.write_text(yaml.safe_dump({"nvml": {"library_path": str(standin_libdir)},
+                                   "state_dir": str(tmp_path / "state-dir")}))
+    nobody = f"http://127.0.0.1:{_free_port()}"
+    out = _gpuwatchd("probe", "--config", str(cfg), "--url", nobody, env={**ENV, STATE_ENV: str(state)})
+    assert out.returncode == 1, out.stderr
+    # A real run probes the cuda device; this machine's torch is a CPU build (the stand-in is not a GPU).
+    assert "no daemon running: probes run directly" in out.stdout
+    assert "probes unavailable: torch_without_cuda" in out.stdout
+
+
+def test_through_a_daemon(tmp_path: Path) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    sim = subprocess.Popen([sys.executable, "-m", "gpuwatchd", "sim", "--scenario", "probe-sdc", "--listen",
+                            f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "sd")], env=ENV,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(1200):
+            try:
+                with urllib.request.urlopen(f"{url}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        out = _gpuwatchd("probe", "--url", url, "--gpu", "1", "--probe", "gemm", "--json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        result = json.loads(out.stdout)
+        (gpu,) = result["gpus"]
+        assert gpu["index"] == 1 and [r["probe"] for r in gpu["records"]] == ["gemm"]
+        assert gpu["records"][0]["result"] == "pass"
+        assert "flops_float32" in render(result)
+        status = _gpuwatchd("status", "--url", url)
+        assert "PROBE" in status.stdout and "pass" in status.stdout
+        bad = _gpuwatchd("probe", "--url", url, "--gpu", "9")
+        assert bad.returncode == 1 and "no present GPU '9'" in bad.stderr
+    finally:
+        sim.send_signal(signal.SIGTERM)
+        sim.wait(60)
