@@ -60,7 +60,7 @@ def check(torch: Any) -> dict[str, Any]:
     text = " ".join(str(w.message) for w in caught)
     if ok:
         out["available"] = True
-    elif "too old" in text:
+    elif "too old" in text or "insufficient for CUDA runtime" in text:
         out["reason"] = "driver_too_old"
         out["detail"] = text[:300]
     else:
