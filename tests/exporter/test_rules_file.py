@@ -17,7 +17,7 @@ RULES = ROOT / "dashboards" / "gpuwatchd.rules.yml"
 RULES_TEST = Path(__file__).parent / "rules_test.yml"
 CONTRACT_ALERTS = {
     "GpuMemoryLeak", "GpuThrottled", "GpuXidError", "GpuEccError", "GpuPcieLinkDegraded", "GpuPcieReplays",
-    "GpuLost", "GpuRemoved", "GpuCountLow", "GpuTemperatureHigh",
+    "GpuLost", "GpuRemoved", "GpuCountLow", "GpuTemperatureHigh", "GpuDockUnauthorized", "GpuDockLinkDegraded",
 }
 
 
