@@ -1,19 +1,19 @@
 """Leak detection quality and GPU-lost alert latency.
 
-Part 1, leak detection: a generated, seeded corpus of per-process GPU memory timelines on a 24 GiB GPU, fed
-snapshot by snapshot (5 s) into the real Store and RulesEngine (evaluated every 30 s, default rules config):
-- leaks: rates 16/48/128/384 MiB/min (slow: hours to OOM) and 1/2/4 GiB/min (fast: minutes to OOM) x shapes
-  linear, stepwise (+x every 4-8 min, at most 1 GiB a step), noisy (Gaussian), spiky (evaluation passes every
-  10 min), each after a caching-allocator warm-up, from the start or after 5 or 15 min of plateau, several seeds;
-- non-leaks: plateau with noise, plateau with evaluation spikes, stepwise warm-up (9 min), a long warm-up
-  (4-7 steps of 0.25-1 GiB for 8-12 min, then flat), job restart (new pid), a level flipping between two values
-  (like the real csv04 capture), a DataLoader whose host RSS grows 2-6 GiB over 5-15 min and levels off.
-A leak counts as detected if GpuMemoryLeak (kind=gpu) fires before the memory is full; a non-leak is a false
+Part 1, leak detection: the seeded corpus of bench/leak_corpus.py (leaks of every shape and rate, late onset,
+unattributed growth, a daemon restart mid-leak; non-leaks each observed from the start, from 5 s in, from a random
+phase and across a daemon restart), fed snapshot by snapshot (5 s) into the real Store and RulesEngine, evaluated
+after every snapshot like the daemon (the leak family runs every leak.interval), default rules config. A restart
+carries the history the daemon persists in its state dir (gpuwatchd/rules/persist.py) into a fresh Store and engine.
+A leak counts as detected if GpuMemoryLeak of its kind fires before the memory is full; a non-leak is a false
 alert if GpuMemoryLeak of any kind (gpu, unattributed, host_rss) fires.
-Figures: recall, false_alerts (non-leak timelines that fired), delay_s (median time from leak start to firing,
-all leaks), delay_fast_s / delay_slow_s (the same for >= / < 1 GiB/min), eta_error (median |predicted - true| /
-true time-to-full at the first firing), detected_before_oom (share of all leaks that fired with at least 25 % of
-their time-to-OOM, leak start to full, still left).
+Figures: recall, false_alerts (non-leak runs that fired), delay_s (median time from leak start to firing, all
+leaks), delay_fast_s / delay_slow_s (the same for >= / < 1 GiB/min), delay_slow_median_s (the same for leaks
+with >= 1 h from their start to full), min_time_left_ratio (lowest share of its time to full a leak still had
+when it fired; a missed leak counts 0), late_onset_extra_s (largest difference, signed, between a leak's delay
+after a 30-40 min plateau and the same leak's from the job's start), eta_error (median |predicted - true| /
+true time-to-full at the first firing), detected_before_oom (share of leaks fired with >= 25 % of their time
+to full left).
 
 Part 2, lost_to_message_p99_s: the real path. The daemon runs in-process against the stand-in NVML driver (its
 NVML worker is a child process polling at the default 1 s) with a webhook receiver pointing at a local aiohttp
@@ -24,7 +24,7 @@ a simulated 1 s poll, and says so.
 
 Usage: python bench/detect.py [--seeds N] [--lost-runs N] [--lost-gpus N]
 Last line: recall=... false_alerts=... delay_s=... eta_error=... lost_to_message_p99_s=... delay_fast_s=...
-delay_slow_s=... detected_before_oom=...
+delay_slow_s=... detected_before_oom=... delay_slow_median_s=... min_time_left_ratio=... late_onset_extra_s=...
 """
 
 from __future__ import annotations
@@ -38,12 +38,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+
+from leak_corpus import Case, leak_cases, nonleak_cases
 
 from gpuwatchd.model import GpuSample, LostGpu, ProcessSample, Snapshot
 from gpuwatchd.rules.config import RulesConfig
@@ -55,161 +57,61 @@ GIB = 1024**3
 TOTAL = 24 * GIB
 OVERHEAD = 300 * MIB  # driver/context memory not attributed to the process
 STEP = 5.0
-EVERY = 30.0
 T0 = 1_700_000_000.0
 MINUTES = 100
 UUID = "GPU-bench-0000"
 
-Series = Callable[[float], tuple[int, float]]  # seconds since start -> (pid, GPU bytes)
-RssSeries = Callable[[float], float]  # seconds since start -> host RSS bytes of the same process
-
 # Leaks at or above this rate are "fast" (delay_fast_s): 1 GiB/min fills a 24 GiB GPU in well under half an hour.
 FAST_RATE_MIB = 1024.0
-# A leak counts as detected in time (detected_before_oom) with at least this share of its time-to-OOM left: the
-# user needs time to read the message, find the job and checkpoint or stop it.
+# detected_before_oom: the share of leaks detected with at least this share of their time to full left.
 IN_TIME_SHARE = 0.25
-SLOW_RATES_MIB = (16.0, 48.0, 128.0, 384.0)
-FAST_RATES_MIB = (1024.0, 2048.0, 4096.0)
-# Largest step of a stepwise leak: a cache that never evicts adds an entry per step (a batch's activations, a
-# sequence length); a fast stepwise leak steps often rather than in quarter-GPU jumps.
-MAX_STEP_BYTES = 1 * GIB
-
-
-@dataclass
-class Case:
-    name: str
-    series: Series
-    leak_start: float | None  # None: not a leak
-    rate_mib: float = 0.0
-    rss: RssSeries | None = None
-
-
-def warm(s: float, level: float, over: float = 120.0) -> float:
-    return level * (1 - math.exp(-3 * max(0.0, s) / over))
-
-
-def leak_cases(seed: int) -> list[Case]:
-    rng = random.Random(seed)
-    out = []
-    for rate_mib in SLOW_RATES_MIB + FAST_RATES_MIB:
-        rate = rate_mib * MIB / 60
-        base = rng.uniform(3, 8) * GIB
-        start = rng.choice([0.0, 300.0, 900.0])  # leak from the start, or after a while on a plateau
-        period = min(rng.uniform(240, 480), MAX_STEP_BYTES / rate)
-        noise = rng.uniform(20, 80) * MIB
-        r = random.Random(seed * 1000 + int(rate_mib))
-
-        def grow(s: float, start: float = start, rate: float = rate) -> float:
-            return rate * max(0.0, s - start)
-
-        def linear(s: float, base: float = base, grow: Callable[[float], float] = grow) -> tuple[int, float]:
-            return 4242, warm(s, base) + grow(s)
-
-        def stepwise(s: float, base: float = base, period: float = period, start: float = start,
-                     rate: float = rate) -> tuple[int, float]:
-            steps = max(0.0, s - start) // period
-            return 4242, warm(s, base) + steps * period * rate
-
-        def noisy(s: float, base: float = base, noise: float = noise, r: random.Random = r,
-                  grow: Callable[[float], float] = grow) -> tuple[int, float]:
-            return 4242, warm(s, base) + grow(s) + r.gauss(0, noise)
-
-        def spiky(s: float, base: float = base, grow: Callable[[float], float] = grow) -> tuple[int, float]:
-            spike = 3 * GIB if s % 600 > 540 else 0.0
-            return 4242, warm(s, base) + grow(s) + spike
-
-        for shape, fn in (("linear", linear), ("stepwise", stepwise), ("noisy", noisy), ("spiky", spiky)):
-            out.append(Case(f"leak-{shape}-{rate_mib:.0f}-s{seed}", fn, start, rate_mib))
-    return out
-
-
-def nonleak_cases(seed: int) -> list[Case]:
-    rng = random.Random(seed)
-    level = rng.uniform(6, 18) * GIB
-    noise = rng.uniform(10, 60) * MIB
-    r = random.Random(seed + 77)
-    steps = sorted(rng.uniform(0, 540) for _ in range(4))
-    restart_at = rng.uniform(1200, 3000)
-    # A long warm-up: the pool keeps stepping for 8-12 min (first evaluation pass, first checkpoint, new
-    # sequence lengths), 4-7 steps of 0.25-1 GiB, then stops for good.
-    long_end = rng.uniform(480, 720)
-    long_base = rng.uniform(2, 6) * GIB
-    long_times = sorted([long_end, *(rng.uniform(60, long_end) for _ in range(rng.randint(3, 6)))])
-    long_sizes = [rng.uniform(0.25, 1.0) * GIB for _ in long_times]
-    # A dataloader: workers fill their prefetch queues and page cache, host RSS grows 2-6 GiB over 5-15 min and
-    # levels off; GPU memory is flat after warm-up.
-    rss_base = rng.uniform(2, 6) * GIB
-    rss_growth = rng.uniform(2, 6) * GIB
-    rss_over = rng.uniform(300, 900)
-
-    def plateau(s: float) -> tuple[int, float]:
-        return 4242, warm(s, level) + r.gauss(0, noise)
-
-    def spikes(s: float) -> tuple[int, float]:
-        return 4242, warm(s, level) + (2.5 * GIB if s % 300 > 270 else 0.0) + r.gauss(0, noise)
-
-    def stepwise_warmup(s: float) -> tuple[int, float]:
-        return 4242, 2 * GIB + GIB * sum(1 for x in steps if s >= x)
-
-    def long_warmup(s: float) -> tuple[int, float]:
-        return 4242, warm(s, long_base) + sum(z for x, z in zip(long_times, long_sizes, strict=True) if s >= x)
-
-    def restart(s: float) -> tuple[int, float]:
-        if s < restart_at:
-            return 4242, warm(s, level)
-        return 4243, warm(s - restart_at, level * 1.1)
-
-    def flipping(s: float) -> tuple[int, float]:
-        low = r.random() < 0.25  # inference freeing memory between batches (csv04: 17.4 vs 17.9 GB)
-        return 4242, warm(s, level) - (512 * MIB if low else 0.0) + r.gauss(0, 10 * MIB)
-
-    def dataloader_gpu(s: float) -> tuple[int, float]:
-        return 4242, warm(s, level) + r.gauss(0, noise)
-
-    def dataloader_rss(s: float) -> float:
-        return rss_base + rss_growth * min(1.0, s / rss_over) + r.gauss(0, 20 * MIB)
-
-    return [
-        Case(f"plateau-s{seed}", plateau, None),
-        Case(f"eval-spikes-s{seed}", spikes, None),
-        Case(f"stepwise-warmup-s{seed}", stepwise_warmup, None),
-        Case(f"long-warmup-s{seed}", long_warmup, None),
-        Case(f"job-restart-s{seed}", restart, None),
-        Case(f"flipping-s{seed}", flipping, None),
-        Case(f"dataloader-rss-s{seed}", dataloader_gpu, None, rss=dataloader_rss),
-    ]
+# delay_slow_median_s is over the leaks with at least this much time from their start to full.
+SLOW_TIME_TO_FULL = 3600.0
 
 
 @dataclass
 class Outcome:
-    fired_at: float | None  # seconds since start
+    fired_at: float | None  # seconds since the job started
     eta: float | None  # predicted time-to-full at the first firing
-    full_at: float | None  # seconds since start when the memory reached capacity
+    full_at: float | None  # seconds since the job started when the memory reached capacity
+
+
+def _restart(store: Store, now: float) -> Store:
+    """A daemon restart: the new store starts from the history the old one persisted in its state dir."""
+    from gpuwatchd.rules import persist
+
+    fresh = Store()
+    persist.restore(fresh, persist.decode(persist.encode(store, now)), now)
+    return fresh
 
 
 def simulate(case: Case) -> Outcome:
-    """Feed the case snapshot by snapshot; a leak counts when kind=gpu fires, a non-leak fails on any kind."""
+    """Feed the case snapshot by snapshot, evaluating after each one like the daemon (the leak family itself runs
+    every leak.interval); a leak counts when its kind fires, a non-leak fails on any kind."""
     store = Store()
     engine = RulesEngine(RulesConfig(), host="bench")
     capacity = TOTAL - OVERHEAD
     full_at: float | None = None
     fired: tuple[float, float | None] | None = None
-    kinds = {"gpu"} if case.leak_start is not None else {"gpu", "unattributed", "host_rss"}
-    s = 0.0
-    # Scan the whole timeline for when it is full (ground truth), simulating until then.
+    kinds = {case.kind} if case.leak_start is not None else {"gpu", "unattributed", "host_rss"}
+    s = case.observe_from
+    restarted = case.restart_at is None
     while s <= MINUTES * 60:
         pid, used = case.series(s)
-        used = max(0.0, min(used, capacity))
-        if used >= capacity and full_at is None:
+        extra = case.extra(s) if case.extra is not None else 0.0
+        used = max(0.0, min(used, capacity - extra))
+        if used + extra >= capacity and full_at is None:
             full_at = s
             break
+        if not restarted and s >= case.restart_at:  # type: ignore[operator]
+            store, engine, restarted = _restart(store, T0 + s), RulesEngine(RulesConfig(), host="bench"), True
         rss = int(case.rss(s)) if case.rss is not None else None
         proc = ProcessSample(pid=pid, used_memory_bytes=int(used), name="python", host_rss_bytes=rss)
-        mem = int(OVERHEAD + used)
+        mem = int(OVERHEAD + extra + used)
         g = GpuSample(uuid=UUID, index=0, name="NVIDIA A10G", memory_total_bytes=TOTAL, memory_used_bytes=mem,
                       memory_free_bytes=TOTAL - mem, processes=(proc,), processes_total=1)
         store.apply(Snapshot(timestamp=T0 + s, nvml_ok=True, gpus=(g,)))
-        if fired is None and s % EVERY == 0:
+        if fired is None:
             for a in engine.evaluate(store, T0 + s):
                 if a.name == "GpuMemoryLeak" and a.labels.get("kind") in kinds and a.state == "firing":
                     fired = (s, a.value)
@@ -221,7 +123,8 @@ def simulate(case: Case) -> Outcome:
         # extend the ground truth past the simulated span (no need to feed the store)
         t = s
         while full_at is None and t < 7 * 86400:
-            if case.series(t)[1] >= capacity:
+            extra = case.extra(t) if case.extra is not None else 0.0
+            if case.series(t)[1] + extra >= capacity:
                 full_at = t
             t += STEP
     return Outcome(fired[0] if fired else None, fired[1] if fired else None, full_at)
@@ -234,6 +137,9 @@ class Figures:
     delay_s: float  # median over all detected leaks
     delay_fast_s: float  # median over detected leaks >= FAST_RATE_MIB
     delay_slow_s: float
+    delay_slow_median_s: float  # median over detected leaks with >= SLOW_TIME_TO_FULL from start to full
+    min_time_left_ratio: float  # lowest (full - fired) / (full - start) over all leaks (a missed one: 0)
+    late_onset_extra_s: float  # the largest |late-onset delay - fresh delay| of a leak pair
     eta_error: float
     detected_before_oom: float  # share of all leaks detected with >= IN_TIME_SHARE of their time-to-OOM left
     leaks: int
@@ -246,40 +152,62 @@ def _median(xs: list[float]) -> float:
 
 
 def leak_figures(seeds: int) -> Figures:
-    detected, missed, late, false_alerts = [], [], [], []
+    detected, missed, false_alerts = [], [], []
     delays: dict[bool, list[float]] = {True: [], False: []}
+    slow_delays: list[float] = []
+    slow_names: list[tuple[float, str]] = []
     eta_errors: list[float] = []
+    left_ratios: list[tuple[float, str]] = []
+    pairs: dict[tuple[int, str], dict[str, float]] = {}
     in_time = leaks = nonleaks = 0
     for seed in range(seeds):
         for case in leak_cases(seed):
             leaks += 1
             o = simulate(case)
             assert case.leak_start is not None
-            if o.fired_at is not None and (o.full_at is None or o.fired_at < o.full_at):
-                detected.append(case.name)
-                delays[case.rate_mib >= FAST_RATE_MIB].append(o.fired_at - case.leak_start)
-                if o.full_at is None or o.full_at - o.fired_at >= IN_TIME_SHARE * (o.full_at - case.leak_start):
-                    in_time += 1
-                else:
-                    late.append(f"{case.name}({o.fired_at - case.leak_start:.0f}s of "
-                                f"{(o.full_at or 0) - case.leak_start:.0f}s)")
-                if o.eta is not None and o.full_at is not None:
-                    true_eta = o.full_at - o.fired_at
-                    eta_errors.append(abs(o.eta - true_eta) / true_eta)
-            else:
+            full = o.full_at if o.full_at is not None else math.inf
+            if o.fired_at is None or o.fired_at >= full:
                 missed.append(case.name)
+                left_ratios.append((0.0, case.name))
+                continue
+            detected.append(case.name)
+            delay = o.fired_at - case.leak_start
+            delays[case.rate_mib >= FAST_RATE_MIB].append(delay)
+            to_full = full - case.leak_start
+            if to_full >= SLOW_TIME_TO_FULL:
+                slow_delays.append(delay)
+                slow_names.append((delay, case.name))
+            left = (full - o.fired_at) / to_full if to_full < math.inf else 1.0
+            left_ratios.append((left, f"{case.name}({delay:.0f}s of {to_full:.0f}s)"))
+            if left >= IN_TIME_SHARE:
+                in_time += 1
+            if case.pair is not None:
+                tag, key = case.pair.split(":")
+                pairs.setdefault((seed, key), {})[tag] = delay
+            if o.eta is not None and o.full_at is not None:
+                true_eta = o.full_at - o.fired_at
+                eta_errors.append(abs(o.eta - true_eta) / true_eta)
         for case in nonleak_cases(seed):
             nonleaks += 1
             if simulate(case).fired_at is not None:
                 false_alerts.append(case.name)
-    notes = [f"missed: {', '.join(missed) or '-'}", f"late (<{IN_TIME_SHARE:.0%} of time-to-OOM left): "
-             f"{', '.join(late) or '-'}", f"false alerts: {', '.join(false_alerts) or '-'}"]
+    extras = [p["late"] - p["fresh"] for p in pairs.values() if "late" in p and "fresh" in p]
+    missing_pairs = sum(1 for p in pairs.values() if len(p) < 2) + (len(pairs) == 0)
+    worst = max(extras, key=abs) if extras and not missing_pairs else math.inf
+    left_ratios.sort()
+    notes = [f"missed: {', '.join(missed) or '-'}", f"false alerts: {', '.join(false_alerts) or '-'}",
+             f"least time left: {', '.join(f'{r:.2f} {n}' for r, n in left_ratios[:5])}",
+             f"late-onset minus fresh delays (s): {', '.join(f'{x:.0f}' for x in extras)}",
+             f"delays of leaks >= 1 h from full (s): {', '.join(f'{d:.0f} {n}' for d, n in sorted(slow_names))}"]
     return Figures(
         recall=len(detected) / leaks,
         false_alerts=len(false_alerts),
         delay_s=_median(delays[True] + delays[False]),
         delay_fast_s=_median(delays[True]),
         delay_slow_s=_median(delays[False]),
+        delay_slow_median_s=_median(slow_delays),
+        min_time_left_ratio=left_ratios[0][0] if left_ratios else math.nan,
+        late_onset_extra_s=worst,
         eta_error=_median(eta_errors),
         detected_before_oom=in_time / leaks,
         leaks=leaks,
@@ -423,6 +351,17 @@ def p99(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
 
 
+def _lost(runs: int, gpus: int) -> tuple[list[float], str]:
+    try:
+        lat = asyncio.run(lost_latency_daemon(runs, gpus))
+        path = "daemon + stand-in + webhook sink"
+    except Exception as e:  # no C compiler or NVML header: measure the in-process part and say so
+        print(f"real path unavailable ({type(e).__name__}: {e}); measuring engine + dispatcher in-process")
+        lat = asyncio.run(lost_latency(runs * gpus))
+        path = "in-process engine + dispatcher + webhook sink"
+    return lat, path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
@@ -434,18 +373,17 @@ def main() -> None:
     for n in fig.notes:
         print(n)
     print(f"leak corpus: {fig.leaks} leaks, {fig.nonleaks} non-leaks in {time.perf_counter() - t0:.1f}s")
-    try:
-        lat = asyncio.run(lost_latency_daemon(args.lost_runs, args.lost_gpus))
-        path = "daemon + stand-in + webhook sink"
-    except Exception as e:  # no C compiler or NVML header: measure the in-process part and say so
-        print(f"real path unavailable ({type(e).__name__}: {e}); measuring engine + dispatcher in-process")
-        lat = asyncio.run(lost_latency(args.lost_runs * args.lost_gpus))
-        path = "in-process engine + dispatcher + webhook sink"
+    if args.lost_runs == 0:  # leak figures only (tuning); lost_to_message_p99_s is then nan
+        lat, path = [math.nan], "skipped"
+    else:
+        lat, path = _lost(args.lost_runs, args.lost_gpus)
     print(f"lost->message ({path}) over {len(lat)} trials: p50={statistics.median(lat):.3f}s "
           f"max={max(lat):.3f}s")
     print(f"recall={fig.recall:.3f} false_alerts={fig.false_alerts} delay_s={fig.delay_s:.0f} "
           f"eta_error={fig.eta_error:.3f} lost_to_message_p99_s={p99(lat):.3f} delay_fast_s={fig.delay_fast_s:.0f} "
-          f"delay_slow_s={fig.delay_slow_s:.0f} detected_before_oom={fig.detected_before_oom:.3f}")
+          f"delay_slow_s={fig.delay_slow_s:.0f} detected_before_oom={fig.detected_before_oom:.3f} "
+          f"delay_slow_median_s={fig.delay_slow_median_s:.0f} min_time_left_ratio={fig.min_time_left_ratio:.3f} "
+          f"late_onset_extra_s={fig.late_onset_extra_s:.0f}")
 
 
 if __name__ == "__main__":

@@ -339,3 +339,37 @@ class Store:
 
     def process_keys(self) -> Sequence[tuple[str, int]]:
         return tuple(self._proc_hist)
+
+    # -- history carried across a restart (gpuwatchd/rules/persist.py) --------------------------------------------
+
+    def gpu_keys(self) -> Sequence[str]:
+        return tuple(self._gpu_hist)
+
+    def restore_history(
+        self, gpus: Mapping[str, Sequence[GpuPoint]], procs: Mapping[tuple[str, int], Sequence[ProcessPoint]]
+    ) -> None:
+        """Seed the rings with history saved before a restart (points oldest first); call before any apply."""
+        for uuid, gpts in gpus.items():
+            ring = self._gpu_hist.setdefault(uuid, _Ring(self.step_seconds, self.retention_seconds))
+            for gp in gpts:
+                ring.add(gp)
+        for key, ppts in procs.items():
+            ring = self._proc_hist.setdefault(key, _Ring(self.step_seconds, self.retention_seconds))
+            for pp in ppts:
+                ring.add(pp)
+            if ring.points:
+                self._proc_touched[key] = ring.points[-1].t
+        self._proc_touched = OrderedDict(sorted(self._proc_touched.items(), key=lambda kv: kv[1]))
+        self.version += 1
+
+    def keep_history(self, gpus: Iterable[str], procs: Iterable[tuple[str, int]]) -> int:
+        """Drop the history of every GPU and process not listed (gone since it was saved); returns how many."""
+        keep_g, keep_p = set(gpus), set(procs)
+        gone_g = [u for u in self._gpu_hist if u not in keep_g]
+        gone_p = [k for k in self._proc_hist if k not in keep_p]
+        for u in gone_g:
+            del self._gpu_hist[u]
+        for k in gone_p:
+            del self._proc_hist[k]
+            self._proc_touched.pop(k, None)
+        return len(gone_g) + len(gone_p)

@@ -44,7 +44,7 @@ class LeakRule(RuleSection):
     keep_firing_for: Duration = 300.0
     # How often the trend is recomputed (it is the costliest rule: ~0.2 s for 16 GPUs x 10 processes); in
     # between, the last result stands. The trend moves in 1 min buckets, so 30 s loses nothing.
-    interval: Duration = 30.0
+    interval: Duration = 15.0
     # The trend window. 30 min covers several checkpoint/evaluation cycles of a training loop and fits the
     # store's default 1 h retention; half of it is the "recent" slope.
     window: PositiveDuration = 1800.0
@@ -81,12 +81,44 @@ class LeakRule(RuleSection):
     # long warm-up) stays silent unless it ate about a third of the free memory first. In bench/detect.py
     # --seeds 16, 0.25 with a hold share of 0.1 or 0.2 fired on a 10 min stepwise warm-up; 0.3/0.3 on nothing,
     # and every leak still fired with >= 25 % of its time to OOM left.
-    urgent_evidence_share: float = Field(default=0.3, gt=0, le=1)
+    urgent_evidence_share: float = Field(default=0.15, gt=0, le=1)
     # The for: hold of a leak: this share of its projected time to full, between urgent_min_hold and for. The
     # hold is the proof that the growth goes on (pending fires only while the floor still rises).
-    urgent_hold_share: float = Field(default=0.3, ge=0, le=1)
-    # The shortest hold: two leak evaluations (interval 30 s), so one trend computation never fires on its own.
-    urgent_min_hold: Duration = 60.0
+    urgent_hold_share: float = Field(default=0.1, ge=0, le=1)
+    # The evidence share and hold share of a rough rise on a short window (a staircase, a noisy ramp: its growth
+    # under onset_min_snr times its scatter): a long warm-up stepping every minute for 8-12 min looks like a
+    # fast staircase leak until it stops, so a rough rise waits 0.3 x its time to full twice, as before onsets.
+    urgent_rough_share: float = Field(default=0.3, gt=0, le=1)
+    # The shortest hold: two leak evaluations (interval 15 s), so one trend computation never fires on its own.
+    urgent_min_hold: Duration = 30.0
+    # Onset (gpuwatchd/rules/onset.py): a series is judged from where its growth began, and a clean straight rise
+    # fires without waiting for min_span. Off: every leak is judged on the window as before.
+    onset: bool = True
+    # The least evidence since the onset: 4 min shows whether a rise flattens (a warm-up or a saturating job
+    # with a time constant under ~15 min bends its quadratic fit below onset_min_straightness within that).
+    onset_min_span: Duration = 240.0
+    # Growth since the onset must be this many times the scatter around its line: the cleaner the fit, the
+    # fewer minutes it takes (a noisy leak reaches it later; a staircase does not, and waits for min_span).
+    onset_min_snr: float = Field(default=15.0, gt=0)
+    # ... and it needs this share of floor_growth_ratio of growth (a clean straight rise of 120 MiB on a 24 GiB GPU
+    # is a trend; csv04's noisy 60 MiB creep fails onset_min_snr, not this).
+    onset_floor_share: float = Field(default=0.5, ge=0, le=1)
+    # Quadratic fit of the envelope since the onset: slope at the end / slope at the start must be at least this.
+    onset_min_straightness: float = Field(default=0.75, gt=0)
+    # The longest hold of a leak judged from its onset (a slow leak with a clean fit); one due sooner holds
+    # urgent_hold_share of its time to full as above.
+    onset_hold: Duration = 120.0
+    # A process the daemon saw start settles its caching allocator first; growth that slows within this long
+    # after it appeared is warm-up, not the start of a leak.
+    settle: Duration = 300.0
+    # A series whose start was not seen (the daemon started or lost its history while the job ran, and no flat
+    # stretch precedes the growth) is judged on the window only, with these stricter shape tests and the full
+    # for: hold (a saturating job seen from its middle looks linear for minutes).
+    unseen_min_recent_ratio: float = Field(default=0.7, gt=0, le=1)
+    unseen_min_straightness: float = Field(default=0.8, gt=0)
+    # On the long window (min_span or more), a series seen from its start must not flatten more than this (a
+    # saturating job's quadratic fit does; a staircase leak's, judged by its steps, stays near 1).
+    min_straightness: float = Field(default=0.5, gt=0)
     unattributed: bool = True
     host_rss: bool = True
     # Host RSS has no "total" to project against; fire when it grew this much over the window (pinned buffers

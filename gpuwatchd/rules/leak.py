@@ -8,12 +8,15 @@ being assessed) and the new pid starts from zero history, so its warm-up is neve
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuwatchd.model import GpuSample, ProcessSample
 from gpuwatchd.rules.condition import Condition, Level, RuleView, fmt_bytes, fmt_duration, gpu_labels, gpu_title
 from gpuwatchd.rules.config import LeakRule, RulesConfig
+from gpuwatchd.rules.onset import ONSET_BUCKET, find_onset, fit
 from gpuwatchd.rules.trend import Trend, Verdict, assess, measure, sparkline
+from gpuwatchd.store import ProcessPoint
 
 NAME = "GpuMemoryLeak"
 MIB = 1024 * 1024
@@ -66,7 +69,7 @@ class Judged:
 # ``urgent_evidence_share`` x T, instead of waiting for ``min_span`` of the long window. Short windows to try,
 # shortest first: 2 min is the least that shows a ramp (12 buckets of 10 s from 5 s samples); they stop below
 # the 10 min ``min_span`` where the long window takes over.
-URGENT_WINDOWS = (120.0, 180.0, 240.0, 360.0, 480.0)
+URGENT_WINDOWS = (60.0, 90.0, 120.0, 180.0, 240.0, 360.0, 480.0)
 # Buckets per short window: the long window's 30 buckets would hold one or two samples each at 2 min; 12 keep
 # two or more samples per bucket (store step 5 s) and still leave a recent half of ~5 envelope points.
 URGENT_BUCKETS = 12
@@ -79,12 +82,12 @@ URGENT_MIN_RISE_SHARE = 0.4
 
 
 def _assess(trend: Trend, cfg: LeakRule, *, min_span: float, min_rises: int, free: float | None,
-            min_growth: float, floor_growth: float) -> Verdict:
+            min_growth: float, floor_growth: float, seen: bool = True) -> Verdict:
     return assess(
         trend,
         min_span=min_span,
         min_rate=cfg.min_rate_bytes_per_second,
-        min_recent_ratio=cfg.min_recent_ratio,
+        min_recent_ratio=cfg.min_recent_ratio if seen else cfg.unseen_min_recent_ratio,
         min_recent_rises=min_rises,
         noise_factor=cfg.noise_factor,
         free=free,
@@ -94,12 +97,12 @@ def _assess(trend: Trend, cfg: LeakRule, *, min_span: float, min_rises: int, fre
     )
 
 
-def hold_for(cfg: LeakRule, eta: float | None) -> float:
-    """The ``for:`` a leak needs: ``urgent_hold_share`` of its projected time to full, between
+def hold_for(cfg: LeakRule, eta: float | None, *, share: float | None = None) -> float:
+    """The ``for:`` a leak needs: ``urgent_hold_share`` (or ``share``) of its projected time to full, between
     ``urgent_min_hold`` and the rule's ``for`` (no projection, or urgency off: the rule's ``for``)."""
     if eta is None or not cfg.urgent:
         return cfg.for_
-    return min(cfg.for_, max(cfg.urgent_min_hold, cfg.urgent_hold_share * eta))
+    return min(cfg.for_, max(cfg.urgent_min_hold, (cfg.urgent_hold_share if share is None else share) * eta))
 
 
 def _urgent(
@@ -110,6 +113,7 @@ def _urgent(
     free: float,
     min_growth: float,
     floor_growth: float,
+    seen: bool,
 ) -> Judged | None:
     """The shortest short window on which the series is a leak fast enough for that window to be evidence."""
     # No short window can show more growth than the raw values span; most series are flat, skip them cheaply.
@@ -124,10 +128,63 @@ def _urgent(
             continue
         rises = max(cfg.min_recent_rises, math.ceil(URGENT_MIN_RISE_SHARE * (trend.recent_points - 1)))
         v = _assess(trend, cfg, min_span=URGENT_SPAN_SHARE * window, min_rises=rises, free=free,
-                    min_growth=min_growth, floor_growth=floor_growth)
-        if v.leak and v.eta_decision is not None and cfg.urgent_evidence_share * v.eta_decision <= window:
-            return Judged(trend, v, hold_for(cfg, v.eta_decision))
+                    min_growth=min_growth, floor_growth=floor_growth, seen=seen)
+        if not v.leak or v.eta_decision is None:
+            continue
+        # A clean straight rise is evidence sooner and needs a shorter hold than a rough one (a staircase, a
+        # noisy ramp): a long warm-up stepping every minute looks like a fast staircase leak for a while.
+        f = fit(points, now - window, bucket=window / URGENT_BUCKETS)
+        if f is None or f.straightness < (cfg.onset_min_straightness if seen else cfg.unseen_min_straightness):
+            continue
+        clean = f.rate * f.span >= cfg.onset_min_snr * max(f.scatter, MIN_SCATTER)
+        share = cfg.urgent_evidence_share if clean else cfg.urgent_rough_share
+        if share * v.eta_decision <= window:
+            hold = hold_for(cfg, v.eta_decision, share=None if clean else cfg.urgent_rough_share)
+            return Judged(trend, v, hold)
     return None
+
+
+def _straight(points: list[tuple[float, float]], since: float, cfg: LeakRule, seen: bool, *,
+              long: bool = False) -> bool:
+    """The envelope since ``since`` does not flatten (a warm-up or a saturating job does). ``long``: the window
+    holds min_span or more (a staircase there is judged by its steps, a looser limit)."""
+    f = fit(points, since, bucket=min(ONSET_BUCKET, (points[-1][0] - since) / 12))
+    limit = (cfg.min_straightness if long else cfg.onset_min_straightness) if seen else cfg.unseen_min_straightness
+    return f is not None and f.straightness >= limit
+
+
+# Scatter below this is the allocator's rounding (2 MiB pages), not a measure of the fit's quality.
+MIN_SCATTER = 2.0 * MIB
+
+
+def _from_onset(
+    points: list[tuple[float, float]],
+    now: float,
+    cfg: LeakRule,
+    onset: float,
+    *,
+    free: float | None,
+    min_growth: float,
+    floor_growth: float,
+) -> Judged | None:
+    """A leak judged on the evidence since its onset: as soon as the rise since then is long enough, straight
+    enough and clean enough (its growth many times its scatter: a clean fit needs fewer minutes)."""
+    span = now - onset
+    if span < cfg.onset_min_span:
+        return None
+    f = fit(points, onset)
+    if f is None or f.straightness < cfg.onset_min_straightness:
+        return None
+    if f.rate * f.span < cfg.onset_min_snr * max(f.scatter, MIN_SCATTER):
+        return None
+    trend = measure(points, now=now, window=span, bucket=ONSET_BUCKET)
+    if trend is None:
+        return None
+    v = _assess(trend, cfg, min_span=cfg.onset_min_span, min_rises=cfg.min_recent_rises, free=free,
+                min_growth=min_growth, floor_growth=floor_growth)
+    if not v.leak:
+        return None
+    return Judged(trend, v, min(cfg.onset_hold, hold_for(cfg, v.eta_decision)))
 
 
 def _judge(
@@ -138,21 +195,63 @@ def _judge(
     free: float | None,
     min_growth: float,
     floor_growth: float = 0.0,
+    appeared: float | None = None,
 ) -> Judged | None:
-    trend = measure(points, now=now, window=cfg.window, bucket=cfg.bucket)
+    """``appeared``: when the series' process appeared while the daemon watched (None: it was there already)."""
+    if len(points) < 2:
+        return None
+    # Most series are flat: nothing to judge, skip the costly part.
+    values = [v for _, v in points]
+    if max(values) - min(values) < max(floor_growth, MIN_SCATTER):
+        return None
+    on = find_onset(points, settle=None if appeared is None else appeared + cfg.settle)
+    seen = appeared is not None or (on is not None and on.seen)
+    if seen and on is not None and cfg.onset:
+        # A clean straight rise needs less growth than a rough one before it counts (onset_floor_share).
+        judged = _from_onset(points, now, cfg, on.t, free=free, min_growth=min_growth,
+                             floor_growth=cfg.onset_floor_share * floor_growth)
+        if judged is not None:
+            return judged
+    # The long window, from the onset when it was seen (a late leak is not diluted by the plateau before it).
+    window = cfg.window
+    if seen and on is not None:
+        window = min(cfg.window, max(cfg.min_span, now - on.t))
+    trend = measure(points, now=now, window=window, bucket=cfg.bucket)
     verdict = None
     if trend is not None:
         verdict = _assess(trend, cfg, min_span=cfg.min_span, min_rises=cfg.min_recent_rises, free=free,
-                          min_growth=min_growth, floor_growth=floor_growth)
+                          min_growth=min_growth, floor_growth=floor_growth, seen=seen)
     # A fast leak that started after a long plateau is diluted in the long window (its slope, hence its rate and
     # time to full, lag behind for many minutes): the short window's verdict, when there is one, is the truer.
     if cfg.urgent and free is not None:
-        urgent = _urgent(points, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth)
+        urgent = _urgent(points, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth, seen=seen)
         if urgent is not None:
             return urgent
     if trend is None or verdict is None:
         return None
-    return Judged(trend, verdict, hold_for(cfg, verdict.eta_decision))
+    if verdict.leak and not _straight(points, now - trend.span, cfg, seen, long=True):
+        verdict = Verdict(False, verdict.growing, verdict.eta_seconds, verdict.eta_decision)
+    hold = hold_for(cfg, verdict.eta_decision, share=cfg.urgent_rough_share) if seen else cfg.for_
+    return Judged(trend, verdict, hold)
+
+
+# A process whose first reading is at most this share of what it holds now was seen at its start (a CUDA
+# context before the model is loaded), even in the daemon's first snapshot.
+START_SHARE = 0.1
+
+
+def _appeared(hist: Sequence[ProcessPoint], watched_from: float | None) -> float | None:
+    """When a process was seen to start: it appeared on a GPU the daemon already watched, or its first reading
+    was small. None: it was there, busy, when watching began, so its start (warm-up included) was not seen."""
+    if not hist or watched_from is None:
+        return None
+    first = hist[0]
+    if first.t > watched_from:
+        return first.t
+    used = [p.used_memory_bytes for p in hist if p.used_memory_bytes is not None]
+    if used and used[0] <= START_SHARE * max(used):
+        return first.t
+    return None
 
 
 def _level(v: Verdict) -> Level | None:
@@ -195,12 +294,16 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         total = float(g.memory_total_bytes) if g.memory_total_bytes is not None else None
         min_growth = cfg.min_growth_ratio * total if total else float("inf")
         floor_growth = cfg.floor_growth_ratio * total if total else 0.0
+        gpu_hist = view.gpu_history(g.uuid)
+        watched_from = gpu_hist[0].t if gpu_hist else None
         for p in g.processes:
             hist = view.process_history(g.uuid, p.pid)
+            appeared = _appeared(hist, watched_from)
             labels = {**base, "pid": str(p.pid), "process": _process_name(p)}
             who = f"{_process_name(p)}[{p.pid}]"
             gpu_pts = [(x.t, float(x.used_memory_bytes)) for x in hist if x.used_memory_bytes is not None]
-            judged = _judge(gpu_pts, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth)
+            judged = _judge(gpu_pts, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth,
+                            appeared=appeared)
             if judged is not None and (level := _level(judged.verdict)) is not None:
                 t, v = judged.trend, judged.verdict
                 out.append(
@@ -219,7 +322,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                 )
             if cfg.host_rss:
                 rss_pts = [(x.t, float(x.host_rss_bytes)) for x in hist if x.host_rss_bytes is not None]
-                judged = _judge(rss_pts, now, cfg, free=None, min_growth=float(cfg.host_rss_min_growth_bytes))
+                judged = _judge(rss_pts, now, cfg, free=None, min_growth=float(cfg.host_rss_min_growth_bytes),
+                                appeared=appeared)
                 if judged is not None and (level := _level(judged.verdict)) is not None:
                     t, v = judged.trend, judged.verdict
                     out.append(

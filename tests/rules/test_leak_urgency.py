@@ -102,17 +102,26 @@ def test_urgency_follows_time_to_full_not_rate() -> None:
     assert near[0] < far[0]
 
 
-def test_slow_leak_still_waits_for_the_long_window() -> None:
-    # 64 MiB/min: hours from full; judged on min_span (10 min) of history plus for (5 min) as before.
+def test_slow_clean_leak_fires_from_its_onset_before_the_long_window() -> None:
+    # 64 MiB/min: hours from full. It used to wait min_span (10 min) + for (5 min); a clean straight rise is now
+    # judged from its onset (after the warm-up) once it spans onset_min_span, then held up to onset_hold.
     fired = first_firing(simulate(leak_after_plateau(64.0, 0.0), 30))
-    assert fired is not None and fired[0] >= 10 * 60 + 5 * 60
+    assert fired is not None and 4 * 60 <= fired[0] < 10 * 60 + 5 * 60
+    # The same leak on the long window only (onset off) still waits min_span + for.
+    off = RulesConfig.model_validate({"leak": {"onset": False}})
+    late = first_firing(simulate(leak_after_plateau(64.0, 0.0), 30, off))
+    assert late is not None and late[0] >= 10 * 60 + 5 * 60 - 30 and fired[0] < late[0]
 
 
-def test_urgency_off_waits_min_span_and_for() -> None:
+def test_urgency_and_onset_off_wait_min_span_and_for() -> None:
+    cfg = RulesConfig.model_validate({"leak": {"urgent": False, "onset": False}})
+    fired = first_firing(simulate(leak_after_plateau(2048.0, 0.0, base=2 * GIB), 12, cfg))
+    # Full after ~10.6 min: with urgency and onsets off it cannot fire before min_span + for = 15 min.
+    assert fired is None
+    # Urgency off alone: the clean rise is still judged from its onset (after onset_min_span), before full.
     cfg = RulesConfig.model_validate({"leak": {"urgent": False}})
     fired = first_firing(simulate(leak_after_plateau(2048.0, 0.0, base=2 * GIB), 12, cfg))
-    # Full after ~10.6 min: with urgency off it cannot fire before min_span + for = 15 min.
-    assert fired is None
+    assert fired is not None and fired[0] >= 4 * 60
 
 
 # -- non-leaks stay silent ---------------------------------------------------------------------------------------
