@@ -1,0 +1,52 @@
+"""The sim's kernel ring file and hostile --kernel-log inputs (FIFO, device, size cap, no kernel lines)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuwatchd.sim import kmsg_replay
+from gpuwatchd.sim.kmsg_replay import KernelLogError, ReplayRing, load_kernel_log
+from gpuwatchd.sources.kmsg_parse import parse_record
+from gpuwatchd.sources.kmsg_reader import RecordSplitter
+
+
+def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(KernelLogError, match=r"^--kernel-log .*log\.fifo: cannot read: not a regular file \(a FIFO\)$"):
+        load_kernel_log(fifo)
+
+
+def test_size_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kmsg_replay, "MAX_KERNEL_LOG_BYTES", 100)
+    big = tmp_path / "big.log"
+    big.write_text("[ 1.0] usb 1-1: reset\n" * 10)
+    with pytest.raises(KernelLogError, match="file too large"):
+        load_kernel_log(big)
+
+
+def test_a_file_without_kernel_lines_is_an_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.log"
+    empty.write_text("\n\nJun 10 03:09:55 host sshd[12]: Accepted publickey for root\n")
+    with pytest.raises(KernelLogError, match="no kernel log lines in the file"):
+        load_kernel_log(empty)
+
+
+def test_ring_appends_consecutive_whole_records(tmp_path: Path) -> None:
+    ring = ReplayRing(tmp_path / "kmsg")
+    ring.append(load_kernel_log(_write(tmp_path, "[ 1.5] NVRM: Xid (PCI:0000:06:00): 13, x\n[ 2.0] b\n")))
+    ring.append_lines(["NVRM: GPU at PCI:0000:06:00: GPU-1", "thunderbolt 0-1: device disconnected"])
+    sp = RecordSplitter()
+    recs = [parse_record(r) for r in sp.feed(ring.path.read_bytes()) + sp.flush()]
+    assert [(r.seq, r.message) for r in recs if r] == [
+        (1, "NVRM: Xid (PCI:0000:06:00): 13, x"), (2, "b"), (3, "NVRM: GPU at PCI:0000:06:00: GPU-1"),
+        (4, "thunderbolt 0-1: device disconnected")]
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "in.log"
+    p.write_text(text)
+    return p
