@@ -9,13 +9,20 @@ file with the same parser and everything after it as the live ring.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.config.files import InputFileError, read_bytes_file, shown_path
 from gpuwatchd.sim.kmsg_text import Entry, parse_text, to_records
 
+if TYPE_CHECKING:
+    from gpuwatchd.sim.scenario import Scenario
+
+MAX_STEP_LINES = 100  # kernel-log lines one scenario step may emit
+MAX_LINE_CHARS = 1024  # the kernel's own limit for one printk line is about this
 # A day of a busy host's kernel log is a few MiB; 32 MiB bounds memory and parse time (~2 s) for any paste.
 MAX_KERNEL_LOG_BYTES = 32 << 20
 
@@ -65,3 +72,31 @@ async def feed_when_ready(ring: ReplayRing, entries: list[Entry], has_snapshot: 
     while not has_snapshot():
         await asyncio.sleep(0.05)
     ring.append(entries)
+
+
+def kmsg_step_lines(body: Any) -> tuple[str, ...]:
+    """A scenario ``kmsg`` step's payload: kernel-log lines as ``dmesg`` prints them (any pasted format)."""
+    lines = [body] if isinstance(body, str) else body
+    if not isinstance(lines, list) or not lines or len(lines) > MAX_STEP_LINES:
+        raise ValueError(f"kmsg: expected a list of 1 to {MAX_STEP_LINES} kernel log lines")
+    for i, line in enumerate(lines):
+        if not isinstance(line, str) or not line.strip() or len(line) > MAX_LINE_CHARS or "\n" in line:
+            raise ValueError(f"kmsg[{i}]: expected one non-empty line of at most {MAX_LINE_CHARS} characters")
+    return tuple(lines)
+
+
+def due_lines(scenario: Scenario, since: float, until: float) -> list[str]:
+    """Lines of the scenario's ``kmsg`` steps whose time falls in (since, until] (scenario seconds, loops too)."""
+    steps = [s for s in scenario.steps if s.action == "kmsg"]
+    if not steps or until <= since:
+        return []
+    cycles = range(1)
+    if scenario.loop and scenario.duration > 0:
+        cycles = range(max(0, math.floor(since / scenario.duration)), math.floor(until / scenario.duration) + 1)
+    out: list[str] = []
+    for cycle in cycles:
+        base = cycle * scenario.duration if scenario.loop else 0.0
+        for step in steps:
+            if since < base + step.at <= until:
+                out.extend(step.spec)
+    return out

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.runtime.clock import Clock
+from gpuwatchd.sim.kmsg_replay import ReplayRing, due_lines
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.scenario import (
     FieldPath,
@@ -325,7 +326,8 @@ class Player:
     """
 
     def __init__(self, scenario: Scenario, state_path: Path, clock: Clock, *, tick: float = 0.5,
-                 start: float | None = None, write: WriteFn | None = None, sysfs_root: Path | None = None) -> None:
+                 start: float | None = None, write: WriteFn | None = None, sysfs_root: Path | None = None,
+                 kmsg: ReplayRing | None = None) -> None:
         if tick <= 0:
             raise ValueError("tick must be > 0")
         self.scenario = scenario
@@ -337,6 +339,10 @@ class Player:
         self._write = write
         self.sysfs_root = sysfs_root
         self._last: dict[str, Any] | None = None
+        # The sim's kernel ring: scenario ``kmsg`` steps are appended once their time has come, after the state
+        # of that moment is written (the kernel logs what the hardware did).
+        self.kmsg = kmsg
+        self._kmsg_until = -1.0
 
     def scenario_time(self) -> float:
         """Seconds of scenario time since the start (the daemon's clock minus the start)."""
@@ -366,11 +372,19 @@ class Player:
 
     def step(self) -> bool:
         """Write the current state if it differs from the last one written; True if it wrote."""
-        state = self.state(self.scenario_time())
+        t = self.scenario_time()
+        state = self.state(t)
         if self._last is not None and _without_clock(state) == _without_clock(self._last):
+            self._emit_kmsg(t)
             return False
         self._store(state)
+        self._emit_kmsg(t)
         return True
+
+    def _emit_kmsg(self, t: float) -> None:
+        if self.kmsg is not None:
+            self.kmsg.append_lines(due_lines(self.scenario, self._kmsg_until, t))
+            self._kmsg_until = t
 
     async def run(self) -> None:
         """Keep the state file current until cancelled."""

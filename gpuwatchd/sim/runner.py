@@ -76,7 +76,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         ring = ReplayRing(tmp / "kmsg")
         player: Player | None = None
         if scen is not None:
-            player = Player(scen, state_path, clock, sysfs_root=tmp / "sysfs")
+            player = Player(scen, state_path, clock, sysfs_root=tmp / "sysfs", kmsg=ring)
             player.write_initial()
             title, expect = f"scenario {scen.name!r}", scen.description
         else:

@@ -45,6 +45,7 @@ from gpuwatchd.config.files import InputFileError, missing, read_text_file, show
 from gpuwatchd.config.loader import MAX_PROBLEMS_SHOWN, format_validation_error
 from gpuwatchd.config.safe_yaml import load_yaml
 from gpuwatchd.config.types import yaml_error_message
+from gpuwatchd.sim.kmsg_replay import kmsg_step_lines
 from gpuwatchd.sim.scenario_fields import (
     OPEN_MAPS,
     FieldPath,
@@ -180,7 +181,8 @@ class ScenarioDoc(_Model):
 # --- the validated, immutable scenario -----------------------------------------------------------------------------
 
 Action = Literal[
-    "set", "ramp", "plateau", "wave", "add_process", "remove_process", "lose", "remove", "insert", "event", "xid"
+    "set", "ramp", "plateau", "wave", "add_process", "remove_process", "lose", "remove", "insert", "event", "xid",
+    "kmsg",
 ]
 ACTIONS: tuple[str, ...] = Action.__args__  # type: ignore[attr-defined]
 
@@ -266,6 +268,8 @@ def _step(i: int, raw: Any, schema: dict[str, Any]) -> Step:
             except ValueError as e:
                 raise ValueError(f"set: {e}") from None
         return base(values=tuple(values))
+    if action == "kmsg":  # kernel-log lines into the sim's ring (sim/kmsg_replay.py, docs/kernel-log.md)
+        return base(spec=kmsg_step_lines(body))
     if action in ("lose", "remove"):
         if isinstance(body, bool) or not isinstance(body, int) or body < 0:
             raise ValueError(f"{action}: expected a GPU slot number, got {body!r}")

@@ -96,3 +96,51 @@ def test_unusable_kernel_log_is_one_clear_line(tmp_path: Path, make: object, mes
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("gpuwatchd sim: --kernel-log ") and message in lines[0], r.stderr
+
+
+DEDUP_SCENARIO = """\
+name: xid-both-paths
+description: One GPU; an app fault (Xid 13) reported by NVML events and by the kernel log at the same moment.
+gpus: 1
+devices:
+  all:
+    uuid: GPU-0d0d0d0d-0000-4000-8000-00000000dd01
+    pci: {domain: 0, bus: 0x3b, device: 0}
+timeline:
+  - at: 4
+    xid: {gpu: 0, code: 13}
+  - at: 4
+    kmsg: ["NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python3, Graphics SM Warp Exception"]
+"""
+
+
+def test_nvml_event_and_kernel_line_of_one_xid_count_once(sim: list[DaemonProcess], tmp_path: Path) -> None:
+    # Through the stand-in driver's event path (nvmlEventSetWait -> worker -> supervisor) and the sim's ring.
+    path = tmp_path / "xid-both.yml"
+    path.write_text(DEDUP_SCENARIO)
+    d = start_sim(sim, tmp_path, "--scenario", str(path), "--speed", "2")
+    uuid = "GPU-0d0d0d0d-0000-4000-8000-00000000dd01"
+    m = metrics_when(d, lambda m: value(m, "gpuwatchd_gpu_xid_reports_total", uuid=uuid, xid="13", source="nvml") == 1
+                     and value(m, "gpuwatchd_gpu_xid_reports_total", uuid=uuid, xid="13", source="kmsg") == 1,
+                     "the Xid from both paths")
+    assert value(m, "gpuwatchd_gpu_xid_errors_total", uuid=uuid, xid="13") == 1
+    assert interrupt(d) == 0
+
+
+def test_egpu_unplug_kernel_log_and_nvml_agree(sim: list[DaemonProcess], tmp_path: Path) -> None:
+    d = start_sim(sim, tmp_path, "--scenario", "egpu-unplug", "--speed", "10")
+    uuid = "GPU-3a1e07c5-9c0f-4b7e-8d1a-e6b3090e6b30"
+    m = metrics_when(d, lambda m: value(m, "gpuwatchd_gpu_fallen_off_bus_total", uuid=uuid) == 1, "the kernel's fall")
+    assert value(m, "gpuwatchd_gpu_xid_errors_total", uuid=uuid, xid="79") == 1
+    assert value(m, "gpuwatchd_gpu_xid_reports_total", uuid=uuid, xid="79", source="kmsg") == 1
+    assert value(m, "gpuwatchd_pcie_aer_errors_total", uuid=uuid, severity="corrected") == 1  # on its TB root port
+    assert value(m, "gpuwatchd_kernel_log_lines_total", kind="thunderbolt") == 1
+    assert value(m, "gpuwatchd_kernel_log_lines_total", kind="pciehp") == 1
+    m = metrics_when(d, lambda m: value(m, "gpuwatchd_gpu_present", uuid=uuid) == 0, "the eGPU gone")
+    # NVML's own report of the Xid may or may not beat the loss (tests/notify/test_scenarios.py says why); either way
+    # the Xid is counted once
+    m = metrics_when(d, lambda m: value(m, "gpuwatchd_gpu_present", uuid=uuid) == 1, "the eGPU back")
+    assert value(m, "gpuwatchd_gpu_xid_errors_total", uuid=uuid, xid="79") == 1
+    assert value(m, "gpuwatchd_gpu_fallen_off_bus_total", uuid=uuid) == 1
+    assert value(m, "gpuwatchd_kernel_log_lines_total", kind="thunderbolt") == 2
+    assert interrupt(d) == 0

@@ -50,3 +50,66 @@ def _write(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "in.log"
     p.write_text(text)
     return p
+
+
+LOOP = """\
+name: kmsg-loop
+description: kernel lines every cycle
+gpus: 1
+loop: true
+duration: 10
+timeline:
+  - at: 2
+    kmsg: ["NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x"]
+  - at: 5
+    kmsg: "thunderbolt 0-1: device disconnected"
+"""
+
+
+def test_kmsg_steps_are_due_once_per_cycle() -> None:
+    import yaml
+
+    from gpuwatchd.sim.kmsg_replay import due_lines
+    from gpuwatchd.sim.scenario import scenario_from_dict
+
+    scen = scenario_from_dict(yaml.safe_load(LOOP))
+    assert due_lines(scen, -1, 4) == ["NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x"]
+    assert due_lines(scen, 4, 12.5) == ["thunderbolt 0-1: device disconnected",
+                                        "NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x"]
+    assert due_lines(scen, 12.5, 12.5) == []
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("[]", "expected a list of 1 to 100"),
+    ("[3]", r"kmsg\[0\]: expected one non-empty line"),
+    ('["ok", "  "]', r"kmsg\[1\]: expected one non-empty line"),
+    ("{a: 1}", "expected a list of 1 to 100"),
+])
+def test_bad_kmsg_steps_name_the_step(body: str, message: str) -> None:
+    import yaml
+
+    from gpuwatchd.sim.scenario import ScenarioError, scenario_from_dict
+
+    doc = yaml.safe_load(LOOP.replace('kmsg: "thunderbolt 0-1: device disconnected"', f"kmsg: {body}"))
+    with pytest.raises(ScenarioError, match=message):
+        scenario_from_dict(doc)
+
+
+def test_player_appends_due_lines_to_the_ring(tmp_path: Path) -> None:
+    import yaml
+
+    from gpuwatchd.runtime.clock import ManualClock
+    from gpuwatchd.sim.player import Player
+    from gpuwatchd.sim.scenario import scenario_from_dict
+
+    clock = ManualClock()
+    ring = ReplayRing(tmp_path / "kmsg")
+    player = Player(scenario_from_dict(yaml.safe_load(LOOP)), tmp_path / "state", clock, kmsg=ring)
+    player.step()
+    assert ring.path.read_bytes() == b""
+    clock.advance(3)
+    player.step()
+    player.step()  # nothing new: not appended twice
+    sp = RecordSplitter()
+    recs = [parse_record(r) for r in sp.feed(ring.path.read_bytes()) + sp.flush()]
+    assert [(r.seq, r.message) for r in recs if r] == [(1, "NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x")]
