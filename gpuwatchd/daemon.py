@@ -33,6 +33,7 @@ from gpuwatchd.probes.api import probe_routes
 from gpuwatchd.probes.service import ProbeService
 from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.rules.engine import RulesEngine
+from gpuwatchd.rules.history_file import HistoryFile
 from gpuwatchd.rules.metrics import AlertsCollector
 from gpuwatchd.runtime.clock import Clock, RealClock
 from gpuwatchd.runtime.nvml_outage import NvmlOutageLog
@@ -103,6 +104,7 @@ class Daemon:
         self._dispatcher: Dispatcher | None = None
         self._supervisor: NvmlSupervisor | None = None
         self.kernel_log: KernelLogTask | None = None
+        self.history: HistoryFile | None = None  # rule history kept across restarts (rules/history_file.py)
         self._probe_sim = probe_sim  # gpuwatchd sim only: probes on the CPU device, faults from the scenario
         self.probes: ProbeService | None = None
         self._runner: web.AppRunner | None = None
@@ -149,6 +151,9 @@ class Daemon:
         self.store.config_reload_success = True
         self.store.config_reload_timestamp = self.clock.now()
         self._engine = RulesEngine(cfg.rules, host=cfg.host)
+        self.history = HistoryFile(self.state_dir, self.store, self.clock)
+        self.history.load()
+        self.registry.register(self.history.collector())
         self._dispatcher = Dispatcher(cfg.notify, state_dir=self.state_dir, clock=self.clock, host=cfg.host)
         self.probes = ProbeService(cfg, self.store, self.clock, self.state_dir, sim=self._probe_sim)
         self.registry.register(StoreCollector(self.store))
@@ -180,6 +185,7 @@ class Daemon:
                                             sysfs_root=cfg.sysfs.root, on_event=self._wakeup.set)
             self._spawn(self.kernel_log.run(), "kernel log")
         self._spawn(self._evaluate_loop(), "rules evaluation")
+        self._spawn(self.history.run(), "rule history")
         self._spawn(self.probes.run(), "probe scheduler")
         if self.sd.watchdog_interval is not None:
             self._spawn(self._watchdog_loop(self.sd.watchdog_interval), "systemd watchdog")
@@ -247,6 +253,8 @@ class Daemon:
         self.request_stop()
         self.sd.stopping()
         log.info("stopping")
+        if self.history is not None:
+            await self.history.save()  # the freshest history for the next start
         await self._teardown()
 
     async def _teardown(self) -> None:
@@ -299,6 +307,8 @@ class Daemon:
         if self.kernel_log is not None:
             snap = self.kernel_log.filter_snapshot(snap)  # an Xid the kernel log already counted is not recounted
         self.store.apply(snap)
+        if self.history is not None:
+            self.history.on_snapshot(snap)
         if self.kernel_log is not None:
             self.kernel_log.after_snapshot(snap)
         # node_exporter style self-metrics: a driver outage is a failed collection, not an empty one.
