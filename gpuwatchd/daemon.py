@@ -156,7 +156,7 @@ class Daemon:
         self.registry.register(self.history.collector())
         self._dispatcher = Dispatcher(cfg.notify, state_dir=self.state_dir, clock=self.clock, host=cfg.host)
         self.probes = ProbeService(cfg, self.store, self.clock, self.state_dir, sim=self._probe_sim)
-        self.registry.register(StoreCollector(self.store))
+        self.registry.register(StoreCollector(self.store, now=self.clock.now))
         self._alerts_collector = AlertsCollector(self._engine)
         self.registry.register(self._alerts_collector)
         self.registry.register(self._dispatcher.collector())
@@ -176,6 +176,7 @@ class Daemon:
             env=self._worker_env,
             on_links=self.store.set_links,
             on_counters=self.store.set_nvml_counters,
+            on_late=self._on_late,
             worker_module=self._worker_module,
         )
         self._spawn(self._supervisor.run(), SUPERVISOR_TASK)
@@ -324,6 +325,10 @@ class Daemon:
         self._outage.observe(snap, self.config.nvml)
         if self._wakeup is not None:
             self._wakeup.set()
+
+    def _on_late(self, silent_seconds: float) -> None:
+        # A poll is late: the values shown are being held, and /metrics says so (gpuwatchd_nvml_stale 1) at once.
+        self.store.mark_stale()
 
     def _on_stale(self, reason: str) -> None:
         self.store.mark_stale()

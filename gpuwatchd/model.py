@@ -111,6 +111,12 @@ class GpuSample:
     errors: dict[str, str] = field(default_factory=dict)
 
 
+# LostGpu reasons for a GPU whose NVML calls block (the worker sets it aside and keeps polling the others):
+# suspected while the call has blocked for less than nvml.poll_timeout, hung once it has blocked for longer.
+HANG_SUSPECTED = "hang_suspected"
+HUNG = "timeout"
+
+
 @dataclass(frozen=True, slots=True)
 class LostGpu:
     """A GPU that enumeration still lists (or listed at init) but that answers GPU_IS_LOST or similar."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwatchd.model import (
+    HANG_SUSPECTED,
     DockSample,
     GpuIdentity,
     GpuPresence,
@@ -156,8 +157,20 @@ class Store:
     # -- writers (called by the daemon when data arrives) ------------------------------------------------------
 
     def apply(self, snap: Snapshot) -> None:
-        """Take a fresh snapshot: update presence, history and Xid counters."""
-        self.latest = snap
+        """Take a fresh snapshot: update presence, history and Xid counters.
+
+        A GPU the worker set aside as ``hang_suspected`` (its call blocks, not yet for long enough to call it hung)
+        keeps its presence and its last readings, which age (``gpuwatchd_gpu_reading_age_seconds``): a guess is
+        not a loss, and no alert pages on it.
+        """
+        held: list[GpuSample] = []
+        suspected: set[str] = set()
+        if snap.lost and self.latest is not None:
+            suspected = {x.uuid for x in snap.lost if x.reason == HANG_SUSPECTED and x.uuid is not None}
+            if suspected:
+                held = [g for g in self.latest.gpus if g.uuid in suspected]
+        self.latest = snap if not held else replace(snap, gpus=tuple(sorted((*snap.gpus, *held),
+                                                                            key=lambda g: g.index)))
         self.stale = False
         self.version += 1
         t = snap.timestamp
@@ -203,6 +216,8 @@ class Store:
                 if lost.uuid is None:
                     continue
                 seen.add(lost.uuid)
+                if lost.uuid in suspected:
+                    continue
                 prev = self._presence.get(lost.uuid)
                 ident = prev.identity if prev else GpuIdentity(lost.uuid, lost.index, None, lost.pci_bus_id)
                 if prev is None or prev.state != "lost":

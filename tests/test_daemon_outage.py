@@ -62,8 +62,9 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 WAIT_SECONDS = 30.0  # upper bound for a worker to start on a loaded 2-core box; tests end far sooner
 RULES = Path(__file__).resolve().parents[1] / "dashboards" / "gpuwatchd.rules.yml"
 # Series a GPU exports whatever NVML says: its identity and presence (runtime_families.presence_families).
+# identity and presence, and how old the last readings are (they are not exported while NVML is down)
 IDENTITY_SERIES = {"gpuwatchd_gpu_info", "gpuwatchd_gpu_present", "gpuwatchd_gpu_lost",
-                   "gpuwatchd_gpu_last_seen_timestamp_seconds"}
+                   "gpuwatchd_gpu_last_seen_timestamp_seconds", "gpuwatchd_gpu_reading_age_seconds"}
 
 
 async def scrape(url: str) -> Samples:
@@ -173,6 +174,7 @@ async def test_driver_outage_after_gpus_were_seen_is_nvml_down_not_gpus_lost(
         assert value(down, "gpuwatchd_gpu_present", uuid=uuid) == 1
         assert value(down, "gpuwatchd_gpu_lost", uuid=uuid) == 0
     assert value(down, "gpuwatchd_gpus") == 2
+    assert all((value(down, "gpuwatchd_gpu_reading_age_seconds", uuid=u) or 0) > 0 for u in uuids)
     gpu_series = {n for n, _ in down if n.startswith("gpuwatchd_gpu_")} - IDENTITY_SERIES
     assert {n for n, _ in healthy if n.startswith("gpuwatchd_gpu_memory")} and gpu_series == set(), gpu_series
     # the daemon's own rules: a driver outage is not a lost, removed or missing GPU

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from gpuwatchd.model import GpuPresence, GpuSample, LinkSample, LostGpu, ProcessSample, Snapshot, SourceStatus, XidEvent
+from gpuwatchd.model import (
+    HANG_SUSPECTED,
+    HUNG,
+    GpuPresence,
+    GpuSample,
+    LinkSample,
+    LostGpu,
+    ProcessSample,
+    Snapshot,
+    SourceStatus,
+    XidEvent,
+)
 from gpuwatchd.store import GpuPoint, ProcessPoint, Store
 
 T0 = 1_700_000_000.0
@@ -17,6 +28,25 @@ def gpu(uuid: str = "GPU-a", index: int = 0, procs: dict[int, int | None] | None
 def snap(t: float, *gpus: GpuSample, lost: tuple[LostGpu, ...] = (), ok: bool = True,
          xids: tuple[XidEvent, ...] = ()) -> Snapshot:
     return Snapshot(timestamp=t, nvml_ok=ok, gpus=gpus, lost=lost, xid_events=xids)
+
+
+def test_suspected_hang_holds_the_last_readings_and_presence() -> None:
+    s = Store()
+    s.apply(snap(T0, gpu(), gpu(uuid="GPU-b", index=1)))
+    held = s.gpu("GPU-b")
+    suspected = (LostGpu(index=1, uuid="GPU-b", reason=HANG_SUSPECTED),)
+    s.apply(snap(T0 + 1, gpu(), lost=suspected))
+    s.apply(snap(T0 + 2, gpu(), lost=suspected))
+    # a guess is not a loss: still present, its last readings held (and aging), not refreshed into history
+    p = s.presence["GPU-b"]
+    assert (p.state, p.last_seen) == ("present", T0)
+    assert s.gpu("GPU-b") is held and [g.uuid for g in s.latest.gpus] == ["GPU-a", "GPU-b"]  # type: ignore[union-attr]
+    assert [pt.t for pt in s.gpu_history("GPU-b")] == [T0]
+    # confirmed: lost since then, with the last readings' time
+    s.apply(snap(T0 + 3, gpu(), lost=(LostGpu(index=1, uuid="GPU-b", reason=HUNG),)))
+    p = s.presence["GPU-b"]
+    assert (p.state, p.last_seen, p.since) == ("lost", T0, T0 + 3)
+    assert s.gpu("GPU-b") is None
 
 
 def test_presence_present_lost_removed_present() -> None:

@@ -45,8 +45,9 @@ class NvmlConfig(Section):
     # How often every GPU is read. 1 s matches nvidia-smi dmon and DCGM's default; utilization is averaged over
     # the driver's own 1/6 s..1 s sample period anyway.
     poll_interval: PositiveDuration = 1.0
-    # A poll slower than this marks data stale and the worker is killed and respawned. At least 50 ms: below
-    # that no poll of a real GPU completes and the daemon would never show any data.
+    # A GPU whose NVML calls block this long (while the others answer) is shown lost, reason timeout; a worker
+    # silent this long past a due poll is killed and respawned. At least 50 ms: below that no poll of a real GPU
+    # completes and the daemon would never show any data.
     poll_timeout: Annotated[PositiveDuration, Field(ge=MIN_POLL_TIMEOUT)] = 5.0
     # SIGTERM grace before SIGKILL when the worker must go.
     kill_grace: Duration = 1.0

@@ -69,8 +69,10 @@ class StoreCollector(Collector):
         *,
         build: rf.BuildInfo | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] | None = None,
     ) -> None:
         self._store = store
+        self._now = now  # the daemon's clock, for gpuwatchd_gpu_reading_age_seconds
         self._build = build if build is not None else rf.BuildInfo.detect()
         self._monotonic = monotonic
         self.groups: dict[str, Group] = {
@@ -118,7 +120,7 @@ class StoreCollector(Collector):
     def _presence(self, store: Store) -> list[Metric]:
         if store.latest is not None and store.latest.driver_version is not None:
             self._driver = store.latest.driver_version
-        return rf.presence_families(store, self._driver)
+        return rf.presence_families(store, self._driver, None if self._now is None else self._now())
 
     def describe(self) -> Iterable[Metric]:
         # Empty families for every name this collector may export: the registry then catches name clashes with

@@ -81,6 +81,12 @@ GPU_LAST_SEEN = spec(
     "gpuwatchd_gpu_last_seen_timestamp_seconds", "gauge", "When the GPU last answered a poll with readings.",
     ("uuid",), "seconds",
 )
+GPU_READING_AGE = spec(
+    "gpuwatchd_gpu_reading_age_seconds", "gauge",
+    "Seconds since this present GPU's readings were last refreshed by a poll (the daemon's clock, at most 1 s"
+    " behind): grows while polls are late or while the GPU's NVML calls block and its last readings are held.",
+    ("uuid",), "seconds",
+)
 GPUS = spec("gpuwatchd_gpus", "gauge", "Number of GPUs present.")
 
 # -- Xid --------------------------------------------------------------------------------------------------------
@@ -175,10 +181,11 @@ def nvml_families(store: Store) -> list[Metric]:
     return f.metrics()
 
 
-def presence_families(store: Store, driver: str | None = None) -> list[Metric]:
+def presence_families(store: Store, driver: str | None = None, now: float | None = None) -> list[Metric]:
     """Identity and presence of every GPU seen since start.
 
     ``driver``: the last driver version known, so ``gpu_info`` keeps its labels (its identity) while NVML is down.
+    ``now``: the daemon's clock, for the age of present GPUs' readings (no age family without it).
     """
     f = Families()
     if store.latest is not None and store.latest.driver_version is not None:
@@ -199,6 +206,8 @@ def presence_families(store: Store, driver: str | None = None) -> list[Metric]:
         f.add(GPU_PRESENT, (uuid,), pres.state == "present")
         f.add(GPU_LOST, (uuid,), pres.state == "lost")
         f.add(GPU_LAST_SEEN, (uuid,), pres.last_seen)
+        if now is not None and pres.state == "present":
+            f.add(GPU_READING_AGE, (uuid,), max(0.0, now - pres.last_seen))
         present += pres.state == "present"
     if store.latest is not None or store.presence:
         f.add(GPUS, (), present)

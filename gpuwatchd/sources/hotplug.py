@@ -39,8 +39,8 @@ class SysfsWatch:
         """What a worker about to start will enumerate: changes are counted from here."""
         self.seen = nvidia_devices(self._root())
 
-    async def run(self, tick: Callable[[], None]) -> None:
-        """Until cancelled; ``tick`` runs once per scan (the supervisor's own periodic checks)."""
+    async def run(self) -> None:
+        """Until cancelled."""
         while True:
             await asyncio.sleep(max(self._period(), MIN_PERIOD_SECONDS))
             root = self._root()
@@ -50,6 +50,5 @@ class SysfsWatch:
                 removed = sorted(self.seen - current)
                 self.seen = current
                 self._on_change(f"pci_devices_changed: added={added} removed={removed}")
-            tick()
             if self._on_links is not None and self.bus_ids:
                 self._on_links(read_links(root, self.bus_ids))

@@ -1,24 +1,29 @@
-"""Supervises the NVML worker process: spawn, deadline, kill, respawn with backoff.
+"""Supervises the NVML worker process: spawn, deadlines, kill, respawn with backoff.
 
 NVML is never called in the daemon process (docs/architecture.md, "Processes"): a GPU that falls off the bus can
 block an NVML call forever, and a blocked C call cannot be cancelled. The worker streams one JSON snapshot per
-poll (:mod:`gpuwatchd.sources.worker_protocol`); a snapshot that does not arrive within ``poll_timeout`` after it
-was due marks the data stale (``on_stale``), and the worker's process group gets SIGTERM, then SIGKILL after
-``kill_grace``, and a new worker is spawned after an exponential backoff. A worker that exits because a GPU was
+poll (:mod:`gpuwatchd.sources.worker_protocol`) and sets aside a GPU whose calls block by itself, so the others keep
+their schedule (:mod:`gpuwatchd.sources.stall_watch`). Here: a snapshot that is late marks the data stale at once
+(``on_late``); a worker silent for ``poll_timeout`` past a due snapshot failed as a whole (stuck outside GPU
+calls, stopped, crashed): ``on_stale``, its process group gets SIGTERM, then SIGKILL after ``kill_grace``, and a
+new worker is spawned after an exponential backoff. No GPU is blamed for that: a stopped or starved worker is not
+a hung GPU. A worker that exits because a GPU was
 lost or the device count changed, or a change in the set of NVIDIA PCI functions in sysfs
 (:mod:`gpuwatchd.sources.hotplug`), gets a fresh worker at once: only a fresh NVML session re-enumerates reliably.
 
 The parts: :mod:`~gpuwatchd.sources.worker_process` (the OS process), :mod:`~gpuwatchd.sources.stderr_relay`
-(its log lines), :mod:`~gpuwatchd.sources.quarantine` (GPUs whose calls hang), :mod:`~gpuwatchd.sources.hotplug`
+(its log lines), :mod:`~gpuwatchd.sources.hang_log` (GPUs whose calls block), :mod:`~gpuwatchd.sources.hotplug`
 (sysfs). This module is the loop that ties them together and reads the snapshots.
 
-Logging: an operator reads one line per failure episode, not one per kill cycle. A hang is logged by the
-quarantine; any other worker failure (crash, garbage, no start) is one WARNING while its reason stays the same,
+Logging: an operator reads one line per failure episode, not one per kill cycle. A GPU hang is logged by the
+hang log; any other worker failure (crash, garbage, no start) is one WARNING while its reason stays the same,
 and one INFO once a worker runs healthy again. An init failure (no driver) is logged by the daemon
 (:mod:`gpuwatchd.runtime.nvml_outage`), so here it is DEBUG.
 
 Timing: ``poll_interval`` and the backoff are scenario seconds (divided by ``clock.speed``, so
-``gpuwatchd sim --speed X`` compresses them); ``kill_grace`` is about the OS and stays in real seconds.
+``gpuwatchd sim --speed X`` compresses them). Deadlines guard real processes on a possibly busy machine:
+``poll_timeout`` is compressed too but never below ``min(poll_timeout, DEADLINE_FLOOR_SECONDS)`` of real time,
+and ``kill_grace`` stays in real seconds.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -38,15 +44,18 @@ from gpuwatchd.config.loader import NvmlConfig, ProcessesConfig, SysfsConfig
 from gpuwatchd.model import LinkSample, LostGpu, Snapshot, snapshot_from_dict
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.sources import worker_process
+from gpuwatchd.sources.hang_log import HangEpisode, HangLog
 from gpuwatchd.sources.hotplug import SysfsWatch
-from gpuwatchd.sources.quarantine import HangEpisode, Quarantine
 from gpuwatchd.sources.stderr_relay import StderrRelay
 from gpuwatchd.sources.worker_protocol import (
     EXIT_REENUMERATE,
     HELLO,
     NOT_IN_A_GPU_CALL,
+    PROGRESS_BYTES,
+    RELEASE,
     WORKER_MODULE,
     decode_progress,
+    encode_line,
     encode_progress,
 )
 
@@ -59,6 +68,15 @@ log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_SECONDS = 30.0
 # Consecutive on-time snapshots after which the restart backoff starts again from its initial value.
 HEALTHY_POLLS_TO_RESET_BACKOFF = 3
+# Real seconds: a compressed poll_timeout (sim --speed) is never shorter than this (or poll_timeout itself, if less).
+DEADLINE_FLOOR_SECONDS = 5.0
+# Real seconds a GPU's calls may block before the worker sets it aside as suspected (at most the hang deadline).
+STALL_AFTER_SECONDS = 0.25
+# A snapshot is late (data marked stale) this long after it was due: half an interval, at least this many seconds.
+LATE_FLOOR_SECONDS = 0.5
+# Real seconds between retries of GPUs that hung, at least (restart_backoff_max compressed by sim --speed): each
+# retry starts a Python process.
+RETRY_FLOOR_SECONDS = 2.0
 
 
 class NvmlSupervisor:
@@ -76,6 +94,7 @@ class NvmlSupervisor:
         env: Mapping[str, str] | None = None,
         on_links: Callable[[list[LinkSample]], None] | None = None,
         on_counters: Callable[[int, int], None] | None = None,
+        on_late: Callable[[float], None] | None = None,
         python: str = sys.executable,
         worker_module: str = WORKER_MODULE,
     ) -> None:
@@ -86,6 +105,7 @@ class NvmlSupervisor:
         self.on_snapshot = on_snapshot
         self.on_stale = on_stale
         self.on_counters = on_counters  # (restarts, init_failures), whenever one of them changes
+        self.on_late = on_late  # real seconds without a snapshot, once per late snapshot
         self.env = dict(os.environ if env is None else env)
         self.python = python
         self.worker_module = worker_module
@@ -104,7 +124,7 @@ class NvmlSupervisor:
         self._restart_reason: str | None = None
         self._wake: asyncio.Event | None = None
         self._known: dict[int, tuple[str, str | None]] = {}  # index -> (uuid, bus id) from the last snapshot
-        self.quarantine = Quarantine()
+        self.hang_log = HangLog()
         self._stopping = False
         self._failing: str | None = None  # the reason of the failure episode logged at WARNING (not hangs)
         self._failures = 0  # failed workers in that episode
@@ -116,12 +136,17 @@ class NvmlSupervisor:
     @property
     def hangs(self) -> dict[int, HangEpisode]:
         """index -> the hang episode being reported."""
-        return self.quarantine.hangs
+        return self.hang_log.episodes
 
     # -- control ----------------------------------------------------------------------------------------------
 
     def _real(self, scenario_seconds: float) -> float:
         return scenario_seconds / self.clock.speed
+
+    def _hang_after(self) -> float:
+        """Real seconds: ``poll_timeout`` compressed by the clock's speed, with a floor (see the module doc)."""
+        timeout = self.nvml.poll_timeout
+        return max(self._real(timeout), min(timeout, DEADLINE_FLOOR_SECONDS))
 
     def request_restart(self, reason: str) -> None:
         """Replace the worker now (no backoff): re-enumeration after hot-plug, reconfiguration."""
@@ -154,7 +179,8 @@ class NvmlSupervisor:
     async def run(self) -> None:
         """Supervise until cancelled or stopped."""
         self._wake = asyncio.Event()
-        watcher = asyncio.create_task(self._sysfs.run(self._retry_due), name="nvml-sysfs-watch")
+        watcher = asyncio.create_task(self._sysfs.run(), name="nvml-sysfs-watch")
+        retrier = asyncio.create_task(self._retry_hung(), name="nvml-hang-retry")
         self.backoff = self.nvml.restart_backoff_initial
         try:
             while not self._stopping:
@@ -180,28 +206,69 @@ class NvmlSupervisor:
                 if self.on_counters is not None:
                     self.on_counters(self.restarts, self.init_failures)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in (watcher, retrier):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             proc = self._proc
             if proc is not None:
                 await asyncio.shield(worker_process.terminate(proc, self.nvml.kill_grace))
             self._proc = None
 
-    def _retry_due(self) -> None:
-        if self._proc is None:
-            return
-        due = self.quarantine.due(asyncio.get_running_loop().time(), self._real(self.nvml.restart_backoff_max))
-        if due:
-            # DEBUG: part of a hang episode, which is logged once (see Quarantine.hang)
-            self._restart(f"retrying GPU(s) {due} that hung", logging.DEBUG)
+    async def _retry_hung(self) -> None:
+        """Every ``restart_backoff_max``: GPUs shown hung are tried by a short-lived retry worker, never by the
+        worker that serves the others; the ones that answer are handed back to that worker (``release``)."""
+        while True:
+            await asyncio.sleep(max(self._real(self.nvml.restart_backoff_max), RETRY_FLOOR_SECONDS))
+            hung = {i: ep.uuid for i, ep in self.hang_log.episodes.items() if ep.confirmed}
+            if not hung or self._proc is None:
+                continue
+            back = await self._retry(hung)
+            log.debug("retried GPU(s) %s that hung: %s", sorted(hung), f"{back} answer" if back else "still blocked")
+            proc = self._proc
+            if back and proc is not None and proc.stdin is not None:
+                with contextlib.suppress(OSError, RuntimeError):  # the worker is ending: its successor starts clean
+                    proc.stdin.write(encode_line({RELEASE: back}).encode())
+
+    async def _retry(self, hung: dict[int, str | None]) -> list[int]:
+        """One retry worker opening only the ``hung`` GPUs, killed after its snapshot or its deadline; the indices
+        it found answering (with the UUID they had)."""
+        hang_after = self._hang_after()
+        opts: dict[str, Any] = {"interval": 0.0, "max_polls": 1, "top_n": 0, "only": sorted(hung),
+                                "hang_after": hang_after, "stall_after": min(STALL_AFTER_SECONDS, hang_after)}
+        lib = worker_process.library_file(self.nvml.library_path)
+        if lib is not None:
+            opts["library_path"] = str(lib)
+        argv = [self.python, "-m", self.worker_module, json.dumps(opts)]
+        try:
+            proc = await worker_process.spawn(argv, worker_process.child_env(self.env, self.nvml.library_path),
+                                              quiet=True)
+        except OSError:
+            return []
+        assert proc.stdout is not None
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + STARTUP_TIMEOUT_SECONDS
+            while True:
+                line = await asyncio.wait_for(proc.stdout.readline(), max(0.0, deadline - loop.time()))
+                if not line:
+                    return []
+                msg = json.loads(line)
+                if HELLO in msg:
+                    deadline = loop.time() + hang_after
+                    continue
+                return [g["index"] for g in msg.get("gpus") or ()
+                        if g.get("index") in hung and hung[g["index"]] in (None, g.get("uuid"))]
+        except (asyncio.TimeoutError, ValueError, TypeError, AttributeError, KeyError):
+            return []
+        finally:
+            await worker_process.terminate(proc, self.nvml.kill_grace)
 
     def _worker_options(self, progress_fd: int) -> str:
+        hang_after = self._hang_after()
         opts: dict[str, Any] = {"interval": self._real(self.nvml.poll_interval), "top_n": self.processes.top_n,
-                                "progress_fd": progress_fd}
-        skip = self.quarantine.skip(asyncio.get_running_loop().time(), self._real(self.nvml.restart_backoff_max))
-        if skip:
-            opts["skip"] = skip
+                                "progress_fd": progress_fd, "hang_after": hang_after,
+                                "stall_after": min(STALL_AFTER_SECONDS, hang_after)}
         lib = worker_process.library_file(self.nvml.library_path)
         if lib is not None:
             opts["library_path"] = str(lib)
@@ -237,19 +304,25 @@ class NvmlSupervisor:
         init_failed = False
         try:
             loop = asyncio.get_running_loop()
+            interval = self._real(self.nvml.poll_interval)
+            hang_after = self._hang_after()
+            late_slack = max(interval / 2, LATE_FLOOR_SECONDS)
             self._last_line_at = loop.time()
             deadline = loop.time() + STARTUP_TIMEOUT_SECONDS
+            late_at = math.inf  # until hello: interpreter start-up is not a late poll
             hello = False
             while True:
                 try:
-                    line = await asyncio.wait_for(proc.stdout.readline(), max(0.0, deadline - loop.time()))
+                    line = await asyncio.wait_for(proc.stdout.readline(),
+                                                  max(0.0, min(deadline, late_at) - loop.time()))
                 except asyncio.TimeoutError:
                     if self._restart_reason is not None or self._stopping:
                         break
-                    waited = "start" if not hello else "snapshot"
-                    index, where = self._quarantine_stuck(progress)
-                    self._stale(f"timeout: no {waited} from the NVML worker within its deadline{where}", "timeout",
-                                hung=index)
+                    if loop.time() < deadline:  # late, not yet failed: the values shown are being held
+                        late_at = math.inf
+                        self._late(loop.time() - self._last_line_at)
+                        continue
+                    self._timed_out(proc.pid, progress, "start" if not hello else "snapshot", hang_after)
                     failed = True
                     break
                 except ValueError:  # line longer than MAX_LINE_BYTES
@@ -264,7 +337,8 @@ class NvmlSupervisor:
                     msg = json.loads(line)
                     if HELLO in msg:
                         hello = True
-                        deadline = now + self._real(self.nvml.poll_timeout)
+                        deadline = now + hang_after
+                        late_at = now + min(STALL_AFTER_SECONDS, hang_after) + late_slack
                         continue
                     snap = self.receive(msg)
                 except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -282,7 +356,8 @@ class NvmlSupervisor:
                     self.last_error = None
                     self._healthy(snap, delivered)
                 self.on_snapshot(snap)
-                deadline = now + self._real(self.nvml.poll_interval + self.nvml.poll_timeout)
+                deadline = now + interval + hang_after
+                late_at = now + interval + late_slack
         finally:
             await worker_process.terminate(proc, self.nvml.kill_grace)
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
@@ -299,34 +374,41 @@ class NvmlSupervisor:
         self._stale(f"NVML worker exited unexpectedly ({why}){said}"[:500], why)
         return delivered, True
 
-    def _quarantine_stuck(self, progress: int) -> tuple[int | None, str]:
-        """Which GPU the worker was calling when it missed its deadline; that GPU is left out of the next ones."""
-        index = decode_progress(os.pread(progress, 4, 0))
-        if index < 0:
-            return None, ""
-        uuid, bus = self._known.get(index, (None, None))
-        self.quarantine.set_aside(index, uuid, bus, asyncio.get_running_loop().time())
-        return index, f" (stuck in a call on GPU {index}{' ' + uuid if uuid else ''})"
+    def _late(self, silent: float) -> None:
+        log.debug("NVML snapshot late: none for %.2fs; serving the last values marked stale", silent)
+        if self.on_late is not None:
+            self.on_late(silent)
 
-    def _stale(self, message: str, error: str, *, hung: int | None = None) -> None:
+    def _timed_out(self, pid: int, progress: int, waited: str, hang_after: float) -> None:
+        """The worker as a whole missed its deadline. Nothing here points at one GPU (the worker sets aside a GPU
+        whose calls block by itself), so no GPU is blamed: the worker is replaced."""
+        if worker_process.is_stopped(pid):
+            self._stale(f"the NVML worker is stopped (SIGSTOP or a debugger): no {waited} for more than "
+                        f"{hang_after:.1f}s; replaced", "worker_stopped")
+            return
+        index = decode_progress(os.pread(progress, PROGRESS_BYTES, 0))
+        where = " (outside GPU calls)" if waited != "start" else ""
+        if index != NOT_IN_A_GPU_CALL:
+            uuid = self._known.get(index, (None, None))[0]
+            where = f" (in a call on GPU {index}{' ' + uuid if uuid else ''})"
+        self._stale(f"timeout: no {waited} from the NVML worker within its deadline{where}", "timeout")
+
+    def _stale(self, message: str, error: str) -> None:
         self.last_error = error
-        if hung is not None:
-            self.quarantine.hang(hung, self._known.get(hung, (None, None))[0], last_heard=self._last_line_at,
-                                 now=asyncio.get_running_loop().time(), speed=self.clock.speed,
-                                 retry=self.nvml.restart_backoff_max)
+        self._failures += 1
+        if error != self._failing:
+            log.warning("NVML data stale: %s", message)
+            self._failing = error
         else:
-            self._failures += 1
-            if error != self._failing:
-                log.warning("NVML data stale: %s", message)
-                self._failing = error
-            else:
-                log.debug("NVML data stale again (%d failed workers): %s", self._failures, message)
+            log.debug("NVML data stale again (%d failed workers): %s", self._failures, message)
         if self.on_stale is not None:
             self.on_stale(message)
 
     def _healthy(self, snap: Snapshot, delivered: int) -> None:
         """A good snapshot: end the hang episodes of GPUs that answer again, and a failure episode after a run."""
-        self.quarantine.answered(snap, asyncio.get_running_loop().time(), self.clock.speed)
+        hang_after = self._hang_after()
+        self.hang_log.observe(snap, asyncio.get_running_loop().time(), self.clock.speed,
+                              min(STALL_AFTER_SECONDS, hang_after), hang_after)
         if self._failing is not None and delivered >= HEALTHY_POLLS_TO_RESET_BACKOFF:
             log.info("NVML data fresh again after %d failed worker(s) (last failure: %s)", self._failures,
                      self._failing)

@@ -40,14 +40,16 @@ def child_env(env: Mapping[str, str], library_path: Path | None) -> dict[str, st
 
 
 async def spawn(
-    argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int] = ()
+    argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int] = (), *, quiet: bool = False
 ) -> asyncio.subprocess.Process:
-    """Start a worker with piped stdout/stderr in a new session. Raises OSError when fork/exec fails."""
+    """Start a worker in a new session, stdin and stdout piped, stderr piped (or discarded: ``quiet``).
+
+    Raises OSError when fork/exec fails."""
     return await asyncio.create_subprocess_exec(
         *argv,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL if quiet else asyncio.subprocess.PIPE,
         env=dict(env),
         start_new_session=True,
         limit=MAX_LINE_BYTES,

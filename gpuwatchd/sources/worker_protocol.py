@@ -9,6 +9,8 @@ documents the options.
 - stderr: ``nvml_worker[<pid>] <LEVEL>: <message>`` lines (:func:`log_line`, :data:`LOG_LINE`); anything else is
   unexpected output (a traceback) and relayed as such.
 - exit codes: :data:`EXIT_STOPPED`, :data:`EXIT_INIT_FAILED`, :data:`EXIT_REENUMERATE`.
+- stdin: ``{"release": [index, ...]}`` lines: GPUs set aside as hung that a retry worker found answering; the
+  worker polls them again (its thread blocked in the old call stays abandoned).
 - progress word: 4 bytes in an inherited memfd holding the index of the GPU being called, or
   :data:`NOT_IN_A_GPU_CALL`; the supervisor reads it when the worker as a whole misses its deadline.
 """
@@ -19,8 +21,29 @@ import json
 import re
 from typing import Any
 
+from gpuwatchd.model import HANG_SUSPECTED, HUNG
+
+__all__ = [
+    "EXIT_INIT_FAILED",
+    "EXIT_REENUMERATE",
+    "EXIT_STOPPED",
+    "HANG_SUSPECTED",
+    "HELLO",
+    "HUNG",
+    "LOG_LINE",
+    "NOT_IN_A_GPU_CALL",
+    "PROGRESS_BYTES",
+    "RELEASE",
+    "WORKER_MODULE",
+    "decode_progress",
+    "encode_line",
+    "encode_progress",
+    "log_line",
+]
+
 WORKER_MODULE = "gpuwatchd.sources.nvml_worker"
 HELLO = "hello"
+RELEASE = "release"
 
 EXIT_STOPPED = 0  # asked to stop (max_polls reached, parent gone)
 EXIT_INIT_FAILED = 2  # after an init-failure snapshot: respawn with backoff
@@ -32,10 +55,6 @@ LOG_LINE = re.compile(r"nvml_worker\[(\d+)\] (DEBUG|INFO|WARNING|ERROR): (.*)")
 PROGRESS_BYTES = 4
 NOT_IN_A_GPU_CALL = -1
 
-# LostGpu reasons for a GPU whose NVML calls block (the worker sets it aside and keeps polling the others):
-# suspected while the call has blocked for less than poll_timeout, hung once it has blocked for longer.
-HANG_SUSPECTED = "hang_suspected"
-HUNG = "timeout"
 
 
 def encode_line(obj: dict[str, Any]) -> str:

@@ -39,7 +39,9 @@ def normalise(text: str) -> str:
 def test_exposition_matches_golden(golden: str) -> None:
     store = store_from_fixture("store_mixed.json")
     # The real build info (not a test double) so the normalisation itself is exercised.
-    reg = registry_for(store, StoreCollector(store, build=BuildInfo.detect()))
+    # The reading age is taken 3 s after the latest snapshot, whichever that is: deterministic, and not 0.
+    now = lambda: (store.latest.timestamp if store.latest else 0.0) + 3.0  # noqa: E731
+    reg = registry_for(store, StoreCollector(store, build=BuildInfo.detect(), now=now))
     generate_latest(reg)
     for snap in CASES[golden]:
         store.apply(snap)

@@ -62,14 +62,12 @@ def test_sim_no_driver(sim: list[DaemonProcess], tmp_path: Path) -> None:
 
 
 def test_sim_nvml_hang(sim: list[DaemonProcess], tmp_path: Path) -> None:
-    # At 4x, the hang starts 1.25 s in and lasts 15 s; the 5 s poll deadline is 1.25 s.
+    # At 4x, the hang starts 1.25 s in and lasts 15 s; the 5 s poll deadline stays 5 s of real time (a floor).
     d = start_sim(sim, tmp_path, "--scenario", "nvml-hang", "--speed", "4")
     metrics_when(d, lambda m: value(m, "gpuwatchd_gpus") == 2, "both GPUs")
-    metrics_when(d, lambda m: value(m, "gpuwatchd_nvml_stale") == 1, "nvml_stale 1 while GPU 1 hangs")
-    samples = metrics_when(
-        d, lambda m: (value(m, "gpuwatchd_nvml_worker_restarts_total") or 0) >= 1, "the hung worker replaced"
-    )
-    assert value(samples, "gpuwatchd_nvml_up") is not None  # still exporting while the worker is replaced
+    samples = metrics_when(d, lambda m: value(m, "gpuwatchd_gpus") == 1, "GPU 1 shown lost while it hangs")
+    assert value(samples, "gpuwatchd_nvml_up") == 1 and value(samples, "gpuwatchd_nvml_stale") == 0
+    assert (value(samples, "gpuwatchd_nvml_worker_restarts_total") or 0) == 0  # GPU 0 never waited for it
     assert d.get("/healthz")[0] == 200
     assert interrupt(d) == 0
 

@@ -1,0 +1,80 @@
+"""Inside the NVML worker: sets aside a GPU whose NVML call blocks, so the other GPUs keep their schedule.
+
+The worker polls in a poller thread; the worker's main thread runs :func:`watch`. When the poller has been inside
+one GPU's calls for ``stall_after`` seconds, that GPU is set aside (:class:`Stuck`, reported lost with reason
+``hang_suspected``) and a fresh poller thread takes over the others at once: a blocked C call cannot be
+interrupted, but nothing has to wait for it. The abandoned thread stays in its call; when the call returns the
+GPU is polled again (no respawn, no retry that could block the healthy GPUs). A GPU whose call has blocked for
+``hang_after`` seconds is reported with reason ``timeout`` (hung, not only suspected).
+
+Only time the worker process was running counts against a GPU: each watchdog wake-up adds at most one check
+period, so a worker stopped (SIGSTOP) or starved of CPU for seconds does not make a GPU look hung when it resumes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gpuwatchd.sources.worker_protocol import NOT_IN_A_GPU_CALL
+
+# Watchdog period bounds (real seconds): a quarter of stall_after, clamped. 10-100 wake-ups a second of a
+# thread that does almost nothing: far below the poll's own cost.
+MIN_CHECK_SECONDS = 0.01
+MAX_CHECK_SECONDS = 0.1
+
+
+class Position:
+    """Where one poller thread is: its generation, the GPU it is calling (or NOT_IN_A_GPU_CALL), calls entered."""
+
+    __slots__ = ("gen", "index", "seq")
+
+    def __init__(self, gen: int) -> None:
+        self.gen = gen
+        self.index = NOT_IN_A_GPU_CALL
+        self.seq = 0
+
+
+@dataclass
+class Stuck:
+    """A GPU set aside because a call on it blocks; ``pos`` is the abandoned thread still inside that call."""
+
+    index: int
+    pos: Position
+    uuid: str | None
+    pci_bus_id: str | None
+    blocked: float  # seconds the worker was running while the call blocked
+
+
+def check_period(stall_after: float) -> float:
+    return min(max(stall_after / 4, MIN_CHECK_SECONDS), MAX_CHECK_SECONDS)
+
+
+def watch(
+    current: Callable[[], Position],
+    stuck: Callable[[], Mapping[int, Stuck]],
+    set_aside: Callable[[Position, float], None],
+    done: threading.Event,
+    stall_after: float,
+) -> None:
+    """Until ``done``: time the current poller's call and every stuck call; set aside a call past ``stall_after``."""
+    check = check_period(stall_after)
+    seen: tuple[int, int] = (-1, -1)
+    blocked = 0.0
+    last = time.monotonic()
+    while not done.wait(check):
+        now = time.monotonic()
+        alive = min(now - last, 2 * check)  # a stopped or starved process does not count against a GPU
+        last = now
+        for st in list(stuck().values()):
+            st.blocked += alive
+        pos = current()
+        if pos.index == NOT_IN_A_GPU_CALL or (pos.gen, pos.seq) != seen:
+            seen, blocked = (pos.gen, pos.seq), 0.0
+            continue
+        blocked += alive
+        if blocked >= stall_after:
+            set_aside(pos, blocked)
+            seen, blocked = (-1, -1), 0.0
