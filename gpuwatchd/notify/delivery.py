@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 MAX_NAP_SECONDS = 0.5
 # Error bodies are logged for diagnosis, but short: a 5xx page can be megabytes of HTML.
 ERROR_BODY_LOG_CHARS = 200
+# Most of a receiver's answer read (Retry-After in a 429 body, the error text); the rest is left unread.
+MAX_RESPONSE_BYTES = 64 * 1024
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 USER_AGENT = "gpuwatchd"
 # Keep the notification log entry for two repeat intervals, like Alertmanager (notify/set_notifies_stage.go).
@@ -54,6 +56,19 @@ async def nap(clock: Clock, until: float, wake: asyncio.Event) -> None:
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(wake.wait(), timeout=min(real, MAX_NAP_SECONDS))
     wake.clear()
+
+
+async def _read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """At most ``limit`` bytes of a response body (the rest is left unread; the connection is then dropped)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await stream.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 class Worker:
@@ -143,11 +158,10 @@ class Worker:
                 timeout=aiohttp.ClientTimeout(total=self.rc.timeout),
                 allow_redirects=False,
             ) as resp:
-                text = await resp.read()
+                text = await _read_capped(resp.content, MAX_RESPONSE_BYTES)  # an answer can be any size
                 verdict = classify_status(resp.status, dict(resp.headers), text, self._clock.now())
                 if verdict.outcome != "success":
-                    snippet = redact(text[:ERROR_BODY_LOG_CHARS].decode(errors="replace"), self._secrets)
-                    self.last_error = f"{self.rc.endpoint}: HTTP {resp.status}: {snippet}"
+                    self.last_error = f"{self.rc.endpoint}: HTTP {resp.status}: {self._snippet(text)}"
         except asyncio.TimeoutError:
             self.last_error = f"{self.rc.endpoint}: timed out after {self.rc.timeout:g}s"
             verdict = Verdict("retry", "timeout")
@@ -158,6 +172,14 @@ class Worker:
         finally:
             self._metrics.latency.labels(self.rc.name, self.rc.type).observe(time.monotonic() - t0)
         return verdict
+
+    def _snippet(self, body: bytes) -> str:
+        """The start of an error body for the log and the outbox, on one line, with every secret form redacted.
+
+        Redacted before it is cut: a cut through a secret would leave a prefix no fragment matches.
+        """
+        text = redact(body.decode(errors="replace"), self._secrets)
+        return " ".join(text.split())[:ERROR_BODY_LOG_CHARS]
 
     def _settle(self, row: OutboxRow, verdict: Verdict) -> None:
         now = self._clock.now()
