@@ -175,3 +175,25 @@ async def test_torch_without_cuda_is_found_by_a_worker_check(tmp_path: Path) -> 
     assert svc.device == "cuda" and svc.sim is None
     assert await svc.ensure_available() is False
     assert store.probes.unavailable_reason == "torch_without_cuda"  # this machine's torch is a CPU build
+
+
+@pytest.mark.parametrize(
+    ("crash", "result", "problem"),
+    [("segfault", "crash", "crashed (killed by SIGSEGV)"),
+     ("truncated", "crash", "printed a truncated result line"),
+     ("oom", "oom", None)],
+)
+async def test_worker_crashes_fail_and_oom_is_a_skip(tmp_path: Path, crash: str, result: str,
+                                                     problem: str | None) -> None:
+    svc, store, clock = service(tmp_path, {"crash": crash}, deadline="300s")
+    feed(store, clock, 120)
+    records = await svc.step()
+    conds = conditions(store, clock.now(), RulesConfig())
+    if problem is None:  # the user's allocation won: counted as a skip, no alert, the other probes still ran
+        assert {r.probe: r.result for r in records}["gemm"] == "oom"
+        assert store.probes.skipped[(UUID, "oom")] == 1 and conds == []
+        return
+    assert [(r.probe, r.result) for r in records] == [("worker", result)]
+    assert store.probes.runs[(UUID, "worker", result)] == 1
+    (cond,) = conds
+    assert cond.name == "GpuProbeFailed" and problem in cond.summary
