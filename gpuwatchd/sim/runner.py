@@ -142,8 +142,12 @@ def _check_options(scenario: str | None, from_xml: Path | None, speed: float, gp
 
 
 def _load(name: str, gpus: int | None) -> Scenario:
+    from gpuwatchd.sim.scenario_check import check_states
+
     scen = load_scenario(name)
-    return scen.with_gpus(gpus) if gpus is not None else scen
+    scen = scen.with_gpus(gpus) if gpus is not None else scen
+    check_states(scen)
+    return scen
 
 
 def _write_capture(path: Path, state_path: Path, sysfs_root: Path) -> tuple[str, str]:

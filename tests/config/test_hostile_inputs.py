@@ -98,6 +98,15 @@ SCENARIO_VALUES: dict[str, str] = {
     "churn-tiny": "name: x\ndescription: x\nprocesses: {per_gpu: 1, churn_every: 1e-300}\n",
     "churn-count-huge": "name: x\ndescription: x\nprocesses: {per_gpu: 1, churn_count: 1000000000000}\n",
     "slot-huge": "name: x\ndescription: x\ntimeline:\n- {at: 0, lose: 1000000000000000000000}\n",
+    # Values of the right type that the stand-in cannot hold (its ranges and lengths, sim/state.py).
+    "memory-u64": "name: x\ndescription: x\ndevices: {all: {memory: {total: 18446744073709551615}}}\n",
+    "temperature-i64": "name: x\ndescription: x\ntimeline:\n- {at: 0, set: {'devices[0].temperature': "
+    "9223372036854775807}}\n",
+    "ramp-out-of-range": "name: x\ndescription: x\ntimeline:\n- {at: 5, ramp: {path: 'devices[0].temperature', "
+    "from: 40, to: 100000, over: 60}}\n",
+    "driver-version-long": "name: x\ndescription: x\nsystem: {driver_version: '" + "5" * 100_000 + "'}\n",
+    "process-name-long": "name: x\ndescription: x\ntimeline:\n- {at: 0, add_process: {gpu: 0, pid: 5, name: '"
+    + "n" * 100_000 + "'}}\n",
 }
 
 
