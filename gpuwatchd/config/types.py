@@ -9,7 +9,7 @@ from pathlib import Path, PurePath
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -63,8 +63,9 @@ def check_path(value: Any) -> Any:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-SafePath = Annotated[Path, BeforeValidator(check_path)]
 PositiveDuration = Annotated[float, BeforeValidator(positive_duration)]
+# A path key; Section checks every path value the same way, this says so in the signature.
+SafePath = Annotated[Path, BeforeValidator(check_path)]
 
 
 class Section(BaseModel):
@@ -75,6 +76,12 @@ class Section(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _paths(cls, v: Any) -> Any:
+        # Every path key, in every section (present and future): no NUL byte, within the OS limits.
+        return check_path(v) if isinstance(v, PurePath) else v
 
 
 

@@ -219,6 +219,9 @@ def test_config_files(tmp_path: Path) -> None:
                "receiver-crlf-header", "duration-1e400"]  # fmt: skip
     cases += [Case(f"run --config {name}", ("run", "--config", files[name], "--listen", "127.0.0.1:0"))
               for name in for_run]  # fmt: skip
+    # `sim --config` too, through the same loader: one of each kind.
+    cases += [Case(f"sim --config {name}", ("sim", "--config", files[name], "--listen", "127.0.0.1:0"))
+              for name in ("fifo", "billion-laughs", "history-step-0")]  # fmt: skip
     _check_all(cases)
 
 
