@@ -83,6 +83,11 @@ async def run_worker(argv: Sequence[str], env: Mapping[str, str], deadline: floa
         _kill_group(proc.pid)
         for t in (wait_task, out_task, err_task):
             t.cancel()
+        # With its readers cancelled the pipes are never drained, so asyncio would not close the transport itself
+        # (it does once both pipes hit EOF and the process exited); close it here so nothing is left to the GC.
+        transport = getattr(proc, "_transport", None)
+        if transport is not None:
+            transport.close()
         raise
     finally:
         if cancel_task is not None:
