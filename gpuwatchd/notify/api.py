@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,10 +53,33 @@ def _is_loopback(peer: str | None) -> bool:
     return ip.is_loopback
 
 
+class _RefusalLog:
+    """Refused writes as warnings, at most ``BURST`` a minute: anyone who reaches the port can send them."""
+
+    BURST = 10
+    WINDOW_SECONDS = 60.0
+
+    def __init__(self) -> None:
+        self._window_start = -self.WINDOW_SECONDS
+        self._count = 0
+
+    def warning(self, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._window_start >= self.WINDOW_SECONDS:
+            if self._count > self.BURST:
+                log.warning("silences: %d more writes refused in the last minute", self._count - self.BURST)
+            self._window_start, self._count = now, 0
+        self._count += 1
+        log.log(logging.WARNING if self._count <= self.BURST else logging.DEBUG, msg, *args)
+
+
+_refusals = _RefusalLog()
+
+
 def write_refusal(request: web.Request, api: ApiConfig) -> web.Response | None:
     """The error answer if ``request`` may not change silences, else None."""
     if api.write_from_loopback_only and not _is_loopback(request.remote):
-        log.warning("silences: refused a write from %s (not loopback)", request.remote)
+        _refusals.warning("silences: refused a write from %s (not loopback)", request.remote)
         return _error(
             403,
             "silences can be changed from this host only (notify.api.write_from_loopback_only)",
@@ -65,7 +89,7 @@ def write_refusal(request: web.Request, api: ApiConfig) -> web.Response | None:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         expected = api.write_token.get_secret_value().encode()
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-            log.warning("silences: refused a write from %s (missing or wrong token)", request.remote)
+            _refusals.warning("silences: refused a write from %s (missing or wrong token)", request.remote)
             resp = _error(401, "Authorization: expected Bearer <notify.api.write_token>", "Authorization")
             resp.headers["WWW-Authenticate"] = 'Bearer realm="gpuwatchd"'
             return resp

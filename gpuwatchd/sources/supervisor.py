@@ -277,7 +277,11 @@ class NvmlSupervisor:
     async def _run_worker(self) -> tuple[int, bool]:
         """One worker's life. Returns (on-time snapshots delivered, whether it ended as a failure)."""
         self._sysfs.baseline()
-        progress = os.memfd_create("gpuwatchd-nvml-progress")
+        try:
+            progress = os.memfd_create("gpuwatchd-nvml-progress")
+        except OSError as e:  # EMFILE/ENFILE: out of descriptors is a failed start, retried with backoff
+            self._stale(f"cannot start the NVML worker: {e.strerror or e}", "spawn_failed")
+            return 0, True
         try:
             os.pwrite(progress, encode_progress(NOT_IN_A_GPU_CALL), 0)
             return await self._run_worker_with(progress)

@@ -3,6 +3,7 @@ and how long; and that user regexes are compiled once, not on every evaluation."
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 from collections.abc import AsyncIterator
@@ -308,3 +309,21 @@ async def test_regex_bombs_match_in_linear_time(
         assert not again.muting(a, clock.now()).muted
     finally:
         again.state.close()
+
+
+async def test_refused_writes_cannot_flood_the_log(
+    tmp_path: Path, clock: ManualClock, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = await make_dispatcher(notify_config([], api={"write_token": TOKEN}), tmp_path, clock, start=False)
+    port, runner = await serve(d)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="gpuwatchd.notify.api"):
+            for _ in range(40):
+                status, _ = await post(http, f"http://127.0.0.1:{port}", silence('uuid="a"'))
+                assert status == 401
+        refused = [r for r in caplog.records if "refused a write from" in r.getMessage()]
+        assert len(refused) == 40  # each still leaves a trace, at debug level past the first few a minute
+        assert len([r for r in refused if r.levelno >= logging.WARNING]) <= 10
+    finally:
+        await runner.cleanup()
+        d.state.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
 import signal
@@ -368,6 +369,27 @@ async def test_unstartable_worker_is_reported_and_retried(tmp_path: Path) -> Non
         await h.until(lambda: len(h.stale) >= 2, "two failed starts")
     assert h.stale[0].startswith("cannot start the NVML worker: No such file or directory")
     assert h.sup.last_error == "spawn_failed" and h.snaps == []
+
+
+async def test_out_of_file_descriptors_is_a_failed_start_not_the_end(
+    standin_libdir: Path, write_sim_state: StateWriter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EMFILE while preparing a worker (e.g. an HTTP connection flood) is retried with backoff, never fatal."""
+    real = os.memfd_create
+    refusals = [3]
+
+    def memfd_create(name: str, flags: int = os.MFD_CLOEXEC) -> int:
+        if refusals[0] > 0:
+            refusals[0] -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(name, flags)
+
+    monkeypatch.setattr("gpuwatchd.sources.supervisor.os.memfd_create", memfd_create)
+    path = write_sim_state(make_state(1))
+    async with Harness(fast_nvml(standin_libdir), path, tmp_path) as h:
+        await h.until(lambda: any(s.nvml_ok for s in h.snaps), "a worker once descriptors are back")
+    assert h.stale[0] == "cannot start the NVML worker: Too many open files"
+    assert refusals == [0]
 
 
 async def test_garbage_from_the_worker_replaces_it(tmp_path: Path) -> None:
