@@ -5,12 +5,13 @@ the severities of their codes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import DaemonProcess, metrics_when, value, wait_until
-from test_sim_cli import interrupt, start_sim
+from test_sim_cli import interrupt, sim, start_sim  # sim: the fixture that kills what a test left running
+
+__all__ = ["sim"]  # used as a fixture
 
 XML = Path(__file__).resolve().parents[1] / "sim" / "fixtures" / "two_gpus.xml"
 GPU_17 = "GPU-11111111-0002-4000-8000-000000000017"  # the capture's GPU at 00000000:17:00.0
@@ -32,16 +33,6 @@ LOG = """\
 [Sun Feb 23 16:26:00 2025] NVRM: A GPU crash dump has been created. If possible, please run
                            NVRM: nvidia-bug-report.sh as root to collect this data before
 """
-
-
-@pytest.fixture
-def sim() -> Iterator[list[DaemonProcess]]:
-    running: list[DaemonProcess] = []
-    yield running
-    for d in running:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
 
 
 def test_replayed_incident_counts_and_alerts(sim: list[DaemonProcess], tmp_path: Path) -> None:
