@@ -3,6 +3,10 @@
     state_at(scenario, t) -> stand-in state file -> the real NVML worker (``Worker``, real pynvml, in a child
     process, polled on command) -> the supervisor's snapshot intake -> Store -> RulesEngine -> Dispatcher
     -> real HTTP to one local sink per service
+    scenario ``kmsg`` steps -> the kernel-log source's ingest (what the daemon's reader hands it) -> Store
+
+The kernel-log lines due by a step are applied before that step's poll: the kernel logs what happened at once, NVML
+reports it at the next poll (docs/kernel-log.md).
 
 Time is a ManualClock stepped by ``step`` scenario seconds, so every run gives the same messages (the exact-text
 tests compare them with golden files). What the supervisor does between polls is done here the same way: a fresh
@@ -29,10 +33,15 @@ from gpuwatchd.probes.service import ProbeService
 from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.runtime.clock import ManualClock
+from gpuwatchd.sim.kmsg_replay import due_lines
+from gpuwatchd.sim.kmsg_text import parse_text
 from gpuwatchd.sim.pci_tree import mirror_sysfs, sysfs_files
 from gpuwatchd.sim.player import SCENARIO_EPOCH, state_at
 from gpuwatchd.sim.scenario import load_scenario
 from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
+from gpuwatchd.sources.kernel_log import KernelLogIngest
+from gpuwatchd.sources.kernel_log_task import sysfs_topology
+from gpuwatchd.sources.kmsg_parse import KmsgRecord
 from gpuwatchd.sources.supervisor import NvmlSupervisor
 from gpuwatchd.sources.thunderbolt import read_docks
 from gpuwatchd.store import Store
@@ -104,6 +113,9 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
     # Only its snapshot intake is used (stamping, naming GPUs lost at enumeration); it never spawns a worker here.
     intake = NvmlSupervisor(config.nvml, config.processes, config.sysfs, clock=clock, on_snapshot=store.apply)
     dispatcher = Dispatcher(config.notify, state_dir=tmp / "state-dir", clock=clock, host=config.host)
+    kernel_log = KernelLogIngest(store, topology=sysfs_topology(tmp / "sysfs"),
+                                 dedup_window=config.kernel_log.dedup_window)
+    store.kernel_log = kernel_log.stats
     await dispatcher.start()
     state_path = tmp / "state"
     prober = None
@@ -115,6 +127,7 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
         fresh = True
         pci: set[str] = set()
         i = 0
+        seq, kmsg_until = 0, -1.0
         while (t := i * step) <= scen.duration + tail:
             i += 1
             state = state_at(scen, t)
@@ -134,9 +147,16 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
             # everything from the poll to the dispatcher runs without yielding: no flush sees a half-done step.
             await asyncio.sleep(2 * RELOAD_CHECK_S)
             clock.t = SCENARIO_EPOCH + t
+            for entry in parse_text("\n".join(due_lines(scen, kmsg_until, t)).encode()):
+                seq += 1
+                kernel_log.apply(KmsgRecord(seq, entry.usec or 0, entry.level, 0, entry.message), clock.now())
+            kmsg_until = t
             msg = child.call(op="poll")
             fresh = msg.pop("reenumerate") is not None  # the worker exits; the supervisor starts a fresh one
-            store.apply(intake.receive(msg))  # the supervisor's own intake, not a copy of it
+            # the supervisor's own intake, not a copy of it; then what the daemon does with a snapshot
+            snap = kernel_log.filter_snapshot(intake.receive(msg))
+            store.apply(snap)
+            kernel_log.after_snapshot(snap)
             if prober is not None:
                 await prober.step()
             dispatcher.update(list(engine.evaluate(store, clock.now())))
