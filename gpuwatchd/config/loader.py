@@ -138,6 +138,8 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not port.isascii() or not port.isdigit() or len(port) > 5 or not 0 <= int(port) <= 65535:
         shown = value if len(value) <= 80 else value[:77] + "..."
         raise ValueError(f"expected HOST:PORT, got {shown!r}")
+    if host.startswith("[") != host.endswith("]") or host.count("[") > 1 or host.count("]") > 1:
+        raise ValueError(f"expected HOST:PORT with an IPv6 host in brackets ([::1]:PORT), got {value[:80]!r}")
     host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - an exporter listens on all interfaces by default
     return host, int(port)
 

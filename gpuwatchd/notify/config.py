@@ -215,7 +215,7 @@ class NotifyConfig(Section):
     alertmanager_resend: Duration = DEFAULT_ALERTMANAGER_RESEND
     api: ApiConfig = ApiConfig()
     # Shown in messages and in the webhook's externalURL (e.g. this host's /api/v1/alerts); empty: omitted.
-    external_url: str = ""
+    external_url: str = Field(default="", max_length=2048)
 
     @field_validator("group_interval", "repeat_interval", "alertmanager_resend")
     @classmethod
