@@ -33,6 +33,8 @@ DEFAULT_PORT = 9945
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 DEFAULT_STATE_DIR = Path("/var/lib/gpuwatchd")
 MIN_POLL_TIMEOUT = 0.05
+# Faster than 100 polls a second only burns CPU: NVML's own sample periods are 1/6 s and longer.
+MIN_POLL_INTERVAL = 0.01
 # A file with thousands of wrong keys gets the first ten and a count, not thousands of lines.
 MAX_PROBLEMS_SHOWN = 10
 # Points kept per GPU and per process series: a day at 1 s; the default (1 h at 5 s) keeps 720.
@@ -44,7 +46,7 @@ class NvmlConfig(Section):
 
     # How often every GPU is read. 1 s matches nvidia-smi dmon and DCGM's default; utilization is averaged over
     # the driver's own 1/6 s..1 s sample period anyway.
-    poll_interval: PositiveDuration = 1.0
+    poll_interval: Annotated[PositiveDuration, Field(ge=MIN_POLL_INTERVAL)] = 1.0
     # A GPU whose NVML calls block this long (while the others answer) is shown lost, reason timeout; a worker
     # silent this long past a due poll is killed and respawned. At least 50 ms: below that no poll of a real GPU
     # completes and the daemon would never show any data.

@@ -16,6 +16,7 @@ _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 # Longest duration any key takes: a year. Timers and deadlines are computed as now + duration, and asyncio refuses
 # (OverflowError) or never wakes on astronomically large ones; nothing a host monitor waits for is longer.
 MAX_DURATION = 366 * 86400.0
+MIN_POSITIVE_DURATION = 0.001
 _PATH_MAX = 4096  # Linux PATH_MAX and NAME_MAX
 _NAME_MAX = 255
 
@@ -44,10 +45,12 @@ def parse_duration(value: Any) -> float:
 
 
 def positive_duration(value: Any) -> float:
-    """A duration that must be > 0 (a step, a window, an interval: zero divides by zero or spins)."""
+    """A duration that must be > 0 (a step, a window, an interval: zero divides by zero or spins), at least 1 ms."""
     seconds = parse_duration(value)
     if seconds <= 0:
         raise ValueError("must be greater than 0")
+    if seconds < MIN_POSITIVE_DURATION:  # a timer period this short is a busy loop, not a schedule
+        raise ValueError("must be at least 1ms")
     return seconds
 
 
