@@ -20,7 +20,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
 from gpuwatchd.config.kernel_log import KernelLogConfig
 from gpuwatchd.config.safe_yaml import load_yaml
-from gpuwatchd.config.types import Duration, PositiveDuration, SafePath, Section, yaml_error_message
+from gpuwatchd.config.types import (
+    Duration,
+    PositiveDuration,
+    SafePath,
+    Section,
+    problem_lines,
+    yaml_error_message,
+)
 from gpuwatchd.exporter.config import HttpConfig
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.probes.config import ProbesConfig
@@ -35,8 +42,6 @@ DEFAULT_STATE_DIR = Path("/var/lib/gpuwatchd")
 MIN_POLL_TIMEOUT = 0.05
 # Faster than 100 polls a second only burns CPU: NVML's own sample periods are 1/6 s and longer.
 MIN_POLL_INTERVAL = 0.01
-# A file with thousands of wrong keys gets the first ten and a count, not thousands of lines.
-MAX_PROBLEMS_SHOWN = 10
 # Points kept per GPU and per process series: a day at 1 s; the default (1 h at 5 s) keeps 720.
 MAX_HISTORY_POINTS = 86_400
 
@@ -155,10 +160,7 @@ class ConfigError(Exception):
         super().__init__(f"{source}: " + "; ".join(problems))
 
     def __str__(self) -> str:
-        shown = [f"{self.source}: {p}" for p in self.problems[:MAX_PROBLEMS_SHOWN]]
-        if len(self.problems) > MAX_PROBLEMS_SHOWN:
-            shown.append(f"{self.source}: ... and {len(self.problems) - MAX_PROBLEMS_SHOWN} more problems")
-        return "\n".join(shown)
+        return problem_lines(self.source, self.problems)
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:

@@ -98,3 +98,15 @@ def yaml_error_message(e: yaml.YAMLError) -> str:
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     problem = " ".join(str(getattr(e, "problem", None) or e).split())
     return f"{where}invalid YAML: {problem}"
+
+
+# A file with thousands of wrong keys gets the first ten and a count, not thousands of lines.
+MAX_PROBLEMS_SHOWN = 10
+
+
+def problem_lines(source: str, problems: list[str]) -> str:
+    """``source: problem`` per line, at most ``MAX_PROBLEMS_SHOWN`` of them and then how many more there are."""
+    shown = [f"{source}: {p}" for p in problems[:MAX_PROBLEMS_SHOWN]]
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        shown.append(f"{source}: ... and {len(problems) - MAX_PROBLEMS_SHOWN} more problems")
+    return "\n".join(shown)

@@ -42,9 +42,9 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gpuwatchd.config.files import InputFileError, missing, read_text_file, shown_path
-from gpuwatchd.config.loader import MAX_PROBLEMS_SHOWN, format_validation_error
+from gpuwatchd.config.loader import format_validation_error
 from gpuwatchd.config.safe_yaml import load_yaml
-from gpuwatchd.config.types import yaml_error_message
+from gpuwatchd.config.types import problem_lines, yaml_error_message
 from gpuwatchd.sim.kmsg_replay import kmsg_step_lines
 from gpuwatchd.sim.scenario_fields import (
     OPEN_MAPS,
@@ -69,10 +69,7 @@ class ScenarioError(Exception):
     def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
         self.problems = problems
-        shown = [f"{source}: {p}" for p in problems[:MAX_PROBLEMS_SHOWN]]
-        if len(problems) > MAX_PROBLEMS_SHOWN:
-            shown.append(f"{source}: ... and {len(problems) - MAX_PROBLEMS_SHOWN} more problems")
-        super().__init__("\n".join(shown))
+        super().__init__(problem_lines(source, problems))
 
 
 # --- the format ----------------------------------------------------------------------------------------------------
