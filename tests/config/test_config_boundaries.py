@@ -8,11 +8,13 @@ the history store takes hours of readings and every rule family evaluates withou
 
 from __future__ import annotations
 
+import asyncio
 import math
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -163,3 +165,64 @@ def _read(data: Any, path: tuple[str | int, ...]) -> Any:
     for part in path:
         data = data[part]
     return data
+
+
+EXTREMES: dict[str, dict[str, Any]] = {
+    # Every timer at the smallest value the loader takes.
+    "smallest": {
+        "nvml": {"poll_interval": "10ms", "poll_timeout": "50ms", "kill_grace": 0, "restart_backoff_initial": "1ms",
+                 "restart_backoff_max": "1ms"},
+        "history": {"step": "1ms", "retention": "86400ms"},
+        "rules": {"resolved_retention": 0, "leak": {"interval": 0, "window": "4ms", "min_span": "4ms", "bucket": "1ms",
+                                                    "for": 0, "urgent_min_hold": 0, "host_rss_for": 0},
+                  "throttle": {"window": "1ms", "report_window": "1ms"}, "replays": {"window": "1ms"},
+                  "xid": {"resolve_after": 0}},
+        "notify": {"group_wait": 0, "group_interval": "1ms", "repeat_interval": "1ms", "alertmanager_resend": "1ms",
+                   "max_retry_age": 0},
+    },
+    # ... and at the largest.
+    "largest": {
+        "nvml": {"poll_interval": "366d", "poll_timeout": "366d", "kill_grace": "366d",
+                 "restart_backoff_initial": "366d", "restart_backoff_max": "366d"},
+        "history": {"step": "366d", "retention": "366d"},
+        "rules": {"resolved_retention": "366d", "leak": {"interval": "366d", "window": "366d", "min_span": "366d",
+                                                         "bucket": "91d", "for": "366d", "horizon": "366d"},
+                  "throttle": {"window": "366d", "report_window": "366d", "for": "366d"},
+                  "replays": {"window": "366d"}, "xid": {"resolve_after": "366d"}},
+        "notify": {"group_wait": "366d", "group_interval": "366d", "repeat_interval": "366d",
+                   "alertmanager_resend": "366d", "max_retry_age": "366d", "retry_initial": "366d",
+                   "retry_max": "366d"},
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("extreme", sorted(EXTREMES))
+async def test_the_daemon_runs_with_every_timer_at_its_bound(
+    extreme: str, tmp_path: Path, standin_libdir: Path, write_sim_state: Callable[[dict[str, Any]], Path]
+) -> None:
+    from gpuwatchd.daemon import Daemon
+    from gpuwatchd.sim.standin_abi import STATE_ENV
+    from gpuwatchd.sim.state import make_state
+
+    doc = {**EXTREMES[extreme], "listen": "127.0.0.1:0", "state_dir": str(tmp_path / "state"),
+           "sysfs": {"root": str(tmp_path / "sysfs")}}  # fmt: skip
+    doc["nvml"] = {**doc["nvml"], "library_path": str(standin_libdir)}
+    cfg = config_from_dict(doc)
+    daemon = Daemon(cfg, worker_env={STATE_ENV: str(write_sim_state(make_state(2)))})
+    await daemon.start()
+    try:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 60.0
+        while daemon.store.latest is None or not daemon.store.latest.gpus:
+            assert loop.time() < end, "no GPU data"
+            assert daemon.failure is None, daemon.failure
+            await asyncio.sleep(0.05)
+        for _ in range(20):  # evaluations on the timer and after each snapshot, with these timings
+            daemon.evaluate()
+            await asyncio.sleep(0.05)
+        assert daemon.failure is None, daemon.failure
+        engine = daemon._engine
+        assert engine is not None
+        assert {f: s.last_error for f, s in engine.stats.items() if s.failures} == {}
+    finally:
+        await daemon.stop()
