@@ -132,10 +132,8 @@ def _prepare(db: sqlite3.Connection) -> None:
 
 
 def _check(db: sqlite3.Connection) -> None:
-    try:
-        found = [r[0] for r in db.execute("PRAGMA quick_check").fetchall()]
-    except sqlite3.DatabaseError as e:
-        raise Damaged("corrupt", str(e)) from None
+    # Errors raised here are sorted by the caller: a full disk or an I/O error is not damage.
+    found = [r[0] for r in db.execute("PRAGMA quick_check").fetchall()]
     if found != ["ok"]:
         raise Damaged("corrupt", "quick_check: " + "; ".join(str(x) for x in found[:3]))
     for table, want in COLUMNS.items():

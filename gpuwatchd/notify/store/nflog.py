@@ -36,6 +36,7 @@ class NotificationLog:
 
     def __init__(self, writer: DbWriter, rows: Iterable[dict[str, Any]], skipped: collections.Counter[str]) -> None:
         self._writer = writer
+        self._skipped = skipped
         self._log: dict[Key, tuple[LogEntry, float]] = dict(
             build_all(rows, _entry, table="nflog", skipped=skipped, where=writer.path)
         )
@@ -68,6 +69,11 @@ class NotificationLog:
         """Log a notification that needs no delivery (resolved-only with ``send_resolved: false``)."""
         stmt = self.statement(receiver, group_key, firing, resolved, now=now, expires=expires)
         self._writer.submit(Write((stmt,), "log", f"logging {group_key}"))
+
+    def merge(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Add stored entries that memory does not have (a file opened after start); memory's are newer."""
+        for key, entry in build_all(rows, _entry, table="nflog", skipped=self._skipped, where=self._writer.path):
+            self._log.setdefault(key, entry)
 
     def get(self, receiver: str, group_key: str) -> LogEntry | None:
         e = self._log.get((receiver, group_key))

@@ -20,6 +20,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, replace
@@ -163,8 +164,34 @@ class Outbox:
         found = self._read("SELECT * FROM outbox WHERE id = ?", (row_id,))
         return found[0] if found else None
 
+    def _merge_late(self) -> None:
+        """Take in the rows of a file that could only be opened after start (full disk at start, ``writer.py``)."""
+        late = self._writer.take_late_loaded()
+        if late is None:
+            return
+        rows = build_all(late.pending, row_from, table="outbox", skipped=self._skipped, where=self._writer.path)
+        queued = {(r.receiver, r.group_key) for r in self._pending.values()}
+        # A group queued again since start has a newer message with the current state: the old one is stale.
+        stale = [r.id for r in rows if (r.receiver, r.group_key) in queued]
+        old = {r.id: r for r in rows if r.id not in self._pending and r.id not in stale}
+        # Their ids are below every id given out since start: in id order they go first, as they were queued first.
+        self._pending = dict(sorted({**self._pending, **old}.items()))
+        if stale:
+            marks = "UPDATE outbox SET status = ?, finished = ? WHERE id = ?"
+            now = time.time()
+            self._submit([(marks, (SUPERSEDED, now, i)) for i in stale], "supersede", "superseding stale notifications")
+        self._nflog.merge(late.nflog)
+        log.warning(
+            "notification database %s: opened late; %d notifications queued before the start resumed, %d replaced by"
+            " newer ones (stored silences are used from the next start)",
+            self._writer.path,
+            len(old),
+            len(stale),
+        )
+
     def next_pending(self, receiver: str) -> OutboxRow | None:
         """The oldest undelivered notification of ``receiver`` (delivery is in order per receiver)."""
+        self._merge_late()
         return next((r for r in self._pending.values() if r.receiver == receiver), None)
 
     def rows(self, receiver: str | None = None) -> list[OutboxRow]:
@@ -180,7 +207,7 @@ class Outbox:
         try:
             found = self._writer.query(lambda db: [dict(r) for r in db.execute(sql, args).fetchall()])
         except Exception as e:  # sqlite3.DatabaseError, or the writer closed: memory still knows what is pending
-            log.error(
+            log.warning(
                 "notification database %s: cannot read the outbox (%s); using the rows in memory", self._writer.path, e
             )
             return [r for r in self._pending.values() if receiver is None or r.receiver == receiver]
@@ -244,6 +271,7 @@ class Outbox:
 
     def depths(self) -> dict[str, int]:
         """Pending rows per receiver."""
+        self._merge_late()
         out: dict[str, int] = {}
         for r in self._pending.values():
             out[r.receiver] = out.get(r.receiver, 0) + 1

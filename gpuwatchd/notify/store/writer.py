@@ -94,6 +94,13 @@ def run_tx(db: sqlite3.Connection, statements: Sequence[Statement]) -> None:
         raise
 
 
+def unopened_id_base() -> int:
+    """First outbox id when the file cannot be read at start: above any id it holds (those count up from 1 by one per
+    notification, so they stay far below milliseconds since 1970), so held inserts cannot collide with them and the
+    rows from before sort (and are delivered) first."""
+    return int(time.time() * 1000)
+
+
 def _transient(e: sqlite3.Error) -> bool:
     # Full disk, I/O error, busy/locked: may pass. A constraint or a malformed page will not.
     return isinstance(e, sqlite3.OperationalError) and "malformed" not in str(e)
@@ -111,6 +118,8 @@ class DbWriter:
         self._thread.start()
         # A database that cannot be opened even after moving it aside fails here, at start-up.
         self.loaded = ready.result()
+        # Set once by the thread if the file could only be opened after start (disk full at start).
+        self.late_loaded: Loaded | None = None
         # A writer dropped without close() still lets its thread finish the queue and exit.
         self._stop = weakref.finalize(self, self._jobs.put, None)
         self._closed = False
@@ -138,6 +147,13 @@ class DbWriter:
         self._jobs.put(q)
         return q.future.result()  # type: ignore[no-any-return]
 
+    def take_late_loaded(self) -> Loaded | None:
+        """What a late open read from the file (once; the loop merges it into memory), else None."""
+        late = self.late_loaded
+        if late is not None:
+            self.late_loaded = None  # the thread sets it once only, before any later read here
+        return late
+
     def settled(self) -> bool:
         """Whether every write submitted so far was tried (committed, or held/dropped and counted)."""
         return self._last is None or self._last.done()
@@ -149,20 +165,30 @@ class DbWriter:
 
     # -- the thread -----------------------------------------------------------------------------------------------
     def _serve(self, ready: concurrent.futures.Future[Loaded]) -> None:
-        try:
-            db, loaded = database.open_database(self.path)
-        except BaseException as e:  # handed to the constructor, which raises it at start-up
-            ready.set_exception(e)
-            return
-        ready.set_result(loaded)
         self._held: collections.deque[Write] = collections.deque()
         self._held_bytes = 0
         self._retry_at = 0.0
         self._delay = RETRY_FIRST_SECONDS
         self._episode: tuple[float, int] | None = None  # (start, writes committed late so far)
+        self._db: sqlite3.Connection | None = None
+        try:
+            self._db, loaded = database.open_database(self.path)
+        except sqlite3.OperationalError as e:
+            # Full disk or I/O error at start (SQLite needs room for its -wal and -shm): run from memory, hold every
+            # write, keep trying to open; what the file holds is merged in when it opens (take_late_loaded).
+            loaded = Loaded(last_id=unopened_id_base())
+            self._start_episode(
+                f"opening it failed: {e}; starting with empty state in memory (what the file holds is"
+                " used once it opens)"
+            )
+        except BaseException as e:  # handed to the constructor, which raises it at start-up
+            ready.set_exception(e)
+            return
+        ready.set_result(loaded)
         try:
             while True:
-                timeout = max(0.0, self._retry_at - time.monotonic()) if self._held else None
+                waiting = self._held or self._db is None
+                timeout = max(0.0, self._retry_at - time.monotonic()) if waiting else None
                 try:
                     job = self._jobs.get(timeout=timeout)
                 except queue.Empty:
@@ -171,18 +197,18 @@ class DbWriter:
                     if job is None:
                         break
                     if isinstance(job, _Query):
-                        self._run_query(db, job)
+                        self._run_query(job)
                     else:
                         try:
-                            self._write(db, job)
+                            self._write(job)
                         except Exception:  # a bug here must not end the thread: every later drain() would hang
                             log.exception("notification database %s: %s failed unexpectedly", self.path, job.what)
                             if not job.future.done():
                                 job.future.set_result(False)
-                if self._held and time.monotonic() >= self._retry_at:
-                    self._retry(db)
+                if (self._held or self._db is None) and time.monotonic() >= self._retry_at:
+                    self._retry()
             if self._held:
-                self._retry(db)
+                self._retry()
             if self._held:
                 log.error(
                     "notification database %s: stopping with %d writes not stored (%d notifications); they are lost",
@@ -191,23 +217,26 @@ class DbWriter:
                     self.stats.held_notifications,
                 )
         finally:
-            db.close()
+            if self._db is not None:
+                self._db.close()
 
-    def _run_query(self, db: sqlite3.Connection, q: _Query) -> None:
+    def _run_query(self, q: _Query) -> None:
         if not q.future.set_running_or_notify_cancel():
             return
         try:
-            q.future.set_result(q.fn(db))
+            if self._db is None:
+                raise sqlite3.OperationalError("the database could not be opened yet")
+            q.future.set_result(q.fn(self._db))
         except Exception as e:
             q.future.set_exception(e)
 
-    def _write(self, db: sqlite3.Connection, w: Write) -> None:
-        if self._held:
+    def _write(self, w: Write) -> None:
+        if self._held or self._db is None:
             self.stats.failures[w.op] += 1
             self._hold(w)
             return
         try:
-            run_tx(db, w.statements)
+            run_tx(self._db, w.statements)
         except sqlite3.Error as e:
             self.stats.failures[w.op] += 1
             if not _transient(e):
@@ -215,22 +244,20 @@ class DbWriter:
                 log.error("notification database %s: %s failed: %s; kept in memory only", self.path, w.what, e)
                 w.future.set_result(False)
                 return
-            self._start_episode(w, e)
+            self._start_episode(f"{w.what} failed: {e}; keeping this and later writes in memory and retrying")
             self._hold(w)
             return
         w.future.set_result(True)
 
-    def _start_episode(self, w: Write, e: sqlite3.Error) -> None:
+    def _start_episode(self, what: str) -> None:
         self._episode = (time.monotonic(), 0)
         self._delay = RETRY_FIRST_SECONDS
         self._retry_at = time.monotonic() + self._delay
         self.stats.writable = False
         log.error(
-            "notification database %s: %s failed: %s; keeping this and later writes in memory and retrying"
-            " (a crash now loses them; see gpuwatchd_state_db_writes_held)",
+            "notification database %s: %s (a crash now loses what is held; see gpuwatchd_state_db_writes_held)",
             self.path,
-            w.what,
-            e,
+            what,
         )
 
     def _hold(self, w: Write) -> None:
@@ -256,7 +283,25 @@ class DbWriter:
         self.stats.held = len(self._held)
         self.stats.held_notifications = sum(w.op == ENQUEUE for w in self._held)
 
-    def _retry(self, db: sqlite3.Connection) -> None:
+    def _backoff(self) -> None:
+        self._delay = min(RETRY_MAX_SECONDS, self._delay * 2)
+        self._retry_at = time.monotonic() + self._delay
+
+    def _retry(self) -> None:
+        if self._db is None:
+            try:
+                self._db, late = database.open_database(self.path)
+            except sqlite3.OperationalError as e:
+                log.debug("opening the database, still: %s", e)
+                self._backoff()
+                return
+            except Exception as e:  # damaged and cannot be moved aside (already said why): keep holding
+                log.error("notification database %s: cannot open: %s", self.path, e)
+                self._backoff()
+                return
+            self.late_loaded = late
+            log.warning("notification database %s: opened; merging what it holds", self.path)
+        db = self._db
         while self._held:
             w = self._held[0]
             try:
@@ -273,8 +318,7 @@ class DbWriter:
                     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 except sqlite3.Error as ce:
                     log.debug("checkpoint while the disk is full: %s", ce)
-                self._delay = min(RETRY_MAX_SECONDS, self._delay * 2)
-                self._retry_at = time.monotonic() + self._delay
+                self._backoff()
                 self._count()
                 return
             self._held.popleft()

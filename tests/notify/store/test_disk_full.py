@@ -165,3 +165,31 @@ async def test_sigkill_while_full_loses_at_most_the_unpersisted_gauge(sink: Sink
         await c.until("the re-reported alerts delivered", lambda s: s["depth"] == 0 and len(receiver.acked) >= n)
         await asyncio.sleep(0.5)
     assert sorted(u for _, u in receiver.acked) == [f"GPU-{i:03d}" for i in range(n)]
+
+
+async def test_a_start_on_a_full_disk_runs_and_takes_the_file_in_once_space_returns(sink: Sink, small_fs: Path) -> None:
+    receiver = Receiver(sink)
+    state = small_fs / "state"
+    async with child(state, sink.url) as c:
+        assert await c.ask("alerts 5") == "ok"
+        await c.until("5 stored", lambda s: s["depth"] == 5 and s["held"] == 0)
+        assert c.proc.stdin is not None
+        c.proc.stdin.close()  # a clean stop: the WAL is checkpointed and removed, so a new open needs room for it
+        assert await asyncio.wait_for(c.proc.wait(), WAIT) == 0
+    fill(small_fs)
+    async with child(state, sink.url) as c:  # systemd restarting it while the disk is full: it must start
+        s = await c.stats()
+        assert not s["writable"] and s["depth"] == 0
+        assert await c.ask("alerts 8") == "ok"  # the rules report the still-firing alerts again
+        await c.until("8 queued in memory", lambda s: s["depth"] == 8 and s["unpersisted"] == 8)
+        (small_fs / "filler").unlink()
+        # The file opens; its 5 old rows are replaced by the newer ones for the same GPUs.
+        await c.until("the file opened and the held writes stored", lambda s: s["writable"] and s["held"] == 0)
+        assert (await c.stats())["depth"] == 8
+        receiver.up = True
+        await c.until("the queue delivered", lambda s: s["depth"] == 0)
+        await asyncio.sleep(0.5)
+    keys = [k for k, _ in receiver.acked]
+    assert len(keys) == len(set(keys)) == 8
+    assert sorted(u for _, u in receiver.acked) == [f"GPU-{i:03d}" for i in range(8)]
+    assert not [p for p in state.iterdir() if ".corrupt-" in p.name]

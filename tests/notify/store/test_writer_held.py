@@ -146,3 +146,61 @@ async def test_an_error_no_retry_can_fix_is_not_held(tmp_path: Path, caplog: pyt
         assert await state.outbox.stored(nxt.id)  # later writes are not blocked behind it
     finally:
         state.close()
+
+
+class Unopenable:
+    """A connection on a disk too full to open a WAL database: every statement fails while ``full``."""
+
+    full = True
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def execute(self, sql: str, args: Any = ()) -> sqlite3.Cursor:
+        if Unopenable.full:
+            raise sqlite3.OperationalError(FULL)
+        return self._db.execute(sql, args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+async def test_a_disk_full_at_start_runs_from_memory_then_merges_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = StateStore(tmp_path)
+    old = [before.outbox.enqueue("r", f"g{i}", "{}", firing=[f"a{i}"], resolved=[], now=1.0) for i in range(3)]
+    before.nflog.write("r", "told", firing=["t"], resolved=[], now=1.0, expires=1e12)
+    before.close()
+
+    real = database.connect
+    monkeypatch.setattr(database, "connect", lambda path: Unopenable(real(path)))
+    monkeypatch.setattr(writer, "RETRY_FIRST_SECONDS", 0.02)
+    monkeypatch.setattr(writer, "RETRY_MAX_SECONDS", 0.05)
+    Unopenable.full = True
+    with caplog.at_level(logging.WARNING, logger="gpuwatchd.notify.store"):
+        state = StateStore(tmp_path)  # starts: nothing readable, nothing moved aside
+    try:
+        stats, box = state.writer.stats, state.outbox
+        assert state.recovered is None and not stats.writable
+        assert box.depths() == {} and box.rows() == []  # memory only, and a read fails softly
+        newer = box.enqueue("r", "g1", "{}", firing=["a1", "b"], resolved=[], now=2.0)  # g1 again, newer state
+        extra = box.enqueue("r", "g9", "{}", firing=["a9"], resolved=[], now=2.0)
+        assert newer.id > old[-1].id and not await box.stored(extra.id)
+        assert stats.held_notifications == 2
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "opening it failed" in errors[0] and FULL in errors[0]
+        assert not [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
+
+        Unopenable.full = False
+        await wait_for(lambda: stats.held == 0 and stats.writable, "the file to open and the held writes to follow")
+        assert box.depths() == {"r": 4}  # g0, g2 from the file; g1 (newer) and g9 from memory
+        head = box.next_pending("r")
+        assert head is not None and head.id == old[0].id  # queued first, delivered first
+        entries = state.outbox.effective_entries()
+        assert entries[("r", "g1")].firing == frozenset({"a1", "b"}) and ("r", "told") in entries
+        await box.drain()
+        status = {r.id: r.status for r in box.rows()}
+        assert status[old[1].id] == "superseded" and status[newer.id] == status[extra.id] == "pending"
+    finally:
+        state.close()
