@@ -79,10 +79,26 @@ def rule_engine_names() -> set[str]:
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 
 
-def test_rules_reference_only_exported_metrics() -> None:
+def state_db_names(tmp_path: Path) -> set[str]:
+    """Names the state database's collector exports (notify/store/metrics.py)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpuwatchd.notify.store import StateStore
+
+    state = StateStore(tmp_path)
+    try:
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(state.collector())
+        text = generate_latest(reg).decode()
+    finally:
+        state.close()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_rules_reference_only_exported_metrics(tmp_path: Path) -> None:
     doc = yaml.safe_load(RULES.read_text())
     recorded = {r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r}
-    exported = golden_names() | rule_engine_names()
+    exported = golden_names() | rule_engine_names() | state_db_names(tmp_path)
     for g in doc["groups"]:
         for rule in g["rules"]:
             for name in re.findall(r"\bgpuwatchd[a-z_:]*", rule["expr"]):

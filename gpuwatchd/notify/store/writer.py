@@ -171,6 +171,7 @@ class DbWriter:
         self._delay = RETRY_FIRST_SECONDS
         self._episode: tuple[float, int] | None = None  # (start, writes committed late so far)
         self._db: sqlite3.Connection | None = None
+        self._last_refusal: str | None = None
         try:
             self._db, loaded = database.open_database(self.path)
         except sqlite3.OperationalError as e:
@@ -241,13 +242,21 @@ class DbWriter:
             self.stats.failures[w.op] += 1
             if not _transient(e):
                 self.stats.dropped += 1
-                log.error("notification database %s: %s failed: %s; kept in memory only", self.path, w.what, e)
+                self._refused(w, e, "kept in memory only")
                 w.future.set_result(False)
                 return
             self._start_episode(f"{w.what} failed: {e}; keeping this and later writes in memory and retrying")
             self._hold(w)
             return
+        self._last_refusal = None
         w.future.set_result(True)
+
+    def _refused(self, w: Write, e: sqlite3.Error, outcome: str) -> None:
+        # A file damaged while running refuses every write the same way: say it once, not once per write.
+        text = str(e)
+        level = logging.DEBUG if text == self._last_refusal else logging.ERROR
+        self._last_refusal = text
+        log.log(level, "notification database %s: %s failed: %s; %s", self.path, w.what, e, outcome)
 
     def _start_episode(self, what: str) -> None:
         self._episode = (time.monotonic(), 0)
@@ -311,7 +320,7 @@ class DbWriter:
                     self._held.popleft()
                     self._held_bytes -= w.size
                     self.stats.dropped += 1
-                    log.error("notification database %s: %s failed: %s; dropped", self.path, w.what, e)
+                    self._refused(w, e, "dropped")
                     continue
                 # A full WAL only shrinks at a checkpoint: try one, so freed space is usable at the next try.
                 try:

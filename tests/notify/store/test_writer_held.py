@@ -132,16 +132,19 @@ async def test_an_error_no_retry_can_fix_is_not_held(tmp_path: Path, caplog: pyt
     state = StateStore(tmp_path)
     try:
         with sqlite3.connect(state.path) as other:  # another program broke a constraint the outbox relies on
-            other.execute(
-                "INSERT INTO outbox (id, receiver, group_key, idempotency_key, payload, firing, resolved, created,"
-                " next_attempt, status) VALUES (1, 'x', 'x', 'k', '{}', '[]', '[]', 0, 0, 'delivered')"
-            )
+            for i in (1, 2):
+                other.execute(
+                    "INSERT INTO outbox (id, receiver, group_key, idempotency_key, payload, firing, resolved, created,"
+                    f" next_attempt, status) VALUES ({i}, 'x', 'x', 'k{i}', '{{}}', '[]', '[]', 0, 0, 'delivered')"
+                )
         other.close()
-        row = state.outbox.enqueue("r", "g", "{}", firing=[], resolved=[], now=1.0)  # id 1 again: refused
-        assert not await state.outbox.stored(row.id)
+        rows = [state.outbox.enqueue("r", f"g{i}", "{}", firing=[], resolved=[], now=1.0) for i in (1, 2)]
+        assert [await state.outbox.stored(r.id) for r in rows] == [False, False]  # ids 1 and 2 again: refused
         stats = state.writer.stats
-        assert stats.dropped == 1 and stats.held == 0 and stats.writable
-        assert "UNIQUE constraint failed" in caplog.text
+        assert stats.dropped == 2 and stats.held == 0 and stats.writable
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        said = [m for m in errors if "UNIQUE constraint failed" in m]
+        assert len(said) == 1  # the same refusal again is not logged again
         nxt = state.outbox.enqueue("r", "g2", "{}", firing=[], resolved=[], now=1.0)
         assert await state.outbox.stored(nxt.id)  # later writes are not blocked behind it
     finally:
