@@ -196,6 +196,7 @@ EXTREMES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+@pytest.mark.timeout(600)  # a daemon start on a loaded 2-core machine; the test ends as soon as it has data
 @pytest.mark.parametrize("extreme", sorted(EXTREMES))
 async def test_the_daemon_runs_with_every_timer_at_its_bound(
     extreme: str, tmp_path: Path, standin_libdir: Path, write_sim_state: Callable[[dict[str, Any]], Path]

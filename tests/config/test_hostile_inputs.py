@@ -18,8 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "GPUWATCHD_LOG_LEVEL": "warning"}
-# Generous: a busy 2-core machine; a hang shows up as this timeout, not as a slow pass.
-TIMEOUT = 120.0
+# Generous: a busy 2-core machine; a hang shows up as this timeout, not as a slow pass. Each test runs dozens of
+# processes (~40 CPU seconds in all on 2 idle cores), so its own limit is far above pytest's default.
+TIMEOUT = 300.0
+pytestmark = pytest.mark.timeout(1200)
 MAX_LINES = 11  # at most ten problems and a count of the rest
 
 

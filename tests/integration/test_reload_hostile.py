@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support import DaemonProcess, metrics_when, value, wait_until
 
 from gpuwatchd.sim.state import make_state
@@ -30,6 +31,7 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.timeout(900)  # nine reloads, each waited for with a generous deadline on a loaded machine
 def test_hostile_reloads_are_refused_and_reported(
     start_daemon: Callable[..., DaemonProcess],
     standin_libdir: Path,
