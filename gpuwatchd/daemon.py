@@ -472,7 +472,7 @@ class Daemon:
                 self._replace_engine(RulesEngine(new.rules, host=new.host))
             elif new.rules != old.rules:
                 self._engine.reconfigure(new.rules)
-        restart = [k for k in ("state_dir", "history") if getattr(new, k) != getattr(old, k)]
+        restart = [k for k in ("state_dir", "history", "kernel_log") if getattr(new, k) != getattr(old, k)]
         if new.listen != old.listen and self._listen == old.listen:
             restart.append("listen")
         return restart

@@ -143,6 +143,10 @@ async def test_reload_reports_settings_that_need_a_restart(running: Daemon) -> N
     running.config_path.write_text(running.config_path.read_text() + "history:\n  retention: 2h\n")
     result = await running.reload()
     assert result.ok and list(result.restart_needed) == ["history"]
+    # the kernel-log source is set up at start (its reader, its saved position): a change says so too
+    running.config_path.write_text(running.config_path.read_text() + "kernel_log:\n  dedup_window: 30s\n")
+    result = await running.reload()
+    assert result.ok and list(result.restart_needed) == ["kernel_log"]
 
 
 async def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:

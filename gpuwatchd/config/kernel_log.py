@@ -11,7 +11,8 @@ STATE_FILE_NAME = "kernel-log.json"
 
 
 class KernelLogConfig(Section):
-    """Xids, falls off the bus, AER errors and driver messages from the kernel ring buffer."""
+    """Xids, falls off the bus, AER errors and driver messages from the kernel ring buffer (applied at start; a
+    reload that changes it says a restart is needed)."""
 
     # Read the kernel log at all. Off: Xids come from NVML events only, and no GpuLost before NVML notices.
     enabled: bool = True

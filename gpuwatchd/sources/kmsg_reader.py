@@ -153,6 +153,9 @@ class KmsgReader:
                     self._drain()
                     await asyncio.sleep(FOLLOW_INTERVAL)
         finally:
+            if self._save_timer is not None:
+                self._save_timer.cancel()
+                self._save_timer = None
             if self._event_driven:
                 loop.remove_reader(self._fd)
             os.close(self._fd)
