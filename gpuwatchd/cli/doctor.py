@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from gpuwatchd.config.loader import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 from gpuwatchd.doctor.context import DEFAULT_DEADLINE, SERVICE_USER, Host
 from gpuwatchd.doctor.report import exit_code, render_json, render_text
 from gpuwatchd.doctor.run import run_checks
+from gpuwatchd.runtime.exitcodes import EXIT_USAGE
 from gpuwatchd.sim.host_tree import MANIFEST
 from gpuwatchd.sim.standin_abi import STATE_ENV
 
@@ -80,8 +82,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     try:
         host = host_from_args(args)
     except (OSError, ValueError, KeyError) as e:
-        print(f"gpuwatchd doctor: --sim {args.sim}: {e}")
-        return 2
+        # Not a check result: the simulation to examine is not there (not started, or another --state-dir).
+        print(f"gpuwatchd doctor: --sim {args.sim}: cannot read the simulation's {MANIFEST}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     results = run_checks(host)
     print(render_json(results) if args.json else render_text(results))
     return exit_code(results)

@@ -5,13 +5,10 @@ deadline: ``torch.cuda`` initialisation can hang on a wedged GPU, and the daemon
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 from typing import Any
 
 from gpuwatchd.doctor.context import Host
-from gpuwatchd.doctor.nvml_probe import NvmlFacts
+from gpuwatchd.doctor.nvml_probe import NvmlFacts, run_child
 from gpuwatchd.doctor.report import Result, fail, ok, warn
 
 G = "cuda"
@@ -51,25 +48,18 @@ def probe_torch(host: Host) -> dict[str, Any]:
     if host.torch_facts is not None:
         return host.torch_facts
     try:
-        proc = subprocess.Popen(
-            [host.python, "-c", TORCH_SNIPPET], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=host.library_env(), start_new_session=True, text=True,
-        )  # fmt: skip
+        run = run_child(host, [host.python, "-c", TORCH_SNIPPET])
     except OSError as e:
         return {"installed": None, "error": f"could not start {host.python}: {e}"}
-    try:
-        out, err = proc.communicate(timeout=host.deadline)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    if run.timed_out:
         return {"installed": True, "timed_out": True}
-    for line in reversed(out.splitlines()):
+    for line in reversed(run.out.splitlines()):
         try:
             facts: dict[str, Any] = json.loads(line)
             return facts
         except ValueError:
             continue
-    return {"installed": None, "error": (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
+    return {"installed": None, "error": (run.err.strip().splitlines() or [f"exit {run.returncode}"])[-1]}
 
 
 def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:

@@ -33,22 +33,41 @@ class NvmlFacts:
         return self.init == "ok" and not self.timed_out and self.error is None
 
 
-def probe_nvml(host: Host) -> NvmlFacts:
-    facts = NvmlFacts()
-    try:
-        proc = subprocess.Popen(
-            [host.python, "-m", PROBE_MODULE], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=host.library_env(), start_new_session=True, text=True,
-        )  # fmt: skip
-    except OSError as e:
-        facts.error = f"could not start the NVML probe: {e}"
-        return facts
+@dataclass
+class ChildRun:
+    """What a probe child printed before it exited or was killed at the deadline."""
+
+    out: str
+    err: str
+    returncode: int | None
+    timed_out: bool
+
+
+def run_child(host: Host, argv: list[str]) -> ChildRun:
+    """``argv`` in its own session with the host's library environment, killed as a group at the deadline.
+
+    Raises OSError when it cannot start."""
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.library_env(),
+        start_new_session=True, text=True,
+    )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=host.deadline)
+        return ChildRun(out, err, proc.returncode, False)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        facts.timed_out = True
+        return ChildRun(out, err, None, True)
+
+
+def probe_nvml(host: Host) -> NvmlFacts:
+    facts = NvmlFacts()
+    try:
+        run = run_child(host, [host.python, "-m", PROBE_MODULE])
+    except OSError as e:
+        facts.error = f"could not start the NVML probe: {e}"
+        return facts
+    out, err, facts.timed_out = run.out, run.err, run.timed_out
     current: int | None = None
     for line in out.splitlines():
         try:
@@ -66,7 +85,7 @@ def probe_nvml(host: Host) -> NvmlFacts:
             current = None
     if facts.timed_out:
         facts.hung_gpu = current
-    elif proc.returncode != 0 or facts.init is None:
+    elif run.returncode != 0 or facts.init is None:
         last = (err.strip().splitlines() or ["no output"])[-1]
-        facts.error = f"the NVML probe exited with {proc.returncode}: {last}"
+        facts.error = f"the NVML probe exited with {run.returncode}: {last}"
     return facts

@@ -34,9 +34,10 @@ def sysfs_bus_id(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}"
 
 
-def _read(path: Path) -> str | None:
+def read_attr(path: Path) -> str | None:
+    """A sysfs attribute's text, stripped; None when it cannot be read (gone, no permission)."""
     try:
-        return path.read_text(encoding="ascii", errors="replace").strip()
+        return path.read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         return None
 
@@ -72,16 +73,16 @@ def read_link(root: Path, bus_id: str) -> LinkSample:
     d = root / PCI_DEVICES / bdf
     if not d.is_dir():
         return LinkSample(pci_bus_id=bdf, present=False)
-    vendor = _read(d / "vendor")
-    cur_speed = _read(d / "current_link_speed")
-    cur_width_raw = _read(d / "current_link_width")
+    vendor = read_attr(d / "vendor")
+    cur_speed = read_attr(d / "current_link_speed")
+    cur_width_raw = read_attr(d / "current_link_width")
     dead = vendor == DEAD_VENDOR or (cur_speed or "").lower() == "unknown" or cur_width_raw == str(DEAD_LINK_WIDTH)
     return LinkSample(
         pci_bus_id=bdf,
         current_generation=parse_speed(cur_speed),
-        max_generation=parse_speed(_read(d / "max_link_speed")),
+        max_generation=parse_speed(read_attr(d / "max_link_speed")),
         current_width=parse_width(cur_width_raw),
-        max_width=parse_width(_read(d / "max_link_width")),
+        max_width=parse_width(read_attr(d / "max_link_width")),
         present=not dead,
     )
 
@@ -101,9 +102,9 @@ def nvidia_devices(root: Path) -> set[str]:
     found: set[str] = set()
     for name in names:
         d = base / name
-        if _read(d / "vendor") != NVIDIA_VENDOR:
+        if read_attr(d / "vendor") != NVIDIA_VENDOR:
             continue
-        cls = _read(d / "class")
+        cls = read_attr(d / "class")
         if cls is not None and cls.lower().startswith(DISPLAY_CLASS_PREFIX):
             found.add(name.lower())
     return found

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwatchd.model import DockSample
-from gpuwatchd.sources.sysfs_pcie import PCI_DEVICES, nvidia_devices
+from gpuwatchd.sources.sysfs_pcie import PCI_DEVICES, nvidia_devices, read_attr
 
 if TYPE_CHECKING:
     from gpuwatchd.config.loader import Config
@@ -44,13 +44,6 @@ _DOMAIN = re.compile(r"^domain(\d+)$")
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _PCI_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _SPEED = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/s\s*$")
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None
 
 
 def parse_speed(text: str | None) -> float | None:
@@ -73,7 +66,7 @@ def domain_security(root: Path) -> dict[str, str | None]:
         names = os.listdir(base)
     except OSError:
         return {}
-    return {n: _read(base / n / "security") for n in sorted(names) if _DOMAIN.match(n)}
+    return {n: read_attr(base / n / "security") for n in sorted(names) if _DOMAIN.match(n)}
 
 
 def _pci_path(path: Path) -> list[str]:
@@ -85,7 +78,7 @@ def _tunnelled(gpu_dir: Path) -> bool:
     """Whether the GPU or a PCI ancestor is ``removable`` (below an external-facing port)."""
     d = Path(os.path.realpath(gpu_dir))
     while _BDF.match(d.name):
-        if _read(d / "removable") == "removable":
+        if read_attr(d / "removable") == "removable":
             return True
         d = d.parent
     return False
@@ -127,7 +120,7 @@ def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None) -> tuple[Do
             routers.append((n, f"domain{m.group(1)}", base / n))
     if not routers:
         return ()
-    authorized = {n: _read(d / "authorized") == "1" for n, _, d in routers}
+    authorized = {n: read_attr(d / "authorized") == "1" for n, _, d in routers}
     behind: dict[str, list[str]] = {}
     gpus = sorted(nvidia_devices(root) if gpu_bus_ids is None else gpu_bus_ids)
     for bdf in gpus:
@@ -140,21 +133,21 @@ def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None) -> tuple[Do
             behind.setdefault(candidates[0], []).append(bdf)
     out: list[DockSample] = []
     for n, dom, d in routers:
-        auth = _read(d / "authorized")
+        auth = read_attr(d / "authorized")
         out.append(
             DockSample(
-                unique_id=_read(d / "unique_id") or n,
+                unique_id=read_attr(d / "unique_id") or n,
                 route=n,
                 domain=dom,
                 security=security.get(dom),
                 authorized=None if auth is None else auth == "1",
-                vendor=_read(d / "vendor_name"),
-                name=_read(d / "device_name"),
-                generation=_int(_read(d / "generation")),
-                rx_speed_bps=parse_speed(_read(d / "rx_speed")),
-                tx_speed_bps=parse_speed(_read(d / "tx_speed")),
-                rx_lanes=_int(_read(d / "rx_lanes")),
-                tx_lanes=_int(_read(d / "tx_lanes")),
+                vendor=read_attr(d / "vendor_name"),
+                name=read_attr(d / "device_name"),
+                generation=_int(read_attr(d / "generation")),
+                rx_speed_bps=parse_speed(read_attr(d / "rx_speed")),
+                tx_speed_bps=parse_speed(read_attr(d / "tx_speed")),
+                rx_lanes=_int(read_attr(d / "rx_lanes")),
+                tx_lanes=_int(read_attr(d / "tx_lanes")),
                 gpu_bus_ids=tuple(behind.get(n, ())),
             )
         )

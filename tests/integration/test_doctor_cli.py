@@ -92,3 +92,10 @@ def test_nvml_hang_returns_within_doctors_deadline(sims: list[subprocess.Popen[b
     assert time.monotonic() - t0 < 55  # the 60 s hang would exceed it; liveness, not a timing check
     lib = next(c for c in doc["checks"] if c["check"] == "libnvidia-ml.so.1")
     assert code == 2 and lib["status"] == "fail" and "GPU 1 stopped answering" in lib["detail"]
+
+
+def test_sim_dir_without_a_simulation(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "gpuwatchd", "doctor", "--sim", str(tmp_path)], capture_output=True,
+                         text=True, cwd=ROOT, env=ENV, timeout=60, check=False)  # fmt: skip
+    assert res.returncode == 2 and res.stdout == ""
+    assert f"--sim {tmp_path}: cannot read the simulation's sim-host.json" in res.stderr
