@@ -14,8 +14,6 @@ from pathlib import Path
 
 from gpuwatchd.config.loader import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 from gpuwatchd.doctor.context import DEFAULT_DEADLINE, SERVICE_USER, Host
-from gpuwatchd.doctor.report import exit_code, render_json, render_text
-from gpuwatchd.doctor.run import run_checks
 from gpuwatchd.runtime.exitcodes import EXIT_USAGE
 from gpuwatchd.sim.host_tree import MANIFEST
 from gpuwatchd.sim.standin_abi import STATE_ENV
@@ -85,6 +83,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         # Not a check result: the simulation to examine is not there (not started, or another --state-dir).
         print(f"gpuwatchd doctor: --sim {args.sim}: cannot read the simulation's {MANIFEST}: {e}", file=sys.stderr)
         return EXIT_USAGE
+    # Imported here: `gpuwatchd --help` and the other commands need none of the checks (aiohttp, sim, rules).
+    from gpuwatchd.doctor.report import exit_code, render_json, render_text
+    from gpuwatchd.doctor.run import run_checks
+
     results = run_checks(host)
     print(render_json(results) if args.json else render_text(results))
     return exit_code(results)
