@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,7 @@ class Daemon:
         self._supervisor: NvmlSupervisor | None = None
         self.kernel_log: KernelLogTask | None = None
         self.history: HistoryFile | None = None  # rule history kept across restarts (rules/history_file.py)
+        self.status_extra: Callable[[], dict[str, Any]] | None = None
         self._probe_sim = probe_sim  # gpuwatchd sim only: probes on the CPU device, faults from the scenario
         self.probes: ProbeService | None = None
         self._runner: web.AppRunner | None = None
@@ -404,6 +405,8 @@ class Daemon:
         }
         if self.probes is not None:
             out["probes"] = self.probes.status()
+        if self.status_extra is not None:
+            out.update(self.status_extra())  # gpuwatchd sim: the scenario clock
         return out
 
     def _status_line(self) -> str:

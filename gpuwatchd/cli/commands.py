@@ -78,6 +78,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--scenario", help="scenario name (see --list) or a scenario file (.yml, docs/scenarios.md); default: idle"
     )
     src.add_argument("--from-xml", type=Path, metavar="FILE", help="replay a captured `nvidia-smi -q -x` file")
+    src.add_argument("--from-csv", type=Path, metavar="FILE",
+                     help="replay a per-second `nvidia-smi --query-gpu=timestamp,...,memory.used,... --format=csv -l 1`"
+                     " (or --query-compute-apps) log")
     sim.add_argument("--kernel-log", type=Path, metavar="FILE",
                      help="replay a captured kernel log (dmesg, dmesg -T/-x/--time-format iso, journalctl -k, syslog)"
                      " into the daemon's kernel-log source, as if it were the live ring")
@@ -87,6 +90,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--listen", metavar="HOST:PORT", help="listen address (default: the config's)")
     sim.add_argument("--config", type=Path, help="YAML config file (default: built-in defaults)")
     sim.add_argument("--state-dir", type=Path, help="where the simulated daemon keeps state (default: a temp dir)")
+    sim.add_argument("--resume", action="store_true",
+                     help="with --state-dir: go on with the scenario where the last run there stopped")
     from gpuwatchd.cli.doctor import add_parser as add_doctor
 
     add_doctor(sub)
@@ -196,7 +201,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         except ValueError as e:
             _err(f"--listen: {e}")
             return EXIT_USAGE
-    scenario = args.scenario if args.scenario or args.from_xml else "idle"
+    scenario = args.scenario if args.scenario or args.from_xml or args.from_csv else "idle"
     is_file = scenario is not None and (scenario.endswith((".yml", ".yaml")) or not missing(scenario))
     if scenario is not None and scenario not in scenarios and not is_file:
         _err(f"unknown scenario {scenario!r}; choose one of: {', '.join(scenarios)}, or give a scenario file (.yml)")
@@ -206,6 +211,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
             run_sim(
                 scenario=scenario,
                 from_xml=args.from_xml,
+                from_csv=args.from_csv,
+                resume=args.resume,
                 kernel_log=args.kernel_log,
                 gpus=args.gpus,
                 speed=args.speed,

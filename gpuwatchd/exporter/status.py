@@ -91,3 +91,9 @@ def status_from_store(store: Store) -> dict[str, Any]:
             "last_reload_success_timestamp": store.config_reload_timestamp,
         },
     }
+
+
+def scenario_clock(name: str, start: float, now: float, speed: float) -> dict[str, Any]:
+    """``scenario`` in ``/api/v1/status`` under ``gpuwatchd sim``: the scenario's start on the daemon's clock and
+    its time now, so a test can align what the daemon reports with the scenario's (or a replayed log's) seconds."""
+    return {"name": name, "start": start, "time": max(0.0, now - start), "speed": speed}

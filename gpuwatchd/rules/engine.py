@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from gpuwatchd.model import Alert, AlertState, fingerprint
@@ -253,7 +253,9 @@ class RulesEngine:
         # "clear" notes carry the resolution message; matched by identity, else by (alertname, uuid) because a
         # re-attached GPU may come back at another index (another ``gpu`` label).
         notes = {fp: c for fp, (_, c) in seen.items() if c.level == "clear"}
-        notes_by_uuid = {(c.name, c.labels.get("uuid", "")): c for c in notes.values()}
+        # Notes about one process or one kind of series (the leak rule's) never stand in for another's.
+        notes_by_uuid = {(c.name, c.labels.get("uuid", "")): c for c in notes.values()
+                         if "pid" not in c.labels and "kind" not in c.labels}
         retention = self._config.resolved_retention
         for fp, tracked in list(self._tracked.items()):
             a = tracked.alert
@@ -273,11 +275,23 @@ class RulesEngine:
                 keep = 0.0
             if now - tracked.last_held < keep:
                 continue
-            note = notes.get(fp) or notes_by_uuid.get((a.name, a.labels.get("uuid", "")))
+            note = (notes.get(fp) or notes_by_uuid.get((a.name, a.labels.get("uuid", "")))
+                    or _partial_note(notes.values(), a))
             summary, description = a.summary, a.description
             if note is not None:
                 summary, description = note.summary, note.description
             tracked.alert = replace(a, state="resolved", resolved_at=now, summary=summary, description=description)
+
+
+def _partial_note(notes: Iterable[Condition], a: Alert) -> Condition | None:
+    """A note whose labels the alert carries, apart from ``gpu``: a gone process' note knows its pid but not its
+    name, the alert's ``process`` label."""
+    for c in notes:
+        if c.name == a.name and "pid" in c.labels and all(
+            k == "gpu" or a.labels.get(k) == v for k, v in c.labels.items()
+        ):
+            return c
+    return None
 
 
 def _without_gpu(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gpuwatchd.model import GpuSample, ProcessSample
 from gpuwatchd.rules.condition import Condition, Level, RuleView, fmt_bytes, fmt_duration, gpu_labels, gpu_title
 from gpuwatchd.rules.config import LeakRule, RulesConfig
+from gpuwatchd.rules.leak_ended import gone_processes, gpu_gone, stopped
 from gpuwatchd.rules.onset import ONSET_BUCKET, find_onset, fit
 from gpuwatchd.rules.trend import Trend, Verdict, assess, measure, sparkline
 from gpuwatchd.store import ProcessPoint
@@ -320,6 +321,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                         fire_on_hold=False,
                     )
                 )
+            elif judged is not None:  # a series that rose (a flat one never had an alert): how it ended
+                out.append(stopped({**labels, "kind": "gpu"}, title, who, gpu_pts[-1][1], g))
             if cfg.host_rss:
                 rss_pts = [(x.t, float(x.host_rss_bytes)) for x in hist if x.host_rss_bytes is not None]
                 judged = _judge(rss_pts, now, cfg, free=None, min_growth=float(cfg.host_rss_min_growth_bytes),
@@ -341,8 +344,13 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                             fire_on_hold=False,
                         )
                     )
+                elif judged is not None:
+                    out.append(stopped({**labels, "kind": "host_rss"}, title, f"{who} host RSS", rss_pts[-1][1], g))
         if cfg.unattributed:
             out.extend(_unattributed(view, now, cfg, g, free=free, min_growth=min_growth, floor_growth=floor_growth))
+    # Resolved messages say how the leak ended (rules/leak_ended.py).
+    out.extend(gone_processes(view, now, cfg, snap))
+    out.extend(gpu_gone(view, snap))
     return out
 
 
@@ -367,8 +375,10 @@ def _unattributed(
         if x.memory_used_bytes is not None and x.processes_memory_bytes is not None
     ]
     judged = _judge(pts, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth)
-    if judged is None or (level := _level(judged.verdict)) is None:
+    if judged is None:
         return []
+    if (level := _level(judged.verdict)) is None:
+        return [stopped({**base, "kind": "unattributed"}, title, "memory not attributed to any process", pts[-1][1], g)]
     t, v = judged.trend, judged.verdict
     return [
         Condition(

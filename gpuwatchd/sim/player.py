@@ -28,6 +28,7 @@ from gpuwatchd.sim.scenario import (
     Step,
     WaveSpec,
 )
+from gpuwatchd.sim.series_step import SeriesSpec, series_value
 from gpuwatchd.sim.tb_tree import hide_untunnelled
 
 # Unix time that scenario t=0 maps to when no clock is given: fixed, so sampled states are reproducible.
@@ -154,6 +155,8 @@ def function_value(spec: Any, dt: float) -> float:
         return spec.peak + (spec.spike if in_spike else 0)
     if isinstance(spec, WaveSpec):
         return spec.mean + spec.amplitude * math.sin(2 * math.pi * dt / spec.period)
+    if isinstance(spec, SeriesSpec):
+        return series_value(spec, dt)
     raise TypeError(f"not a function step: {spec!r}")
 
 

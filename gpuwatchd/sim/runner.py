@@ -9,24 +9,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from gpuwatchd.config.files import shown_path
+from gpuwatchd.config.files import InputFileError, shown_path
 from gpuwatchd.config.loader import Config, load_config
+from gpuwatchd.exporter.status import scenario_clock
 from gpuwatchd.probes.config import sim_probes
 from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.runtime.clock import ScaledClock
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_USAGE
+from gpuwatchd.sim.csv_replay import CsvReplayError, load_csv_scenario
 from gpuwatchd.sim.host_tree import write_manifest
 from gpuwatchd.sim.kmsg_replay import KernelLogError, ReplayRing, feed_when_ready, load_kernel_log
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import Player
+from gpuwatchd.sim.resume import load_sim_clock, save_sim_clock
 from gpuwatchd.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_names
 from gpuwatchd.sim.standin_abi import MAX_SIM_GPUS, STATE_ENV
 from gpuwatchd.sim.worker import WORKER_MODULE as SIM_WORKER_MODULE
@@ -46,29 +50,37 @@ def list_scenarios() -> list[tuple[str, str]]:
 
 async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | None, speed: float,
                   listen: str | None, config_path: Path | None, state_dir: Path | None,
-                  out: TextIO | None = None, kernel_log: Path | None = None) -> int:
+                  out: TextIO | None = None, kernel_log: Path | None = None, from_csv: Path | None = None,
+                  resume: bool = False) -> int:
     """Run the simulation until SIGINT/SIGTERM; returns the process exit code.
 
     ``ConfigError`` from a bad ``--config`` propagates (the CLI owns that exit code); scenario, XML and option
     problems are printed to stderr and return ``EXIT_USAGE``; daemon start-up failures return their exit code.
     """
     out = out or sys.stdout
-    problem = _check_options(scenario, from_xml, speed, gpus)
+    problem = _check_options(scenario, from_xml, speed, gpus, from_csv)
     if problem:
         print(f"gpuwatchd sim: {problem}", file=sys.stderr)
         return EXIT_USAGE
     config = load_config(config_path, required=True) if config_path is not None else Config()
     try:
         scen = _load(scenario, gpus) if scenario is not None else None
+        if from_csv is not None:
+            scen = load_csv_scenario(from_csv)
     except ScenarioError as e:
         print(str(e), file=sys.stderr)
+        return EXIT_USAGE
+    except (CsvReplayError, InputFileError, OSError) as e:
+        print(f"gpuwatchd sim: --from-csv {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
         kernel_entries = load_kernel_log(kernel_log) if kernel_log is not None else []
     except KernelLogError as e:
         print(f"gpuwatchd sim: {e}", file=sys.stderr)
         return EXIT_USAGE
-    clock = ScaledClock(speed=speed)
+    # --resume: the scenario goes on where the last run with this --state-dir left it (sim/resume.py).
+    saved = load_sim_clock(state_dir) if resume and state_dir is not None else None
+    clock = ScaledClock(start=saved.now_for(speed) if saved else None, speed=speed)
     with tempfile.TemporaryDirectory(prefix="gpuwatchd-sim-") as tmp_name:
         tmp = Path(tmp_name)
         state_path = tmp / "state"
@@ -76,7 +88,8 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         ring = ReplayRing(tmp / "kmsg")
         player: Player | None = None
         if scen is not None:
-            player = Player(scen, state_path, clock, sysfs_root=tmp / "sysfs", kmsg=ring)
+            player = Player(scen, state_path, clock, sysfs_root=tmp / "sysfs", kmsg=ring,
+                            start=saved.start if saved else None)
             player.write_initial()
             title, expect = f"scenario {scen.name!r}", scen.description
         else:
@@ -109,6 +122,11 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         if daemon.state_dir is not None:
             write_manifest(daemon.state_dir, root=tmp / "sysfs", library_dir=libdir, state=state_path, url=daemon.url)
             print(f"  check it: gpuwatchd doctor --sim {daemon.state_dir}", file=out, flush=True)
+        clock_saver = None
+        if player is not None:
+            daemon.status_extra = functools.partial(_scenario_status, player)
+            if daemon.state_dir is not None:
+                clock_saver = asyncio.create_task(_save_clock(player, daemon.state_dir), name="sim clock")
         task = asyncio.create_task(player.run(), name="scenario player") if player is not None else None
         feeder = asyncio.create_task(feed_when_ready(ring, kernel_entries, lambda: daemon.store.latest is not None),
                                      name="kernel log replay")
@@ -120,7 +138,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-            for t in (task, feeder):
+            for t in (task, feeder, clock_saver):
                 if t is not None:
                     t.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -129,16 +147,30 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         return EXIT_OK if daemon.failure is None else DaemonError.exit_code
 
 
-def _check_options(scenario: str | None, from_xml: Path | None, speed: float, gpus: int | None) -> str | None:
-    if (scenario is None) == (from_xml is None):
-        return "give exactly one of --scenario NAME or --from-xml FILE"
+def _check_options(scenario: str | None, from_xml: Path | None, speed: float, gpus: int | None,
+                   from_csv: Path | None = None) -> str | None:
+    if sum(x is not None for x in (scenario, from_xml, from_csv)) != 1:
+        return "give exactly one of --scenario NAME, --from-xml FILE or --from-csv FILE"
     if not MIN_SPEED <= speed <= MAX_SPEED:  # also NaN
         return f"--speed {speed:g}: must be between {MIN_SPEED:g} and {MAX_SPEED:g}"
     if gpus is not None and not 0 <= gpus <= MAX_SIM_GPUS:
         return f"--gpus {gpus}: must be between 0 and {MAX_SIM_GPUS}"
-    if gpus is not None and from_xml is not None:
+    if gpus is not None and (from_xml is not None or from_csv is not None):
         return "--gpus applies to --scenario only (a capture has the GPUs it has)"
     return None
+
+
+def _scenario_status(player: Player) -> dict[str, Any]:
+    """The scenario clock for /api/v1/status."""
+    return {"scenario": scenario_clock(player.scenario.name, player.start, player.clock.now(), player.clock.speed)}
+
+
+async def _save_clock(player: Player, state_dir: Path) -> None:
+    """The scenario clock for ``--resume``, every wall second (sim/resume.py)."""
+    while True:
+        with contextlib.suppress(OSError):  # a full disk costs the resume point, not the simulation
+            save_sim_clock(state_dir, player.start, player.clock)  # type: ignore[arg-type]
+        await asyncio.sleep(1.0)
 
 
 def _load(name: str, gpus: int | None) -> Scenario:

@@ -55,6 +55,7 @@ from gpuwatchd.sim.scenario_fields import (
     parse_path,
     parse_quantity,
 )
+from gpuwatchd.sim.series_step import SeriesSpec
 from gpuwatchd.sim.standin_abi import MAX_SIM_GPUS
 
 __all__ = ["FieldPath", "Scenario", "ScenarioError", "Step", "check_field", "load_scenario", "load_scenario_file",
@@ -179,7 +180,7 @@ class ScenarioDoc(_Model):
 
 Action = Literal[
     "set", "ramp", "plateau", "wave", "add_process", "remove_process", "lose", "remove", "insert", "event", "xid",
-    "kmsg",
+    "kmsg", "series",
 ]
 ACTIONS: tuple[str, ...] = Action.__args__  # type: ignore[attr-defined]
 
@@ -203,6 +204,8 @@ class Step:
             return self.at + self.spec.over
         if isinstance(self.spec, PlateauSpec):
             return self.at + self.spec.warmup
+        if isinstance(self.spec, SeriesSpec):
+            return self.at + self.spec.span
         return self.at
 
 
@@ -271,7 +274,7 @@ def _step(i: int, raw: Any, schema: dict[str, Any]) -> Step:
         if isinstance(body, bool) or not isinstance(body, int) or body < 0:
             raise ValueError(f"{action}: expected a GPU slot number, got {body!r}")
         return base(gpu=body)
-    models: dict[str, type[_Model]] = {
+    models: dict[str, type[BaseModel]] = {
         "ramp": RampSpec,
         "plateau": PlateauSpec,
         "wave": WaveSpec,
@@ -280,13 +283,14 @@ def _step(i: int, raw: Any, schema: dict[str, Any]) -> Step:
         "insert": InsertSpec,
         "event": EventSpec,
         "xid": XidSpec,
+        "series": SeriesSpec,  # sim/series_step.py
     }
-    model = models[action]
+    model: type[BaseModel] = models[action]
     try:
         spec = model.model_validate(body)
     except ValidationError as e:
         raise ValueError("; ".join(f"{action}.{line}" for line in format_validation_error(e))) from None
-    if isinstance(spec, RampSpec | PlateauSpec | WaveSpec):
+    if isinstance(spec, RampSpec | PlateauSpec | WaveSpec | SeriesSpec):
         try:
             fp = parse_path(spec.path)
             check_field(fp, 0, schema, numeric=True)

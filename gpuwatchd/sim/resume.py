@@ -1,0 +1,51 @@
+"""``gpuwatchd sim --resume``: a simulation restarted with the same ``--state-dir`` goes on where it stopped.
+
+A daemon restarted in the middle of a job (upgrade, crash) is what the rule-history persistence is for; to test
+it end to end, the scenario must not start over when the daemon does. The sim saves its scenario clock (the
+scenario's start on the daemon's clock, the clock's reading and the wall time of that reading) to
+``<state_dir>/sim-clock.json`` every second; ``--resume`` reads it and starts the daemon's scaled clock where it
+would be had it kept running, with the scenario's start unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwatchd.runtime.clock import ScaledClock
+
+FILE_NAME = "sim-clock.json"
+
+
+@dataclass(frozen=True)
+class SimClock:
+    start: float  # the scenario's t=0 on the daemon's clock
+    now: float  # the daemon's clock when saved
+    wall: float  # time.time() when saved
+
+    def now_for(self, speed: float) -> float:
+        """The daemon's clock now, had it kept running at ``speed``."""
+        return self.now + max(0.0, time.time() - self.wall) * speed
+
+
+def save_sim_clock(state_dir: Path, start: float, clock: ScaledClock) -> None:
+    path = state_dir / FILE_NAME
+    tmp = path.with_name(FILE_NAME + ".tmp")
+    tmp.write_text(json.dumps({"start": start, "now": clock.now(), "wall": time.time()}))
+    os.replace(tmp, path)
+
+
+def load_sim_clock(state_dir: Path) -> SimClock | None:
+    """The saved clock, or None (first run, or a file that is not one: start the scenario afresh)."""
+    try:
+        doc = json.loads((state_dir / FILE_NAME).read_text())
+        values = [float(doc[k]) for k in ("start", "now", "wall")]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not all(math.isfinite(v) for v in values):
+        return None
+    return SimClock(*values)
