@@ -190,6 +190,9 @@ def scenario_from_log(log: CsvLog, source: str) -> Scenario:
             used = [v.get("memory.used", 0.0) for _, v in gpu.rows]
             gpu.total_mib = max([24564.0, *used])
         dev["memory"] = {"total": int(gpu.total_mib * MIB)}
+        # A log has no link state; the stand-in's default is an idle GPU's downshifted link, which under the log's
+        # load would read as a degraded link. A busy GPU trains its link to the maximum.
+        dev["pcie"] = {"gen": 4, "width": 16}
         devices[slot] = dev
         for column, (target, factor) in TARGETS.items():
             series = _per_second([(t, v.get(column)) for t, v in gpu.rows], log.start, seconds)

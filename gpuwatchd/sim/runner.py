@@ -150,7 +150,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
 def _check_options(scenario: str | None, from_xml: Path | None, speed: float, gpus: int | None,
                    from_csv: Path | None = None) -> str | None:
     if sum(x is not None for x in (scenario, from_xml, from_csv)) != 1:
-        return "give exactly one of --scenario NAME, --from-xml FILE or --from-csv FILE"
+        return "give exactly one of --scenario NAME or --from-xml FILE, or --from-csv FILE"
     if not MIN_SPEED <= speed <= MAX_SPEED:  # also NaN
         return f"--speed {speed:g}: must be between {MIN_SPEED:g} and {MAX_SPEED:g}"
     if gpus is not None and not 0 <= gpus <= MAX_SIM_GPUS:
