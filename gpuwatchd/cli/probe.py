@@ -17,8 +17,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from gpuwatchd.config.loader import Config
 from gpuwatchd.model import Snapshot, snapshot_from_dict
 from gpuwatchd.probes.verdict import fmt_measure
@@ -32,6 +30,8 @@ class NoDaemon(Exception):
 
 async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], timeout: float) -> dict[str, Any]:
     """POST the request; :class:`NoDaemon` when nothing listens (then the caller runs the probes itself)."""
+    import aiohttp  # here, not at the top: every CLI start imports this module
+
     t = aiohttp.ClientTimeout(total=timeout, connect=5.0)
     try:
         async with aiohttp.ClientSession(timeout=t) as session, session.post(

@@ -121,7 +121,11 @@ class ProbeService:
         if self.device == "cpu":
             return True, None  # sim: torch imports (find_spec) and the CPU device always exists
         argv = [self.python, "-m", "gpuwatchd.probes.worker", "--check", "--device", "cuda"]
-        run = await run_worker(argv, worker_env(self._env, None), CHECK_DEADLINE_S)
+        try:
+            run = await run_worker(argv, worker_env(self._env, None), CHECK_DEADLINE_S)
+        except OSError as e:
+            log.warning("probes: cannot start %s for the torch check: %s", self.python, e.strerror or e)
+            return False, "torch_not_installed" if self.cfg.python is not None else "check_failed"
         if run.outcome != "ok" or run.result is None or not isinstance(run.result.get("check"), dict):
             if self.cfg.python is not None and "No module named 'torch'" in run.detail:
                 return False, "torch_not_installed"
@@ -149,7 +153,11 @@ class ProbeService:
     async def run(self) -> None:
         """The daemon task: look at the schedule every TICK_S clock seconds, run what is due."""
         while True:
-            await self.step()
+            try:
+                await self.step()
+            except Exception:
+                # A probe problem must never take the daemon down (the task ending would stop it): log, go on.
+                log.exception("probe scheduling step failed; probes continue at the next tick")
             await self.clock.sleep(TICK_S)
 
     async def step(self) -> list[ProbeRecord]:
@@ -226,6 +234,8 @@ class ProbeService:
         watch = asyncio.ensure_future(self._watch(uuid, worker, cancel, why))
         try:
             run = await run_worker(argv, worker_env(self._env, uuid), self.cfg.deadline, cancel, started)
+        except OSError as e:
+            run = WorkerRun("crash", None, f"could not be started: {e.strerror or e}", 0.0, None, 0)
         finally:
             watch.cancel()
             self.own_pids.difference_update(worker)

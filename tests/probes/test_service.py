@@ -197,3 +197,13 @@ async def test_worker_crashes_fail_and_oom_is_a_skip(tmp_path: Path, crash: str,
     assert store.probes.runs[(UUID, "worker", result)] == 1
     (cond,) = conds
     assert cond.name == "GpuProbeFailed" and problem in cond.summary
+
+
+async def test_a_missing_probe_interpreter_is_torch_not_installed(tmp_path: Path) -> None:
+    from gpuwatchd.probes.service import ProbeService
+    from gpuwatchd.runtime.clock import ManualClock
+    from gpuwatchd.store import Store
+
+    svc = ProbeService(config(tmp_path, python=str(tmp_path / "no-such-python")), Store(), ManualClock(), None)
+    assert await svc.ensure_available() is False
+    assert svc.ledger.unavailable_reason == "torch_not_installed"
