@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from gpuwatchd.sim.worker import WORKER_MODULE as SIM_WORKER_MODULE
 
 from .conftest import Sink, start_sink
 
+# Wall seconds the daemon may take to get its first NVML result (a loaded 2-core machine starts Python slowly).
+READY_WALL_S = 120.0
 SERVICES = ("slack", "discord", "teams", "mattermost", "webhook")
 
 
@@ -95,6 +98,15 @@ async def play(name: str, tmp: Path, *, speed: float, tail: float) -> ScenarioRu
                     worker_module=SIM_WORKER_MODULE)
     seen: list[Seen] = []
     await daemon.start()
+    # The scenario starts once the worker has answered: on a loaded machine its start-up takes seconds of wall
+    # time, hundreds of scenario seconds at these speeds, and the events of that stretch would never be seen.
+    deadline = time.monotonic() + READY_WALL_S
+    while not daemon.ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the daemon had no NVML result {READY_WALL_S:g} wall seconds after start")
+        await asyncio.sleep(0.05)
+    player.start = clock.now()
+    player.write_initial()
     task = asyncio.create_task(player.run())
     try:
         end = scen.duration + tail
