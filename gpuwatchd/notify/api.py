@@ -76,20 +76,21 @@ class _RefusalLog:
 _refusals = _RefusalLog()
 
 
-def write_refusal(request: web.Request, api: ApiConfig) -> web.Response | None:
-    """The error answer if ``request`` may not change silences, else None."""
+def write_refusal(request: web.Request, api: ApiConfig, what: str = "silences") -> web.Response | None:
+    """The error answer if ``request`` may not change silences (or run ``what``: probes), else None."""
     if api.write_from_loopback_only and not _is_loopback(request.remote):
-        _refusals.warning("silences: refused a write from %s (not loopback)", request.remote)
+        _refusals.warning("%s: refused a write from %s (not loopback)", what, request.remote)
+        verb = "changed" if what == "silences" else "run"
         return _error(
             403,
-            "silences can be changed from this host only (notify.api.write_from_loopback_only)",
+            f"{what} can be {verb} from this host only (notify.api.write_from_loopback_only)",
             "remote",
         )
     if api.write_token is not None:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         expected = api.write_token.get_secret_value().encode()
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-            _refusals.warning("silences: refused a write from %s (missing or wrong token)", request.remote)
+            _refusals.warning("%s: refused a write from %s (missing or wrong token)", what, request.remote)
             resp = _error(401, "Authorization: expected Bearer <notify.api.write_token>", "Authorization")
             resp.headers["WWW-Authenticate"] = 'Bearer realm="gpuwatchd"'
             return resp

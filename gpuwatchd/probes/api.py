@@ -93,7 +93,7 @@ async def run_request(service: ProbeService, gpus: list[str], probes: list[str])
 
 def probe_routes(service: ProbeService, api: Callable[[], ApiConfig]) -> list[web.RouteDef]:
     async def post(request: web.Request) -> web.Response:
-        refused = write_refusal(request, api())
+        refused = write_refusal(request, api(), "probes")
         if refused is not None:
             return refused
         try:
