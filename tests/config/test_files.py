@@ -22,7 +22,7 @@ def test_reads_a_regular_utf8_file(tmp_path: Path) -> None:
         (os.mkfifo, "cannot read: not a regular file (a FIFO)"),
         (lambda p: p.symlink_to("/dev/zero"), "cannot read: not a regular file (a device)"),
         (lambda p: p.mkdir(), "cannot read: is a directory, not a file"),
-        (lambda p: p.write_bytes(b"x" * 2049), "file too large (2049 bytes; at most 2048 bytes)"),
+        (lambda p: p.write_bytes(b"x" * 2049), "file too large (2049 bytes; at most 2 KiB)"),
         (lambda p: p.write_bytes(b"ok\n\xc3\x28"), "not UTF-8 text (byte 0xc3 at offset 3)"),
         (lambda p: None, "file not found"),
     ],
