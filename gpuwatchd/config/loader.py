@@ -106,7 +106,7 @@ class HistoryConfig(Section):
 class Config(Section):
     """The whole file. Every key is optional."""
 
-    # HOST:PORT for /metrics, /healthz, /readyz and /api/v1/* (`[::]:9945` for IPv6); `run --listen` overrides it.
+    # HOST:PORT for /metrics, /healthz, /readyz and /api/v1/* (`[::]:9945`: IPv6 and IPv4); `run --listen` overrides it.
     # Changing it takes a restart.
     listen: str = DEFAULT_LISTEN
     # The `host` label on alerts and in messages.
