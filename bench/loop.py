@@ -4,7 +4,7 @@
 
 A real worker line is produced once per size by the NVML worker against the stand-in (8 GPUs x 32 processes and
 16 x 256, top_n = all processes, so every process crosses the pipe). Then, in this process, the production code:
-decode = ``json.loads`` + ``NvmlSupervisor.receive`` (the supervisor's intake: stamping, ``snapshot_from_dict``);
+decode = ``json.loads`` + ``SnapshotIntake.receive`` (the supervisor's intake: stamping, ``snapshot_from_dict``);
 encode = ``worker_protocol.encode_line`` of the worker's dict (the worker's side of the pipe); apply =
 ``Store.apply`` of consecutive snapshots 1 s apart (default 5 s step, 1 h retention), timed after a warm-up so
 every ring runs in its steady state. Each figure is the median of REPEATS timings, in ms per poll.
@@ -30,14 +30,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpuwatchd.config.loader import NvmlConfig, ProcessesConfig, SysfsConfig  # noqa: E402
 from gpuwatchd.model import Snapshot  # noqa: E402
 from gpuwatchd.runtime.clock import ManualClock  # noqa: E402
 from gpuwatchd.sim.build import build_standin  # noqa: E402
 from gpuwatchd.sim.standin_abi import STATE_ENV  # noqa: E402
 from gpuwatchd.sim.state import make_state, write_state  # noqa: E402
 from gpuwatchd.sim.worker import WORKER_MODULE  # noqa: E402
-from gpuwatchd.sources.supervisor import NvmlSupervisor  # noqa: E402
+from gpuwatchd.sources.intake import SnapshotIntake  # noqa: E402
 from gpuwatchd.sources.worker_protocol import encode_line  # noqa: E402
 from gpuwatchd.store import Store  # noqa: E402
 
@@ -84,9 +83,9 @@ def per_poll_ms(fn: Callable[[], None], n: int) -> float:
     return statistics.median(times)
 
 
-def intake() -> NvmlSupervisor:
-    """The daemon's snapshot intake (never started: no worker is spawned)."""
-    return NvmlSupervisor(NvmlConfig(), ProcessesConfig(), SysfsConfig(), clock=ManualClock(), on_snapshot=print)
+def intake() -> SnapshotIntake:
+    """The daemon's snapshot intake, as the supervisor holds it."""
+    return SnapshotIntake(ManualClock())
 
 
 def snapshots(line: str, n: int, t0: float) -> list[Snapshot]:

@@ -37,15 +37,16 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from gpuwatchd.config.loader import NvmlConfig, ProcessesConfig, SysfsConfig
-from gpuwatchd.model import LinkSample, LostGpu, Snapshot, snapshot_from_dict
+from gpuwatchd.model import LinkSample, Snapshot
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.sources import worker_process
 from gpuwatchd.sources.hang_log import HangEpisode, HangLog
+from gpuwatchd.sources.hang_retry import retry_worker
 from gpuwatchd.sources.hotplug import SysfsWatch
+from gpuwatchd.sources.intake import SnapshotIntake
 from gpuwatchd.sources.stderr_relay import StderrRelay
 from gpuwatchd.sources.worker_protocol import (
     EXIT_REENUMERATE,
@@ -123,7 +124,7 @@ class NvmlSupervisor:
         self._proc: asyncio.subprocess.Process | None = None
         self._restart_reason: str | None = None
         self._wake: asyncio.Event | None = None
-        self._known: dict[int, tuple[str, str | None]] = {}  # index -> (uuid, bus id) from the last snapshot
+        self.intake = SnapshotIntake(clock)
         self.hang_log = HangLog()
         self._stopping = False
         self._failing: str | None = None  # the reason of the failure episode logged at WARNING (not hangs)
@@ -231,38 +232,14 @@ class NvmlSupervisor:
                     proc.stdin.write(encode_line({RELEASE: back}).encode())
 
     async def _retry(self, hung: dict[int, str | None]) -> list[int]:
-        """One retry worker opening only the ``hung`` GPUs, killed after its snapshot or its deadline; the indices
-        it found answering (with the UUID they had)."""
         hang_after = self._hang_after()
-        opts: dict[str, Any] = {"interval": 0.0, "max_polls": 1, "top_n": 0, "only": sorted(hung),
-                                "hang_after": hang_after, "stall_after": min(STALL_AFTER_SECONDS, hang_after)}
+        opts: dict[str, Any] = {"hang_after": hang_after, "stall_after": min(STALL_AFTER_SECONDS, hang_after)}
         lib = worker_process.library_file(self.nvml.library_path)
         if lib is not None:
             opts["library_path"] = str(lib)
-        argv = [self.python, "-m", self.worker_module, json.dumps(opts)]
-        try:
-            proc = await worker_process.spawn(argv, worker_process.child_env(self.env, self.nvml.library_path),
-                                              quiet=True)
-        except OSError:
-            return []
-        assert proc.stdout is not None
-        try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + STARTUP_TIMEOUT_SECONDS
-            while True:
-                line = await asyncio.wait_for(proc.stdout.readline(), max(0.0, deadline - loop.time()))
-                if not line:
-                    return []
-                msg = json.loads(line)
-                if HELLO in msg:
-                    deadline = loop.time() + hang_after
-                    continue
-                return [g["index"] for g in msg.get("gpus") or ()
-                        if g.get("index") in hung and hung[g["index"]] in (None, g.get("uuid"))]
-        except (asyncio.TimeoutError, ValueError, TypeError, AttributeError, KeyError):
-            return []
-        finally:
-            await worker_process.terminate(proc, self.nvml.kill_grace)
+        return await retry_worker([self.python, "-m", self.worker_module], opts,
+                                  worker_process.child_env(self.env, self.nvml.library_path), hung,
+                                  start_timeout=STARTUP_TIMEOUT_SECONDS, kill_grace=self.nvml.kill_grace)
 
     def _worker_options(self, progress_fd: int) -> str:
         hang_after = self._hang_after()
@@ -393,7 +370,7 @@ class NvmlSupervisor:
         index = decode_progress(os.pread(progress, PROGRESS_BYTES, 0))
         where = " (outside GPU calls)" if waited != "start" else ""
         if index != NOT_IN_A_GPU_CALL:
-            uuid = self._known.get(index, (None, None))[0]
+            uuid = self.intake.known.get(index, (None, None))[0]
             where = f" (in a call on GPU {index}{' ' + uuid if uuid else ''})"
         self._stale(f"timeout: no {waited} from the NVML worker within its deadline{where}", "timeout")
 
@@ -420,29 +397,8 @@ class NvmlSupervisor:
             self._failures = 0
 
     def receive(self, msg: dict[str, Any]) -> Snapshot:
-        """The intake of one decoded snapshot line: stamped with the daemon's clock, GPUs lost at enumeration
-        named from what earlier workers saw (``msg`` is consumed)."""
-        msg.pop("calls", None)
-        msg["timestamp"] = self.clock.now()
-        # Xid events drained by this poll are stamped on the daemon's clock too: the worker's wall time is not the
-        # rules' time under `sim --speed` (the Xid rule would count them stale), and they are at most a poll old.
-        for ev in msg.get("xid_events") or ():
-            ev["timestamp"] = msg["timestamp"]
-        snap = snapshot_from_dict(msg)
-        if snap.lost and any(lost.uuid is None for lost in snap.lost):
-            snap = replace(snap, lost=tuple(self._identify(lost) for lost in snap.lost))
+        """One decoded snapshot line through the intake (``msg`` is consumed); its GPUs' links are watched."""
+        snap = self.intake.receive(msg)
         if snap.nvml_ok:
-            # Merge, not replace: a GPU lost at enumeration keeps the identity its index had before.
-            for g in snap.gpus:
-                self._known[g.index] = (g.uuid, g.pci_bus_id)
             self._sysfs.bus_ids = [g.pci_bus_id for g in snap.gpus if g.pci_bus_id]
         return snap
-
-    def _identify(self, lost: LostGpu) -> LostGpu:
-        """A GPU lost at enumeration answers nothing, not even its UUID: name it from what the last worker saw."""
-        if lost.uuid is not None:
-            return lost
-        known = self._known.get(lost.index)
-        if known is None or (lost.pci_bus_id is not None and known[1] != lost.pci_bus_id):
-            return lost
-        return replace(lost, uuid=known[0], pci_bus_id=known[1])

@@ -39,10 +39,10 @@ from gpuwatchd.sim.pci_tree import mirror_sysfs, sysfs_files
 from gpuwatchd.sim.player import SCENARIO_EPOCH, state_at
 from gpuwatchd.sim.scenario import load_scenario
 from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
+from gpuwatchd.sources.intake import SnapshotIntake
 from gpuwatchd.sources.kernel_log import KernelLogIngest
 from gpuwatchd.sources.kernel_log_task import sysfs_topology
 from gpuwatchd.sources.kmsg_parse import KmsgRecord
-from gpuwatchd.sources.supervisor import NvmlSupervisor
 from gpuwatchd.sources.thunderbolt import read_docks
 from gpuwatchd.store import Store
 
@@ -110,8 +110,8 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
     config = sim_config(sinks, tmp / "state-dir", tmp)
     store = Store(retention_seconds=config.history.retention, step_seconds=config.history.step)
     engine = RulesEngine(config.rules, host=config.host)
-    # Only its snapshot intake is used (stamping, naming GPUs lost at enumeration); it never spawns a worker here.
-    intake = NvmlSupervisor(config.nvml, config.processes, config.sysfs, clock=clock, on_snapshot=store.apply)
+    # The supervisor's snapshot intake (stamping, naming GPUs lost at enumeration); no worker is spawned here.
+    intake = SnapshotIntake(clock)
     dispatcher = Dispatcher(config.notify, state_dir=tmp / "state-dir", clock=clock, host=config.host)
     kernel_log = KernelLogIngest(store, topology=sysfs_topology(tmp / "sysfs"),
                                  dedup_window=config.kernel_log.dedup_window)
