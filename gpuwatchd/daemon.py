@@ -184,7 +184,8 @@ class Daemon:
         self._spawn(watch_docks(lambda: self.config, self.clock, self.store.set_docks), "thunderbolt watch")
         if cfg.kernel_log.enabled:
             self.kernel_log = KernelLogTask(cfg.kernel_log, self.store, clock=self.clock, state_dir=self.state_dir,
-                                            sysfs_root=cfg.sysfs.root, on_event=self._wakeup.set)
+                                            sysfs_root=cfg.sysfs.root, on_event=self._wakeup.set,
+                                            backlog_horizon=cfg.rules.xid.resolve_after)
             self._spawn(self.kernel_log.run(), "kernel log")
         self._spawn(self._evaluate_loop(), "rules evaluation")
         self._spawn(self.history.run(), "rule history")

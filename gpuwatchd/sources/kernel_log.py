@@ -46,14 +46,20 @@ class KernelLogIngest:
 
     # -- records --------------------------------------------------------------------------------------------------
 
-    def apply(self, record: kp.KmsgRecord, t: float) -> None:
-        """One record read at ``t`` (daemon clock: when the kernel logged it, as near as the reader can tell)."""
+    def apply(self, record: kp.KmsgRecord, t: float, *, history: bool = False) -> None:
+        """One record read at ``t`` (daemon clock: when the kernel logged it, as near as the reader can tell).
+
+        ``history``: a record from before the daemon watched this boot (kmsg_reader.py): it teaches addresses and
+        versions, but its Xids, falls and AER errors are not counted as new events.
+        """
         self.stats.last_seq = record.seq
         for line in record.message.split("\n"):
             if not line.strip():
                 continue
             event = kp.classify(line)
             self.stats.lines[kp.kind_of(event)] += 1
+            if history and isinstance(event, kp.Xid | kp.FallenOffBus | kp.AerError):
+                continue
             if event is not None:
                 self._event(event, line.strip(), t)
                 if self._on_change is not None:

@@ -36,13 +36,14 @@ class KernelLogTask:
     """Owns the ingest (what records mean) and the reader (where they come from) for one daemon run."""
 
     def __init__(self, config: KernelLogConfig, store: Store, *, clock: Clock, state_dir: Path, sysfs_root: Path,
-                 on_event: Callable[[], None]) -> None:
+                 on_event: Callable[[], None], backlog_horizon: float | None = None) -> None:
         # on_event wakes the rules after each record, so a fall off the bus raises GpuLost without waiting for the
         # next NVML poll.
         self.ingest = KernelLogIngest(store, topology=sysfs_topology(sysfs_root), dedup_window=config.dedup_window,
                                       on_change=on_event)
         store.kernel_log = self.ingest.stats
-        self.reader = KmsgReader(config.path, self.ingest, clock=clock, state_file=config.state_path(state_dir))
+        self.reader = KmsgReader(config.path, self.ingest, clock=clock, state_file=config.state_path(state_dir),
+                                 backlog_horizon=backlog_horizon)
 
     async def run(self) -> None:
         await self.reader.run()

@@ -113,8 +113,16 @@ def _boot_id() -> str:
 class KmsgReader:
     """Reads ``path`` until stopped; see the module docstring."""
 
-    def __init__(self, path: Path, ingest: KernelLogIngest, *, clock: Clock, state_file: Path | None) -> None:
+    def __init__(self, path: Path, ingest: KernelLogIngest, *, clock: Clock, state_file: Path | None,
+                 backlog_horizon: float | None = None) -> None:
         self.path = path
+        # First read of a boot's ring (no saved position for it: a new install, a lost state file): records older
+        # than this many seconds happened before anyone watched. Counting them as new Xids would make every
+        # counter series born at once, which the shipped Prometheus rule reads as a new Xid (docs/kernel-log.md);
+        # the daemon's own Xid rule ignores events older than rules.xid.resolve_after, which is what the daemon
+        # passes here, so both agree on what is news.
+        self.backlog_horizon = backlog_horizon
+        self._history_skipped = 0
         self.ingest = ingest
         self.clock = clock
         self.state_file = state_file
@@ -122,6 +130,7 @@ class KmsgReader:
         self._fd: int | None = None
         self._live = False  # a character device: record times come from the kernel's monotonic stamps
         self._event_driven = False  # a character device or FIFO: add_reader; a regular file: followed
+        self._fresh_boot = True  # no saved position for this boot: the ring's backlog is history
         self._save_timer: asyncio.TimerHandle | None = None
         self._boot = ""
         self._skip_through: int | None = None  # saved seq: records up to it were applied before a restart
@@ -175,7 +184,8 @@ class KmsgReader:
         self._event_driven = stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
         st = os.fstat(fd)
         self._boot = _boot_id() if self._live else f"file:{st.st_dev}:{st.st_ino}"
-        if saved.get("boot_id") == self._boot and saved.get("seq") is not None:
+        self._fresh_boot = not (saved.get("boot_id") == self._boot and saved.get("seq") is not None)
+        if not self._fresh_boot:
             self._skip_through = saved["seq"]
             self._expect = saved["seq"] + 1
         stats = self.ingest.stats
@@ -244,7 +254,16 @@ class KmsgReader:
             log.warning("kernel log: %d record(s) overwritten before they were read (ring buffer wrapped)", lost)
         self._expect = rec.seq + 1
         self._skip_through = None
-        self.ingest.apply(rec, self._stamp(rec.usec))
+        t = self._stamp(rec.usec)
+        history = (self._fresh_boot and self._live and self.backlog_horizon is not None
+                   and t < self.clock.now() - self.backlog_horizon)
+        if history:
+            self._history_skipped += 1
+        elif self._history_skipped:
+            log.info("kernel log: %d record(s) from before the daemon watched this boot read for GPU addresses only",
+                     self._history_skipped)
+            self._history_skipped = 0
+        self.ingest.apply(rec, t, history=history)
         self._dirty = True
 
     def _stamp(self, usec: int) -> float:

@@ -226,3 +226,40 @@ def test_real_dev_kmsg_when_readable(tmp_path: Path) -> None:
             "/proc/sys/kernel/random/boot_id").read_text().strip()
 
     asyncio.run(main())
+
+
+def test_first_read_of_a_boot_counts_only_recent_xids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The live ring (a character device: here a FIFO taken for one) read for the first time this boot: an Xid
+    # from ten minutes ago (past the horizon) teaches nothing new; one from a second ago is counted. Addresses are
+    # learnt from both.
+    import time
+
+    fifo = tmp_path / "kmsg.fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(kmsg_reader.stat, "S_ISCHR", lambda mode: True)
+    now_us = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+    old_us = max(0, now_us - 600 * 1_000_000)
+    records = (format_record(1, old_us, "NVRM: GPU at PCI:0000:3b:00: GPU-01d01d00-0000-4000-8000-000000000001")
+               + format_record(2, old_us, "NVRM: Xid (PCI:0000:06:00): 48, pid='<unknown>', name=<unknown>, DBE")
+               + format_record(3, now_us - 1_000_000, "NVRM: Xid (PCI:0000:06:00): 13, pid=7, name=python3, x"))
+
+    async def main() -> None:
+        store, ingest, reader = make(tmp_path, fifo)
+        reader.backlog_horizon = 60.0
+        wfd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+        try:
+            async def body() -> None:
+                await until(lambda: ingest.stats.up)
+                os.write(wfd, records)
+                await until(lambda: ingest.stats.last_seq == 3)
+
+            await running(reader, body)
+        finally:
+            os.close(wfd)
+        if old_us == 0:
+            pytest.skip("this host booted less than ten minutes ago: no record can be that old")
+        assert store.xid_counts == {(UUID, 13): 1}
+        assert ingest.addresses["00000000:3B:00.0"] == "GPU-01d01d00-0000-4000-8000-000000000001"
+        assert ingest.stats.lines["xid"] == 2  # both lines were read
+
+    asyncio.run(main())
