@@ -39,8 +39,9 @@ def alerts(n: int) -> list[Alert]:
     ]
 
 
-async def main(state_dir: Path, url: str, n: int) -> None:
-    config = NotifyConfig.model_validate(
+def child_config(url: str) -> NotifyConfig:
+    """One webhook receiver at ``url``, a group per GPU, no wait, fast retries (also used by store/disk_child.py)."""
+    return NotifyConfig.model_validate(
         {
             "receivers": [{"name": "sink", "type": "webhook", "url": url, "rate_limit_per_minute": 6000}],
             "group_wait": "0s",
@@ -49,7 +50,10 @@ async def main(state_dir: Path, url: str, n: int) -> None:
             "retry_max": "0.2s",
         }
     )
-    d = Dispatcher(config, state_dir=state_dir, clock=RealClock(), host="h")
+
+
+async def main(state_dir: Path, url: str, n: int) -> None:
+    d = Dispatcher(child_config(url), state_dir=state_dir, clock=RealClock(), host="h")
     await d.start()
     print("ready", flush=True)
     batch = alerts(n)

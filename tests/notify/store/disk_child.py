@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from gpuwatchd.model import Alert
-from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.runtime.clock import RealClock
+from tests.notify.durability_child import child_config
 
 FIRED_AT = 1_700_000_000.0
 BULK = "x" * 3000  # a few KiB per notification, so a 1 MiB file system fills in a few dozen
@@ -38,16 +38,7 @@ def alerts(n: int) -> list[Alert]:
 
 
 async def main(state_dir: Path, url: str) -> None:
-    config = NotifyConfig.model_validate(
-        {
-            "receivers": [{"name": "sink", "type": "webhook", "url": url, "rate_limit_per_minute": 6000}],
-            "group_wait": "0s",
-            "group_by": ["uuid"],
-            "retry_initial": "0.05s",
-            "retry_max": "0.2s",
-        }
-    )
-    d = Dispatcher(config, state_dir=state_dir, clock=RealClock(), host="h")
+    d = Dispatcher(child_config(url), state_dir=state_dir, clock=RealClock(), host="h")
     await d.start()
     print("ready", flush=True)
     current: list[Alert] = []

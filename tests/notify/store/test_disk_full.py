@@ -61,6 +61,11 @@ class Child:
     async def stats(self) -> dict[str, Any]:
         return json.loads(await self.ask("stats"))  # type: ignore[no-any-return]
 
+    async def stored_alerts(self, n: int) -> None:
+        """GPUs 0..n-1 firing, their notifications queued and on disk."""
+        assert await self.ask(f"alerts {n}") == "ok"
+        await self.until(f"{n} stored", lambda s: s["depth"] == n and s["held"] == 0)
+
     async def until(self, what: str, cond: Any) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WAIT
@@ -135,8 +140,7 @@ async def fill_until_held(c: Child, mnt: Path, first: int) -> tuple[int, dict[st
 async def test_full_disk_then_space_then_receiver_everything_delivered_once(sink: Sink, small_fs: Path) -> None:
     receiver = Receiver(sink)
     async with child(small_fs / "state", sink.url) as c:
-        assert await c.ask("alerts 5") == "ok"
-        await c.until("5 stored", lambda s: s["depth"] == 5 and s["held"] == 0)
+        await c.stored_alerts(5)
         n, s = await fill_until_held(c, small_fs, 5)
         assert not s["writable"] and s["failures"] > 0
         (small_fs / "filler").unlink()
@@ -153,8 +157,7 @@ async def test_sigkill_while_full_loses_at_most_the_unpersisted_gauge(sink: Sink
     receiver = Receiver(sink)
     state = small_fs / "state"
     async with child(state, sink.url) as c:
-        assert await c.ask("alerts 5") == "ok"
-        await c.until("5 stored", lambda s: s["depth"] == 5 and s["held"] == 0)
+        await c.stored_alerts(5)
         n, s = await fill_until_held(c, small_fs, 5)
         c.proc.send_signal(signal.SIGKILL)
         await c.proc.wait()
@@ -178,8 +181,7 @@ async def test_a_start_on_a_full_disk_runs_and_takes_the_file_in_once_space_retu
     receiver = Receiver(sink)
     state = small_fs / "state"
     async with child(state, sink.url) as c:
-        assert await c.ask("alerts 5") == "ok"
-        await c.until("5 stored", lambda s: s["depth"] == 5 and s["held"] == 0)
+        await c.stored_alerts(5)
         c.proc.send_signal(signal.SIGKILL)
         await c.proc.wait()
     # As a clean stop leaves it: the WAL checkpointed and removed, so the next open needs room to create it again.
