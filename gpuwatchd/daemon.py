@@ -23,10 +23,12 @@ from prometheus_client import CollectorRegistry
 
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import Config, ConfigError, load_config, parse_listen
+from gpuwatchd.exporter.auth import BasicAuth
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.exporter.http import make_app
 from gpuwatchd.exporter.server import start_server
 from gpuwatchd.exporter.status import status_from_store
+from gpuwatchd.exporter.webconfig import WebConfigError, load_web_config
 from gpuwatchd.model import Alert, Snapshot, SourceStatus
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.probes.api import probe_routes
@@ -82,6 +84,7 @@ class Daemon:
         env: Mapping[str, str] | None = None,
         worker_module: str = WORKER_MODULE,
         probe_sim: SimProbes | None = None,
+        web_config_file: Path | None = None,
     ) -> None:
         self.config = config
         self._worker_module = worker_module  # gpuwatchd.sim.worker under the simulator
@@ -91,6 +94,9 @@ class Daemon:
         self._worker_env = worker_env
         self._listen = listen or config.listen
         parse_listen(self._listen)  # a bad --listen fails here, before anything starts
+        # TLS and basic auth (exporter/webconfig.py); --web.config.file overrides the config key, like --listen.
+        self._web_config_file = web_config_file or config.web_config_file
+        self._tls = False
         self.sd = notifier or SdNotifier(self._env)
         self.store = Store(retention_seconds=config.history.retention, step_seconds=config.history.step)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -125,7 +131,7 @@ class Daemon:
     def url(self) -> str:
         """Base URL of the bound HTTP server (loopback when listening on all interfaces)."""
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)  # noqa: S104
-        return f"http://{_display_host(host)}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{_display_host(host)}:{self.port}"
 
     @property
     def supervisor(self) -> NvmlSupervisor:
@@ -204,9 +210,27 @@ class Daemon:
             extra_routes=[*self.dispatcher.routes(lambda: self.alerts), *self._probe_routes()],
             cache_key=self._metrics_cache_key,
         )
+        tls, middlewares = None, []
+        if self._web_config_file is not None:
+            try:
+                web_config = load_web_config(self._web_config_file)
+                tls = web_config.ssl_context()
+            except WebConfigError as e:
+                raise DaemonError(f"web config {self._web_config_file}: {e}") from None
+            if web_config.basic_auth_users:
+                auth = BasicAuth(web_config.basic_auth_users)
+                middlewares.append(auth.middleware())
+
+                async def close_auth(_: web.Application) -> None:
+                    auth.close()
+
+                app.on_cleanup.append(close_auth)
+        self._tls = tls is not None
         # Connection cap and timeouts, dual-stack [::], malformed requests as rate-limited debug lines.
         try:
-            server = await start_server(app, host, port, self.config.http, self.registry)
+            server = await start_server(
+                app, host, port, self.config.http, self.registry, tls=tls, middlewares=middlewares
+            )
         except OSError as e:
             raise listen_error(e, host, port) from None
         self._runner = server.runner
@@ -479,6 +503,8 @@ class Daemon:
         restart = [k for k in ("state_dir", "history", "kernel_log") if getattr(new, k) != getattr(old, k)]
         if new.listen != old.listen and self._listen == old.listen:
             restart.append("listen")
+        if new.web_config_file != old.web_config_file and self._web_config_file == old.web_config_file:
+            restart.append("web_config_file")
         return restart
 
     def _replace_engine(self, engine: RulesEngine) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tls_files import TlsFiles, make_tls_files
 
 from gpuwatchd.sim.build import build_standin
 from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
@@ -35,3 +36,9 @@ def write_sim_state(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
         return path
 
     return write
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> TlsFiles:
+    """A self-signed certificate and key for 127.0.0.1 in ``tmp_path`` (the certificate is its own CA)."""
+    return make_tls_files(tmp_path)

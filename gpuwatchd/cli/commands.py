@@ -55,6 +55,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help=f"YAML config file (default: {DEFAULT_CONFIG_PATH} if it exists, else built-in defaults)",
     )
     run.add_argument("--listen", metavar="HOST:PORT", help="override the config's listen address")
+    _add_web_config_arg(run)
 
     check = sub.add_parser("check-config", help="validate a config file and exit (0 valid, 1 invalid, 2 missing)")
     check.add_argument("file", type=Path)
@@ -89,6 +90,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--speed", type=float, default=1.0, help="run scenario time this many times faster (default 1)")
     sim.add_argument("--listen", metavar="HOST:PORT", help="listen address (default: the config's)")
     sim.add_argument("--config", type=Path, help="YAML config file (default: built-in defaults)")
+    _add_web_config_arg(sim)
     sim.add_argument("--state-dir", type=Path, help="where the simulated daemon keeps state (default: a temp dir)")
     sim.add_argument("--resume", action="store_true",
                      help="with --state-dir: go on with the scenario where the last run there stopped")
@@ -96,6 +98,29 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_doctor(sub)
     return p
+
+
+def _add_web_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--web.config.file", dest="web_config_file", type=Path, metavar="FILE",
+                   help="TLS and basic auth for the endpoints, in the Prometheus exporter-toolkit web config format "
+                   "(docs/security.md); overrides the config's web_config_file")
+
+
+def _check_web_config(path: Path | None) -> int | None:
+    """None when ``path`` is unset or a usable web config file; else print why and return the exit code."""
+    if path is None:
+        return None
+    from gpuwatchd.exporter.webconfig import WebConfigError, load_web_config
+
+    if missing(path):
+        _err(f"--web.config.file {shown_path(path)}: file not found")
+        return EXIT_USAGE
+    try:
+        load_web_config(path)
+    except WebConfigError as e:
+        _err(f"--web.config.file {shown_path(path)}: {e}")
+        return EXIT_CONFIG_INVALID
+    return None
 
 
 def _setup_logging(level: str) -> None:
@@ -130,12 +155,15 @@ def cmd_check_config(path: Path) -> int:
     return EXIT_OK
 
 
-def cmd_run(config_path: Path | None, listen: str | None) -> int:
+def cmd_run(config_path: Path | None, listen: str | None, web_config_file: Path | None = None) -> int:
     from gpuwatchd.daemon import Daemon, DaemonError
 
     cfg = _load(config_path)
     if isinstance(cfg, int):
         return cfg
+    bad_web_config = _check_web_config(web_config_file)
+    if bad_web_config is not None:
+        return bad_web_config
     if config_path is None and not DEFAULT_CONFIG_PATH.exists():
         log.info("no config file at %s; using built-in defaults", DEFAULT_CONFIG_PATH)
     if listen is not None:
@@ -144,7 +172,7 @@ def cmd_run(config_path: Path | None, listen: str | None) -> int:
         except ValueError as e:
             _err(f"--listen: {e}")
             return EXIT_USAGE
-    daemon = Daemon(cfg, config_path=config_path, listen=listen)
+    daemon = Daemon(cfg, config_path=config_path, listen=listen, web_config_file=web_config_file)
     try:
         return asyncio.run(daemon.serve())
     except DaemonError as e:
@@ -201,6 +229,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
         except ValueError as e:
             _err(f"--listen: {e}")
             return EXIT_USAGE
+    bad_web_config = _check_web_config(args.web_config_file)
+    if bad_web_config is not None:
+        return bad_web_config
     scenario = args.scenario if args.scenario or args.from_xml or args.from_csv else "idle"
     is_file = scenario is not None and (scenario.endswith((".yml", ".yaml")) or not missing(scenario))
     if scenario is not None and scenario not in scenarios and not is_file:
@@ -219,6 +250,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
                 listen=args.listen,
                 config_path=args.config,
                 state_dir=args.state_dir,
+                web_config_file=args.web_config_file,
             )
         )
     except ConfigError as e:
@@ -251,7 +283,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "check-config":
         return cmd_check_config(args.file)
     if args.command == "run":
-        return cmd_run(args.config, args.listen)
+        return cmd_run(args.config, args.listen, args.web_config_file)
     if args.command == "status":
         return cmd_status(args.url, args.config, args.json, args.timeout)
     if args.command == "doctor":

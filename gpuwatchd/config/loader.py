@@ -123,11 +123,27 @@ class Config(Section):
     kernel_log: KernelLogConfig = KernelLogConfig()
     probes: ProbesConfig = ProbesConfig()
     http: HttpConfig = HttpConfig()
+    # TLS and basic auth for every endpoint: a web config file in the Prometheus exporter-toolkit format (the one
+    # node_exporter reads with --web.config.file; docs/security.md). Unset: plain HTTP, no auth. `run
+    # --web.config.file` overrides it. Read at start; changing it or the files it names takes a restart.
+    web_config_file: SafePath | None = None
 
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
         parse_listen(v)
+        return v
+
+    @field_validator("web_config_file")
+    @classmethod
+    def _web_config(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            from gpuwatchd.exporter.webconfig import WebConfigError, load_web_config
+
+            try:
+                load_web_config(v)
+            except WebConfigError as e:
+                raise ValueError(f"{shown_path(v)}: {e}") from None
         return v
 
     @field_validator("host")

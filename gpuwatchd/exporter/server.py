@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
+import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 
 from gpuwatchd.exporter.config import HttpConfig
@@ -68,11 +71,14 @@ def _bind(family: int, addr: tuple[object, ...], *, dual_stack: bool = False) ->
 class GuardedSite(web.SockSite):
     """aiohttp's ``SockSite`` whose connections go through a :class:`ConnectionGuard`."""
 
-    __slots__ = ("_guard",)
+    __slots__ = ("_guard", "_tls")
 
-    def __init__(self, runner: web.BaseRunner, sock: socket.socket, guard: ConnectionGuard) -> None:
+    def __init__(
+        self, runner: web.BaseRunner, sock: socket.socket, guard: ConnectionGuard, tls: ssl.SSLContext | None = None
+    ) -> None:
         super().__init__(runner, sock, backlog=BACKLOG)
         self._guard = guard
+        self._tls = tls  # the web config's TLS (exporter/webconfig.py); None is plain HTTP
 
     async def start(self) -> None:
         # SockSite.start with the guard around the protocol factory; BaseSite.start registers us with the runner,
@@ -81,7 +87,7 @@ class GuardedSite(web.SockSite):
         server = self._runner.server
         assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
-            self._guard.protocol_factory(server), sock=self._sock, backlog=self._backlog
+            self._guard.protocol_factory(server), sock=self._sock, backlog=self._backlog, ssl=self._tls
         )
 
 
@@ -94,15 +100,25 @@ class HttpServer:
 
 
 async def start_server(
-    app: web.Application, host: str, port: int, config: HttpConfig, registry: CollectorRegistry | None = None
+    app: web.Application,
+    host: str,
+    port: int,
+    config: HttpConfig,
+    registry: CollectorRegistry | None = None,
+    *,
+    tls: ssl.SSLContext | None = None,
+    middlewares: Sequence[Middleware] = (),
 ) -> HttpServer:
     """Serve ``app`` on ``host:port`` with the limits of ``config``; their metrics go to ``registry``.
+
+    ``tls`` serves HTTPS only; ``middlewares`` run inside the connection guard (basic auth: ``exporter/auth.py``).
 
     Raises OSError when a socket cannot be bound (nothing is left running then).
     """
     guard = ConnectionGuard(config)
     request_log = RequestLogger()
     app.middlewares.append(guard.middleware())
+    app.middlewares.extend(middlewares)
 
     async def stop_guard(_: web.Application) -> None:
         guard.close()
@@ -120,7 +136,7 @@ async def start_server(
     try:
         socks = listen_sockets(host, port)
         for sock in socks:
-            await GuardedSite(runner, sock, guard).start()
+            await GuardedSite(runner, sock, guard, tls).start()
     except BaseException:
         await runner.cleanup()
         raise

@@ -50,6 +50,7 @@ def list_scenarios() -> list[tuple[str, str]]:
 
 async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | None, speed: float,
                   listen: str | None, config_path: Path | None, state_dir: Path | None,
+                  web_config_file: Path | None = None,
                   out: TextIO | None = None, kernel_log: Path | None = None, from_csv: Path | None = None,
                   resume: bool = False) -> int:
     """Run the simulation until SIGINT/SIGTERM; returns the process exit code.
@@ -112,7 +113,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         config = config.model_copy(update={"kernel_log": config.kernel_log.model_copy(update={"path": ring.path})})
         daemon = Daemon(config, config_path=config_path, clock=clock, listen=listen,
                         worker_env={**os.environ, STATE_ENV: str(state_path)}, worker_module=SIM_WORKER_MODULE,
-                        probe_sim=SimProbes(state_path))
+                        probe_sim=SimProbes(state_path), web_config_file=web_config_file)
         try:
             await daemon.start()
         except DaemonError as e:
