@@ -8,7 +8,6 @@ mark the row delivered (with the notification log, atomically), schedule a retry
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -23,6 +22,7 @@ from gpuwatchd.notify.redaction import describe_error, redact, secret_fragments
 from gpuwatchd.notify.retry import TokenBucket, Verdict, backoff, classify_status
 from gpuwatchd.notify.store import Outbox, OutboxRow
 from gpuwatchd.runtime.clock import Clock
+from gpuwatchd.runtime.waits import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,7 @@ async def nap(clock: Clock, until: float, wake: asyncio.Event) -> None:
     if real <= 0:
         await asyncio.sleep(0)
         return
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(wake.wait(), timeout=min(real, MAX_NAP_SECONDS))
+    await wait_event(wake, min(real, MAX_NAP_SECONDS))
     wake.clear()
 
 
