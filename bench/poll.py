@@ -71,7 +71,9 @@ def device_calls(h):
          (N.nvmlDeviceGetPerformanceState, (h,)), (N.nvmlDeviceGetTemperatureV, (h, 0))]
     c += [(N.nvmlDeviceGetTemperatureThreshold, (h, t)) for t in (1, 0, 3, 2)]
     c += [(fans, (h,)), (N.nvmlDeviceGetPowerUsage, (h,)), (N.nvmlDeviceGetEnforcedPowerLimit, (h,)),
-          (N.nvmlDeviceGetPowerManagementLimitConstraints, (h,)), (N.nvmlDeviceGetTotalEnergyConsumption, (h,))]
+          (N.nvmlDeviceGetPowerManagementLimitConstraints, (h,)), (N.nvmlDeviceGetPowerManagementDefaultLimit, (h,)),
+          (N.nvmlDeviceGetEncoderUtilization, (h,)), (N.nvmlDeviceGetDecoderUtilization, (h,)),
+          (N.nvmlDeviceGetTotalEnergyConsumption, (h,))]
     for k in CLK:
         c += [(N.nvmlDeviceGetClockInfo, (h, k)), (N.nvmlDeviceGetMaxClockInfo, (h, k))]
     c += [(N.nvmlDeviceGetCurrentClocksEventReasons, (h,)), (N.nvmlDeviceGetSupportedClocksEventReasons, (h,))]
@@ -130,6 +132,8 @@ def bench_state(gpus: int, procs: int) -> dict[str, Any]:
                          "user": "alice", "host_rss": 1 << 30} for i in range(procs)],
             "graphics": [],
         }
+        # the media engines and the default limit are read too (a board that has them)
+        dev.update(encoder_utilization=10 + g, decoder_utilization=20 + g, power_default_limit_mw=300000)
     return state
 
 

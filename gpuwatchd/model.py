@@ -60,6 +60,8 @@ class GpuSample:
     utilization_gpu_ratio: float | None = None
     utilization_memory_ratio: float | None = None
     pstate: int | None = None
+    encoder_utilization_ratio: float | None = None  # media engines, over the driver's sampling period
+    decoder_utilization_ratio: float | None = None
     # thermal
     temperature_celsius: float | None = None
     temperature_slowdown_celsius: float | None = None
@@ -72,6 +74,7 @@ class GpuSample:
     power_limit_watts: float | None = None
     power_min_limit_watts: float | None = None
     power_max_limit_watts: float | None = None
+    power_default_limit_watts: float | None = None  # the board's default limit (a dock PSU profile lowers the enforced)
     energy_joules: float | None = None  # since driver load; can go backwards on reload
     # clocks (keys: graphics, sm, memory, video)
     clocks_hz: dict[str, float] = field(default_factory=dict)

@@ -53,6 +53,18 @@ FAN_SPEED = spec(
 )
 POWER = spec("gpuwatchd_gpu_power_watts", "gauge", "Board power draw." + _NOTE, _U, "watts")
 POWER_LIMIT = spec("gpuwatchd_gpu_power_limit_watts", "gauge", "Enforced board power limit.", _U, "watts")
+POWER_DEFAULT_LIMIT = spec(
+    "gpuwatchd_gpu_power_default_limit_watts", "gauge",
+    "The board's default power limit (the enforced limit is gpuwatchd_gpu_power_limit_watts).", _U, "watts",
+)
+ENCODER_UTILIZATION = spec(
+    "gpuwatchd_gpu_encoder_utilization_ratio", "gauge",
+    "Fraction of the driver's sampling period in which the video encoder (NVENC) was busy, 0..1.", _U, "ratio",
+)
+DECODER_UTILIZATION = spec(
+    "gpuwatchd_gpu_decoder_utilization_ratio", "gauge",
+    "Fraction of the driver's sampling period in which the video decoder (NVDEC) was busy, 0..1.", _U, "ratio",
+)
 POWER_MIN_LIMIT = spec(
     "gpuwatchd_gpu_power_min_limit_watts", "gauge", "Lowest power limit that can be configured.", _U, "watts"
 )
@@ -174,6 +186,8 @@ def value_families(gpus: Iterable[GpuSample]) -> list[Metric]:
         f.add(UTILIZATION, u, g.utilization_gpu_ratio)
         f.add(MEMORY_UTILIZATION, u, g.utilization_memory_ratio)
         f.add(PSTATE, u, g.pstate)
+        f.add(ENCODER_UTILIZATION, u, g.encoder_utilization_ratio)
+        f.add(DECODER_UTILIZATION, u, g.decoder_utilization_ratio)
         f.add(TEMPERATURE, u, g.temperature_celsius)
         for threshold, value in (
             ("slowdown", g.temperature_slowdown_celsius),
@@ -188,6 +202,7 @@ def value_families(gpus: Iterable[GpuSample]) -> list[Metric]:
         f.add(POWER_LIMIT, u, g.power_limit_watts)
         f.add(POWER_MIN_LIMIT, u, g.power_min_limit_watts)
         f.add(POWER_MAX_LIMIT, u, g.power_max_limit_watts)
+        f.add(POWER_DEFAULT_LIMIT, u, g.power_default_limit_watts)
         f.add(ENERGY, u, g.energy_joules)
         f.add(MIG_ENABLED, u, _flag(g.mig_mode_current))
         f.add(NVLINK_ACTIVE, u, g.nvlink_links_active)

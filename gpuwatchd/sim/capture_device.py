@@ -75,6 +75,9 @@ def device_from_gpu(gpu: ET.Element) -> dict[str, Any]:
         "pci": _pci(gpu),
         "memory": _memory(gpu),
         "utilization": _utilization(gpu),
+        # the media engines: nvmlDeviceGetEncoderUtilization / nvmlDeviceGetDecoderUtilization, N/A when absent
+        "encoder_utilization": integer(gpu, "utilization/encoder_util", "%", gpu=gpu),
+        "decoder_utilization": integer(gpu, "utilization/decoder_util", "%", gpu=gpu),
         "temperature": integer(gpu, "temperature/gpu_temp", "C", gpu=gpu),
         "temperature_thresholds": _temperature_thresholds(gpu),
         **_power(gpu),
@@ -170,6 +173,8 @@ def _power(gpu: ET.Element) -> dict[str, Any]:
         "power_usage_mw": watts_mw(gpu, draw_path, gpu=gpu),
         "power_limit_mw": watts_mw(gpu, limit_path, gpu=gpu),
         "power_constraints_mw": None if low is None or high is None else [low, high],
+        # nvmlDeviceGetPowerManagementDefaultLimit
+        "power_default_limit_mw": watts_mw(gpu, f"{section}/default_power_limit", gpu=gpu),
     }
 
 

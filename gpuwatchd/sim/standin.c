@@ -687,6 +687,35 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t de
 }
 #endif
 
+/* ------------------------------------------------------------------------------------------------ media engines */
+
+/* NVML's media-engine sampling period: the stand-in answers a fixed 1/6 s, the shortest real drivers report. */
+#define CODEC_SAMPLING_PERIOD_US 166667u
+
+static __attribute__((unused)) nvmlReturn_t get_codec(int fn, int which, nvmlDevice_t device, unsigned int *util, unsigned int *period) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(fn, device, util != NULL && period != NULL, &d);
+    if (r) return r;
+    if (d->codec[which] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *util = (unsigned int)d->codec[which];
+    *period = CODEC_SAMPLING_PERIOD_US;
+    return leave(NVML_SUCCESS);
+}
+
+#ifndef OMIT_nvmlDeviceGetEncoderUtilization
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                    unsigned int *samplingPeriodUs) {
+    return get_codec(F_nvmlDeviceGetEncoderUtilization, 0, device, utilization, samplingPeriodUs);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetDecoderUtilization
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                    unsigned int *samplingPeriodUs) {
+    return get_codec(F_nvmlDeviceGetDecoderUtilization, 1, device, utilization, samplingPeriodUs);
+}
+#endif
+
 /* ------------------------------------------------------------------------------------------------ clocks */
 
 #ifndef OMIT_nvmlDeviceGetClockInfo

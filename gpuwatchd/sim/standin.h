@@ -49,7 +49,8 @@
     X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetSupportedEventTypes) X(nvmlDeviceRegisterEvents) \
     X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetGraphicsRunningProcesses_v2) \
     X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses) \
-    X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetPowerManagementDefaultLimit)
+    X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetPowerManagementDefaultLimit) \
+    X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization)
 
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,
@@ -79,6 +80,7 @@ typedef struct {
     long long power, plimit, pcons[2], energy;
     long long pdefault; /* nvmlDeviceGetPowerManagementDefaultLimit, mW */
     long long persist;  /* nvmlDeviceGetPersistenceMode: nvmlEnableState_t */
+    long long codec[2]; /* nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization: percent */
     long long clk[4], maxclk[4]; /* nvmlClockType_t order: graphics, sm, mem, video */
     long long cer, scer;
     long long viol[NVML_PERF_POLICY_COUNT];

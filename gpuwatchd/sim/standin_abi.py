@@ -117,6 +117,9 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         # gpuwatchd doctor: persistence mode and the board's default power limit (nvml.h)
         "nvmlDeviceGetPersistenceMode",
         "nvmlDeviceGetPowerManagementDefaultLimit",
+        # Media engines (nvml.h): encoder / decoder utilization, percent over a sampling period
+        "nvmlDeviceGetEncoderUtilization",
+        "nvmlDeviceGetDecoderUtilization",
     ]
 )
 # Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).

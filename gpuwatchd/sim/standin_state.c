@@ -28,7 +28,8 @@ void free_state(sstate *s) {
 static void dev_defaults(sdev *d) {
     memset(d, 0, sizeof(*d));
     long long *unset[] = {&d->minor, &d->temp, &d->power, &d->plimit, &d->energy, &d->cer, &d->scer,
-                          &d->pstate, &d->rp_pending, &d->pdefault, &d->persist};
+                          &d->pstate, &d->rp_pending, &d->pdefault, &d->persist,
+                          &d->codec[0], &d->codec[1]};
     for (size_t i = 0; i < sizeof(unset) / sizeof(unset[0]); i++) *unset[i] = UNSET;
     long long *arrs[] = {d->pci, d->mem, d->util, d->tthr, d->pcons, d->clk, d->maxclk, d->viol, d->ecc_mode,
                          d->ecc, d->remap, d->pcie, d->mig};
@@ -155,6 +156,8 @@ static int parse_device_line(sdev *d, const char *key, char *a) {
     else if (!strcmp(key, "power_constraints")) return parse_fixed(a, d->pcons, 2);
     else if (!strcmp(key, "power_default_limit")) return parse_fixed(a, &d->pdefault, 1);
     else if (!strcmp(key, "persistence_mode")) return parse_fixed(a, &d->persist, 1);
+    else if (!strcmp(key, "encoder_utilization")) return parse_fixed(a, &d->codec[0], 1);
+    else if (!strcmp(key, "decoder_utilization")) return parse_fixed(a, &d->codec[1], 1);
     else if (!strcmp(key, "energy")) return parse_fixed(a, &d->energy, 1);
     else if (!strcmp(key, "clocks")) return parse_fixed(a, d->clk, 4);
     else if (!strcmp(key, "max_clocks")) return parse_fixed(a, d->maxclk, 4);

@@ -98,6 +98,20 @@ def _power_constraints(h: Handle, out: Out) -> None:
     out["power_max_limit_watts"] = hi / 1000.0
 
 
+def _power_default_limit(h: Handle, out: Out) -> None:
+    out["power_default_limit_watts"] = N.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000.0
+
+
+def _encoder(h: Handle, out: Out) -> None:
+    util, _period_us = N.nvmlDeviceGetEncoderUtilization(h)
+    out["encoder_utilization_ratio"] = util / 100.0
+
+
+def _decoder(h: Handle, out: Out) -> None:
+    util, _period_us = N.nvmlDeviceGetDecoderUtilization(h)
+    out["decoder_utilization_ratio"] = util / 100.0
+
+
 def _energy(h: Handle, out: Out) -> None:
     out["energy_joules"] = N.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
 
@@ -244,6 +258,9 @@ def readings() -> list[tuple[str, tuple[Reader, ...]]]:
         ("power_watts", (_power,)),
         ("power_limit_watts", (_power_limit_enforced, _power_limit_management)),
         ("power_max_limit_watts", (_power_constraints,)),
+        ("power_default_limit_watts", (_power_default_limit,)),
+        ("encoder_utilization_ratio", (_encoder,)),
+        ("decoder_utilization_ratio", (_decoder,)),
         ("energy_joules", (_energy,)),
     ]
     for name, kind in CLOCK_TYPES.items():

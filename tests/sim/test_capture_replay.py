@@ -153,6 +153,9 @@ def expected_readings(gpu: ET.Element) -> dict[str, Any]:
         "power_limit_mw": milliwatts(gpu, f"{power}/enforced_power_limit", f"{power}/current_power_limit"),
         "power_min_mw": milliwatts(gpu, f"{power}/min_power_limit"),
         "power_max_mw": milliwatts(gpu, f"{power}/max_power_limit"),
+        "power_default_mw": milliwatts(gpu, f"{power}/default_power_limit"),
+        "encoder_util": whole(gpu, "utilization/encoder_util"),
+        "decoder_util": whole(gpu, "utilization/decoder_util"),
         **{f"clock_{clock}": whole(gpu, f"clocks/{clock}_clock") for clock in ("graphics", "sm", "mem", "video")},
         **{
             f"max_clock_{clock}": whole(gpu, f"max_clocks/{clock}_clock")
@@ -211,6 +214,9 @@ def readings_in_state(device: dict[str, Any]) -> dict[str, Any]:
         "power_limit_mw": device["power_limit_mw"],
         "power_min_mw": None if device["power_constraints_mw"] is None else device["power_constraints_mw"][0],
         "power_max_mw": None if device["power_constraints_mw"] is None else device["power_constraints_mw"][1],
+        "power_default_mw": device["power_default_limit_mw"],
+        "encoder_util": device["encoder_utilization"],
+        "decoder_util": device["decoder_utilization"],
         **{
             f"clock_{k}": get("clocks_mhz", v)
             for k, v in (("graphics", "graphics"), ("sm", "sm"), ("mem", "memory"), ("video", "video"))
@@ -326,6 +332,9 @@ def readings_through_pynvml(n: Any, handle: Any) -> dict[str, Any]:
         "power_limit_mw": ask("power_limit", lambda: n.nvmlDeviceGetEnforcedPowerLimit(h)),
         "power_min_mw": None if constraints is None else constraints[0],
         "power_max_mw": None if constraints is None else constraints[1],
+        "power_default_mw": ask("power_default", lambda: n.nvmlDeviceGetPowerManagementDefaultLimit(h)),
+        "encoder_util": part("encoder", lambda: n.nvmlDeviceGetEncoderUtilization(h), lambda v: v[0]),
+        "decoder_util": part("decoder", lambda: n.nvmlDeviceGetDecoderUtilization(h), lambda v: v[0]),
         **{f"clock_{k}": ask(f"clock_{k}", lambda c=c: n.nvmlDeviceGetClockInfo(h, c)) for k, c in clocks.items()},
         **{
             f"max_clock_{k}": ask(f"max_clock_{k}", lambda c=c: n.nvmlDeviceGetMaxClockInfo(h, c))

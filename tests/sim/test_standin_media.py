@@ -1,0 +1,44 @@
+"""The stand-in's encoder/decoder utilization calls, as nvml.h declares them, through the real pynvml."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from gpuwatchd.sim.state import make_device, make_state, write_state
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conftest import Sim
+
+
+def test_utilization_and_sampling_period(sim: Sim) -> None:
+    n = sim.nvml
+    devices = [make_device(0, encoder_utilization=12, decoder_utilization=100), make_device(1)]
+    sim.update(make_state(0, devices=devices))
+    n.nvmlInit()
+    a, b = sim.handles()
+    assert n.nvmlDeviceGetEncoderUtilization(a) == [12, 166667]
+    assert n.nvmlDeviceGetDecoderUtilization(a) == [100, 166667]
+    with pytest.raises(n.NVMLError_NotSupported):
+        n.nvmlDeviceGetEncoderUtilization(b)
+    with pytest.raises(n.NVMLError_NotSupported):
+        n.nvmlDeviceGetDecoderUtilization(b)
+
+
+def test_error_override(sim: Sim) -> None:
+    n = sim.nvml
+    dev = make_device(0, encoder_utilization=1, errors={"nvmlDeviceGetDecoderUtilization": "GPU_IS_LOST"})
+    sim.update(make_state(0, devices=[dev]))
+    n.nvmlInit()
+    (a,) = sim.handles()
+    assert n.nvmlDeviceGetEncoderUtilization(a)[0] == 1
+    with pytest.raises(n.NVMLError_GpuIsLost):
+        n.nvmlDeviceGetDecoderUtilization(a)
+
+
+def test_out_of_range_percent_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"devices\[0\]\.encoder_utilization"):
+        write_state(tmp_path / "s", make_state(0, devices=[make_device(0, encoder_utilization=101)]))
