@@ -68,6 +68,7 @@ class GpuSample:
     temperature_shutdown_celsius: float | None = None
     temperature_gpu_max_celsius: float | None = None
     temperature_memory_max_celsius: float | None = None
+    memory_temperature_celsius: float | None = None  # HBM/GDDR temperature (field value NVML_FI_DEV_MEMORY_TEMP)
     fan_speed_ratios: tuple[float, ...] | None = None
     # power
     power_watts: float | None = None
@@ -105,6 +106,8 @@ class GpuSample:
     pcie_tx_bytes_per_second: float | None = None
     pcie_rx_bytes_per_second: float | None = None
     pcie_replay_total: int | None = None
+    pcie_replay_rollover_total: int | None = None  # field values: the replay counter's rollovers
+    pcie_errors_total: dict[str, int] = field(default_factory=dict)  # correctable, non_fatal, fatal (field values)
     nvlink_links_active: int | None = None
     mig_mode_current: bool | None = None
     # processes, top-N by GPU memory (N from config)

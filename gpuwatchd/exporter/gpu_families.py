@@ -47,6 +47,10 @@ TEMPERATURE_THRESHOLD = spec(
     "Temperature thresholds the driver acts on: slowdown, shutdown, gpu_max, memory_max (operating limits).",
     ("uuid", "threshold"), "celsius",
 )
+MEMORY_TEMPERATURE = spec(
+    "gpuwatchd_gpu_memory_temperature_celsius", "gauge", "Temperature of the GPU's memory (HBM on datacenter parts).",
+    _U, "celsius",
+)
 FAN_SPEED = spec(
     "gpuwatchd_gpu_fan_speed_ratio", "gauge", "Intended fan speed as a fraction of maximum, per fan, 0..1.",
     ("uuid", "fan"), "ratio",
@@ -153,6 +157,15 @@ PCIE_THROUGHPUT = spec(
 PCIE_REPLAYS = spec(
     "gpuwatchd_gpu_pcie_replays_total", "counter", "PCIe replays (link-level retransmissions); rising = bad link.", _U
 )
+PCIE_REPLAY_ROLLOVERS = spec(
+    "gpuwatchd_gpu_pcie_replay_rollovers_total", "counter",
+    "Times the PCIe replay counter rolled over (each rollover is many replays).", _U,
+)
+PCIE_ERRORS = spec(
+    "gpuwatchd_gpu_pcie_errors_total", "counter",
+    "PCIe errors the GPU counted, by type=correctable|non_fatal|fatal (non_fatal + fatal = uncorrectable).",
+    ("uuid", "type"),
+)
 
 # -- processes ------------------------------------------------------------------------------------------------
 PROCESSES = spec(
@@ -196,6 +209,7 @@ def value_families(gpus: Iterable[GpuSample]) -> list[Metric]:
             ("memory_max", g.temperature_memory_max_celsius),
         ):
             f.add(TEMPERATURE_THRESHOLD, (g.uuid, threshold), value)
+        f.add(MEMORY_TEMPERATURE, u, g.memory_temperature_celsius)
         for fan, ratio in enumerate(g.fan_speed_ratios or ()):
             f.add(FAN_SPEED, (g.uuid, str(fan)), ratio)
         f.add(POWER, u, g.power_watts)
@@ -260,6 +274,9 @@ def pcie_families(gpus: Iterable[GpuSample]) -> list[Metric]:
         f.add(PCIE_THROUGHPUT, (g.uuid, "tx"), g.pcie_tx_bytes_per_second)
         f.add(PCIE_THROUGHPUT, (g.uuid, "rx"), g.pcie_rx_bytes_per_second)
         f.add(PCIE_REPLAYS, u, g.pcie_replay_total)
+        f.add(PCIE_REPLAY_ROLLOVERS, u, g.pcie_replay_rollover_total)
+        for kind, count in sorted(g.pcie_errors_total.items()):
+            f.add(PCIE_ERRORS, (g.uuid, kind), count)
     return f.metrics()
 
 

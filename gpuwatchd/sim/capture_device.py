@@ -80,6 +80,7 @@ def device_from_gpu(gpu: ET.Element) -> dict[str, Any]:
         "decoder_utilization": integer(gpu, "utilization/decoder_util", "%", gpu=gpu),
         "temperature": integer(gpu, "temperature/gpu_temp", "C", gpu=gpu),
         "temperature_thresholds": _temperature_thresholds(gpu),
+        "field_values": _field_values(gpu),
         **_power(gpu),
         "energy_mj": None,  # no nvidia-smi XML schema seen so far prints total energy; never invent it
         "clocks_mhz": _clocks(gpu, "clocks"),
@@ -132,6 +133,12 @@ def _utilization(gpu: ET.Element) -> dict[str, int] | None:
     if busy is None or memory is None:
         return None
     return {"gpu": busy, "memory": memory}
+
+
+def _field_values(gpu: ET.Element) -> dict[str, int] | None:
+    # nvidia-smi prints only the memory temperature of the stand-in's field values (none of the PCIe counters).
+    memory = integer(gpu, "temperature/memory_temp", "C", gpu=gpu)
+    return None if memory is None else {"memory_temp": memory}
 
 
 def _temperature_thresholds(gpu: ET.Element) -> dict[str, int | None]:

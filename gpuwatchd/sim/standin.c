@@ -716,6 +716,46 @@ EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigne
 }
 #endif
 
+/* ------------------------------------------------------------------------------------------------ field values */
+
+/* The field ids the stand-in serves (sdev.fv order; gpuwatchd/sim/state.py _FIELD_VALUE_KEYS), with the value types
+ * real drivers answer them in. Any other id, or one unset in the state, answers NOT_SUPPORTED in its own nvmlReturn,
+ * while the call itself succeeds (nvml.h: "you must check the nvmlReturn field of each value"). */
+static const struct {
+    unsigned int id;
+    nvmlValueType_t type;
+} FIELD_VALUES[5] = {
+    {NVML_FI_DEV_MEMORY_TEMP, NVML_VALUE_TYPE_UNSIGNED_INT},
+    {NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER, NVML_VALUE_TYPE_UNSIGNED_INT},
+    {NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
+    {NVML_FI_DEV_PCIE_COUNT_NON_FATAL_ERROR, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
+    {NVML_FI_DEV_PCIE_COUNT_FATAL_ERROR, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
+};
+
+#ifndef OMIT_nvmlDeviceGetFieldValues
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetFieldValues, device, values != NULL && valuesCount >= 0, &d);
+    if (r) return r;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    for (int i = 0; i < valuesCount; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+        v->latencyUsec = 0;
+        v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        for (size_t k = 0; k < sizeof(FIELD_VALUES) / sizeof(FIELD_VALUES[0]); k++) {
+            if (FIELD_VALUES[k].id != v->fieldId || d->fv[k] == UNSET) continue;
+            v->valueType = FIELD_VALUES[k].type;
+            if (v->valueType == NVML_VALUE_TYPE_UNSIGNED_INT) v->value.uiVal = (unsigned int)d->fv[k];
+            else v->value.ullVal = (unsigned long long)d->fv[k];
+            v->nvmlReturn = NVML_SUCCESS;
+        }
+    }
+    return leave(NVML_SUCCESS);
+}
+#endif
+
 /* ------------------------------------------------------------------------------------------------ clocks */
 
 #ifndef OMIT_nvmlDeviceGetClockInfo

@@ -50,7 +50,7 @@
     X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetGraphicsRunningProcesses_v2) \
     X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses) \
     X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetPowerManagementDefaultLimit) \
-    X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization)
+    X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetFieldValues)
 
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,
@@ -81,6 +81,7 @@ typedef struct {
     long long pdefault; /* nvmlDeviceGetPowerManagementDefaultLimit, mW */
     long long persist;  /* nvmlDeviceGetPersistenceMode: nvmlEnableState_t */
     long long codec[2]; /* nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization: percent */
+    long long fv[5];    /* nvmlDeviceGetFieldValues, in FIELD_VALUES order (standin.c) */
     long long clk[4], maxclk[4]; /* nvmlClockType_t order: graphics, sm, mem, video */
     long long cer, scer;
     long long viol[NVML_PERF_POLICY_COUNT];

@@ -120,6 +120,8 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         # Media engines (nvml.h): encoder / decoder utilization, percent over a sampling period
         "nvmlDeviceGetEncoderUtilization",
         "nvmlDeviceGetDecoderUtilization",
+        # Field values (nvml.h NVML_FI_*): memory temperature, PCIe error counters
+        "nvmlDeviceGetFieldValues",
     ]
 )
 # Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).

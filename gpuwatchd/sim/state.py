@@ -87,6 +87,10 @@ _VIOLATION_KEYS = (
     "total_base_clocks",
 )
 _ECC_KEYS = ("corrected_volatile", "uncorrected_volatile", "corrected_aggregate", "uncorrected_aggregate")
+# nvmlDeviceGetFieldValues ids the stand-in serves, in its order (standin.c FIELD_VALUES): NVML_FI_DEV_MEMORY_TEMP,
+# _PCIE_REPLAY_ROLLOVER_COUNTER, _PCIE_COUNT_CORRECTABLE_ERRORS, _PCIE_COUNT_NON_FATAL_ERROR, _PCIE_COUNT_FATAL_ERROR.
+_FIELD_VALUE_KEYS = ("memory_temp", "pcie_replay_rollover", "pcie_correctable_errors", "pcie_non_fatal_errors",
+                     "pcie_fatal_errors")
 _PCIE_KEYS = ("gen", "max_gen", "gpu_max_gen", "width", "max_width", "tx_kbps", "rx_kbps", "replay_counter")
 
 
@@ -177,6 +181,7 @@ _DEVICE_KEYS = {
     "persistence_mode",
     "encoder_utilization",
     "decoder_utilization",
+    "field_values",
     "power_constraints_mw",
     "energy_mj",
     "clocks_mhz",
@@ -268,6 +273,7 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
     _opt_fields(e, p, d, "violation_ns", names=_VIOLATION_KEYS, line="violation", hi=_I64)
     _opt_fields(e, p, d, "ecc_errors", names=_ECC_KEYS, line="ecc_errors", hi=_I64)
     _opt_fields(e, p, d, "pcie", names=_PCIE_KEYS, line="pcie", hi=_U32)
+    _opt_fields(e, p, d, "field_values", names=_FIELD_VALUE_KEYS, line="field_values", hi=_I64)
     for key, line in (
         ("power_constraints_mw", "power_constraints"),
         ("ecc_mode", "ecc_mode"),

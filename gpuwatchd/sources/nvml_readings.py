@@ -112,6 +112,48 @@ def _decoder(h: Handle, out: Out) -> None:
     out["decoder_utilization_ratio"] = util / 100.0
 
 
+# nvmlDeviceGetFieldValues ids -> (GpuSample field, key within it or None). One call per poll for all of them.
+FIELD_VALUES: dict[int, tuple[str, str | None]] = {
+    N.NVML_FI_DEV_MEMORY_TEMP: ("memory_temperature_celsius", None),
+    N.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER: ("pcie_replay_rollover_total", None),
+    N.NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS: ("pcie_errors_total", "correctable"),
+    N.NVML_FI_DEV_PCIE_COUNT_NON_FATAL_ERROR: ("pcie_errors_total", "non_fatal"),
+    N.NVML_FI_DEV_PCIE_COUNT_FATAL_ERROR: ("pcie_errors_total", "fatal"),
+}
+_VALUE_MEMBER = {N.NVML_VALUE_TYPE_DOUBLE: "dVal", N.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+                 N.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+                 N.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", N.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+                 N.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal"}
+
+
+def _field_values() -> Reader:
+    """The ``FIELD_VALUES`` in one call. Each value has its own return code: the ids a device answers
+    NOT_SUPPORTED on the first poll are not asked again, and with none left the reading is dropped."""
+    ids = list(FIELD_VALUES)
+    learned = False
+
+    def read(h: Handle, out: Out) -> None:
+        nonlocal ids, learned
+        values = N.nvmlDeviceGetFieldValues(h, ids)
+        if not learned:
+            ids = [v.fieldId for v in values if v.nvmlReturn != N.NVML_ERROR_NOT_SUPPORTED]
+            learned = True
+            if not ids:
+                raise N.NVMLError(N.NVML_ERROR_NOT_SUPPORTED)
+        for v in values:
+            member = _VALUE_MEMBER.get(v.valueType)
+            if v.nvmlReturn != N.NVML_SUCCESS or member is None:
+                continue  # a value's transient error leaves only that value without a sample this poll
+            field, key = FIELD_VALUES[v.fieldId]
+            number = getattr(v.value, member)
+            if key is None:
+                out[field] = float(number) if field.endswith("_celsius") else int(number)
+            else:
+                out.setdefault(field, {})[key] = int(number)
+
+    return read
+
+
 def _energy(h: Handle, out: Out) -> None:
     out["energy_joules"] = N.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
 
@@ -261,6 +303,7 @@ def readings() -> list[tuple[str, tuple[Reader, ...]]]:
         ("power_default_limit_watts", (_power_default_limit,)),
         ("encoder_utilization_ratio", (_encoder,)),
         ("decoder_utilization_ratio", (_decoder,)),
+        ("field_values", (_field_values(),)),
         ("energy_joules", (_energy,)),
     ]
     for name, kind in CLOCK_TYPES.items():

@@ -155,6 +155,7 @@ def expected_readings(gpu: ET.Element) -> dict[str, Any]:
         "power_max_mw": milliwatts(gpu, f"{power}/max_power_limit"),
         "power_default_mw": milliwatts(gpu, f"{power}/default_power_limit"),
         "encoder_util": whole(gpu, "utilization/encoder_util"),
+        "memory_temp": whole(gpu, "temperature/memory_temp"),
         "decoder_util": whole(gpu, "utilization/decoder_util"),
         **{f"clock_{clock}": whole(gpu, f"clocks/{clock}_clock") for clock in ("graphics", "sm", "mem", "video")},
         **{
@@ -216,6 +217,7 @@ def readings_in_state(device: dict[str, Any]) -> dict[str, Any]:
         "power_max_mw": None if device["power_constraints_mw"] is None else device["power_constraints_mw"][1],
         "power_default_mw": device["power_default_limit_mw"],
         "encoder_util": device["encoder_utilization"],
+        "memory_temp": get("field_values", "memory_temp"),
         "decoder_util": device["decoder_utilization"],
         **{
             f"clock_{k}": get("clocks_mhz", v)
@@ -273,6 +275,15 @@ def test_describe_capture_names_every_gpu(capture: Path) -> None:
 
 
 NOT_SUPPORTED = "NOT_SUPPORTED"
+
+
+def memory_temperature(n: Any, h: Any) -> int | None:
+    """NVML_FI_DEV_MEMORY_TEMP through nvmlDeviceGetFieldValues; its own NOT_SUPPORTED reads as None."""
+    (value,) = n.nvmlDeviceGetFieldValues(h, [n.NVML_FI_DEV_MEMORY_TEMP])
+    if value.nvmlReturn == n.NVML_ERROR_NOT_SUPPORTED:
+        return None
+    assert value.nvmlReturn == n.NVML_SUCCESS and value.valueType == n.NVML_VALUE_TYPE_UNSIGNED_INT
+    return int(value.value.uiVal)
 
 
 def readings_through_pynvml(n: Any, handle: Any) -> dict[str, Any]:
@@ -334,6 +345,7 @@ def readings_through_pynvml(n: Any, handle: Any) -> dict[str, Any]:
         "power_max_mw": None if constraints is None else constraints[1],
         "power_default_mw": ask("power_default", lambda: n.nvmlDeviceGetPowerManagementDefaultLimit(h)),
         "encoder_util": part("encoder", lambda: n.nvmlDeviceGetEncoderUtilization(h), lambda v: v[0]),
+        "memory_temp": memory_temperature(n, h),
         "decoder_util": part("decoder", lambda: n.nvmlDeviceGetDecoderUtilization(h), lambda v: v[0]),
         **{f"clock_{k}": ask(f"clock_{k}", lambda c=c: n.nvmlDeviceGetClockInfo(h, c)) for k, c in clocks.items()},
         **{

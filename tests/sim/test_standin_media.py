@@ -42,3 +42,20 @@ def test_error_override(sim: Sim) -> None:
 def test_out_of_range_percent_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"devices\[0\]\.encoder_utilization"):
         write_state(tmp_path / "s", make_state(0, devices=[make_device(0, encoder_utilization=101)]))
+
+
+def test_field_values_answer_per_value(sim: Sim) -> None:
+    n = sim.nvml
+    dev = make_device(0, field_values={"memory_temp": 61, "pcie_correctable_errors": 2**40})
+    sim.update(make_state(0, devices=[dev]))
+    n.nvmlInit()
+    (a,) = sim.handles()
+    ids = [n.NVML_FI_DEV_MEMORY_TEMP, n.NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS,
+           n.NVML_FI_DEV_PCIE_COUNT_FATAL_ERROR, n.NVML_FI_DEV_ECC_CURRENT]
+    temp, correctable, fatal, unknown = n.nvmlDeviceGetFieldValues(a, ids)
+    assert (temp.nvmlReturn, temp.valueType, temp.value.uiVal) == (n.NVML_SUCCESS, n.NVML_VALUE_TYPE_UNSIGNED_INT, 61)
+    assert (correctable.nvmlReturn, correctable.valueType, correctable.value.ullVal) == (
+        n.NVML_SUCCESS, n.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, 2**40)
+    assert correctable.timestamp > 0
+    assert fatal.nvmlReturn == n.NVML_ERROR_NOT_SUPPORTED  # unset in the state
+    assert unknown.nvmlReturn == n.NVML_ERROR_NOT_SUPPORTED  # an id the stand-in does not serve

@@ -58,3 +58,40 @@ def test_errors_are_per_poll_and_an_older_driver_lacks_the_symbols(write_sim_sta
         g = snap(line).gpus[0]
         assert (g.encoder_utilization_ratio, g.decoder_utilization_ratio, g.errors) == (None, None, {})
     assert "nvmlDeviceGetDecoderUtilization" not in lines[1]["calls"]  # FUNCTION_NOT_FOUND: not looked up again
+
+
+FIELDS = {"memory_temp": 71, "pcie_replay_rollover": 2, "pcie_correctable_errors": 12, "pcie_non_fatal_errors": 1,
+          "pcie_fatal_errors": 0}
+
+
+def test_field_values_in_one_call_and_unsupported_ids_are_dropped(
+    standin_libdir: Path, write_sim_state: StateWriter
+) -> None:
+    devices = [
+        make_device(0, field_values=FIELDS),
+        make_device(1, field_values={"memory_temp": 40}),  # only the memory temperature: no PCIe counters
+        make_device(2),  # no field values at all: the reading is dropped after the first poll
+    ]
+    code, lines, err = run_worker(standin_libdir, write_sim_state(make_state(3, devices=devices)), max_polls=2,
+                                  trace_calls=True)
+    assert code == 0, err
+    for line in lines:
+        a, b, c = snap(line).gpus
+        assert (a.memory_temperature_celsius, a.pcie_replay_rollover_total) == (71.0, 2)
+        assert a.pcie_errors_total == {"correctable": 12, "non_fatal": 1, "fatal": 0}
+        assert (b.memory_temperature_celsius, b.pcie_replay_rollover_total, b.pcie_errors_total) == (40.0, None, {})
+        assert (c.memory_temperature_celsius, c.pcie_replay_rollover_total, c.pcie_errors_total) == (None, None, {})
+        assert a.errors == b.errors == c.errors == {}
+    assert lines[0]["calls"]["nvmlDeviceGetFieldValues"] == 3
+    assert lines[1]["calls"]["nvmlDeviceGetFieldValues"] == 2
+
+
+def test_field_values_call_error_is_per_poll(standin_libdir: Path, write_sim_state: StateWriter) -> None:
+    dev = make_device(0, field_values=FIELDS, errors={"nvmlDeviceGetFieldValues": "UNKNOWN"})
+    code, lines, err = run_worker(standin_libdir, write_sim_state(make_state(1, devices=[dev])), max_polls=2,
+                                  trace_calls=True)
+    assert code == 0, err
+    for line in lines:
+        g = snap(line).gpus[0]
+        assert g.errors == {"field_values": "unknown"} and g.memory_temperature_celsius is None
+        assert line["calls"]["nvmlDeviceGetFieldValues"] == 1
