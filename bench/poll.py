@@ -73,7 +73,7 @@ def device_calls(h):
     c += [(fans, (h,)), (N.nvmlDeviceGetPowerUsage, (h,)), (N.nvmlDeviceGetEnforcedPowerLimit, (h,)),
           (N.nvmlDeviceGetPowerManagementLimitConstraints, (h,)), (N.nvmlDeviceGetPowerManagementDefaultLimit, (h,)),
           (N.nvmlDeviceGetEncoderUtilization, (h,)), (N.nvmlDeviceGetDecoderUtilization, (h,)),
-          (N.nvmlDeviceGetFieldValues, (h, [82, 95, 173, 179, 180])),
+          (N.nvmlDeviceGetEncoderStats, (h,)), (N.nvmlDeviceGetFieldValues, (h, [82, 95, 173, 179, 180])),
           (N.nvmlDeviceGetTotalEnergyConsumption, (h,))]
     for k in CLK:
         c += [(N.nvmlDeviceGetClockInfo, (h, k)), (N.nvmlDeviceGetMaxClockInfo, (h, k))]
@@ -136,7 +136,8 @@ def bench_state(gpus: int, procs: int) -> dict[str, Any]:
         # the media engines and the default limit are read too (a board that has them)
         dev.update(encoder_utilization=10 + g, decoder_utilization=20 + g, power_default_limit_mw=300000,
                    field_values={"memory_temp": 60, "pcie_replay_rollover": 0, "pcie_correctable_errors": 3,
-                                 "pcie_non_fatal_errors": 0, "pcie_fatal_errors": 0})
+                                 "pcie_non_fatal_errors": 0, "pcie_fatal_errors": 0},
+                   encoder_stats={"session_count": 1, "average_fps": 30, "average_latency_us": 800})
     return state
 
 

@@ -62,6 +62,9 @@ class GpuSample:
     pstate: int | None = None
     encoder_utilization_ratio: float | None = None  # media engines, over the driver's sampling period
     decoder_utilization_ratio: float | None = None
+    encoder_sessions: int | None = None  # active NVENC sessions, their average frame rate and latency
+    encoder_average_fps: float | None = None
+    encoder_average_latency_seconds: float | None = None
     # thermal
     temperature_celsius: float | None = None
     temperature_slowdown_celsius: float | None = None

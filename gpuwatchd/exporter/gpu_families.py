@@ -69,6 +69,14 @@ DECODER_UTILIZATION = spec(
     "gpuwatchd_gpu_decoder_utilization_ratio", "gauge",
     "Fraction of the driver's sampling period in which the video decoder (NVDEC) was busy, 0..1.", _U, "ratio",
 )
+ENCODER_SESSIONS = spec("gpuwatchd_gpu_encoder_sessions", "gauge", "Active video encoder (NVENC) sessions.", _U)
+ENCODER_FPS = spec(
+    "gpuwatchd_gpu_encoder_average_fps", "gauge", "Trailing average frame rate of all active encoder sessions.", _U
+)
+ENCODER_LATENCY = spec(
+    "gpuwatchd_gpu_encoder_average_latency_seconds", "gauge", "Average encode latency of the active encoder sessions.",
+    _U, "seconds",
+)
 POWER_MIN_LIMIT = spec(
     "gpuwatchd_gpu_power_min_limit_watts", "gauge", "Lowest power limit that can be configured.", _U, "watts"
 )
@@ -201,6 +209,9 @@ def value_families(gpus: Iterable[GpuSample]) -> list[Metric]:
         f.add(PSTATE, u, g.pstate)
         f.add(ENCODER_UTILIZATION, u, g.encoder_utilization_ratio)
         f.add(DECODER_UTILIZATION, u, g.decoder_utilization_ratio)
+        f.add(ENCODER_SESSIONS, u, g.encoder_sessions)
+        f.add(ENCODER_FPS, u, g.encoder_average_fps)
+        f.add(ENCODER_LATENCY, u, g.encoder_average_latency_seconds)
         f.add(TEMPERATURE, u, g.temperature_celsius)
         for threshold, value in (
             ("slowdown", g.temperature_slowdown_celsius),

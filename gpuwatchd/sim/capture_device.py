@@ -78,6 +78,7 @@ def device_from_gpu(gpu: ET.Element) -> dict[str, Any]:
         # the media engines: nvmlDeviceGetEncoderUtilization / nvmlDeviceGetDecoderUtilization, N/A when absent
         "encoder_utilization": integer(gpu, "utilization/encoder_util", "%", gpu=gpu),
         "decoder_utilization": integer(gpu, "utilization/decoder_util", "%", gpu=gpu),
+        "encoder_stats": _encoder_stats(gpu),
         "temperature": integer(gpu, "temperature/gpu_temp", "C", gpu=gpu),
         "temperature_thresholds": _temperature_thresholds(gpu),
         "field_values": _field_values(gpu),
@@ -133,6 +134,18 @@ def _utilization(gpu: ET.Element) -> dict[str, int] | None:
     if busy is None or memory is None:
         return None
     return {"gpu": busy, "memory": memory}
+
+
+def _encoder_stats(gpu: ET.Element) -> dict[str, int] | None:
+    # nvidia-smi prints nvmlDeviceGetEncoderStats' three outputs; the latency is in microseconds there too.
+    out: dict[str, int] = {}
+    for key, tag in (("session_count", "session_count"), ("average_fps", "average_fps"),
+                     ("average_latency_us", "average_latency")):
+        value = integer(gpu, f"encoder_stats/{tag}", gpu=gpu)
+        if value is None:
+            return None  # one call answers all three
+        out[key] = value
+    return out
 
 
 def _field_values(gpu: ET.Element) -> dict[str, int] | None:

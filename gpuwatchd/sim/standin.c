@@ -716,6 +716,21 @@ EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigne
 }
 #endif
 
+#ifndef OMIT_nvmlDeviceGetEncoderStats
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderStats(nvmlDevice_t device, unsigned int *sessionCount, unsigned int *averageFps,
+                                              unsigned int *averageLatency) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetEncoderStats, device,
+                               sessionCount != NULL && averageFps != NULL && averageLatency != NULL, &d);
+    if (r) return r;
+    if (d->encstats[0] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *sessionCount = (unsigned int)d->encstats[0];
+    *averageFps = (unsigned int)d->encstats[1];
+    *averageLatency = (unsigned int)d->encstats[2];
+    return leave(NVML_SUCCESS);
+}
+#endif
+
 /* ------------------------------------------------------------------------------------------------ field values */
 
 /* The field ids the stand-in serves (sdev.fv order; gpuwatchd/sim/state.py _FIELD_VALUE_KEYS), with the value types

@@ -50,7 +50,8 @@
     X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetGraphicsRunningProcesses_v2) \
     X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses) \
     X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetPowerManagementDefaultLimit) \
-    X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetFieldValues)
+    X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetFieldValues) \
+    X(nvmlDeviceGetEncoderStats)
 
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,
@@ -82,6 +83,7 @@ typedef struct {
     long long persist;  /* nvmlDeviceGetPersistenceMode: nvmlEnableState_t */
     long long codec[2]; /* nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization: percent */
     long long fv[5];    /* nvmlDeviceGetFieldValues, in FIELD_VALUES order (standin.c) */
+    long long encstats[3]; /* nvmlDeviceGetEncoderStats: sessionCount, averageFps, averageLatency (us) */
     long long clk[4], maxclk[4]; /* nvmlClockType_t order: graphics, sm, mem, video */
     long long cer, scer;
     long long viol[NVML_PERF_POLICY_COUNT];

@@ -120,6 +120,7 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         # Media engines (nvml.h): encoder / decoder utilization, percent over a sampling period
         "nvmlDeviceGetEncoderUtilization",
         "nvmlDeviceGetDecoderUtilization",
+        "nvmlDeviceGetEncoderStats",
         # Field values (nvml.h NVML_FI_*): memory temperature, PCIe error counters
         "nvmlDeviceGetFieldValues",
     ]

@@ -32,8 +32,8 @@ static void dev_defaults(sdev *d) {
                           &d->codec[0], &d->codec[1]};
     for (size_t i = 0; i < sizeof(unset) / sizeof(unset[0]); i++) *unset[i] = UNSET;
     long long *arrs[] = {d->pci, d->mem, d->util, d->tthr, d->pcons, d->clk, d->maxclk, d->viol, d->ecc_mode,
-                         d->ecc, d->remap, d->pcie, d->mig, d->fv};
-    size_t lens[] = {5, 3, 2, 4, 2, 4, 4, NVML_PERF_POLICY_COUNT, 2, 4, 4, 8, 2, 5};
+                         d->ecc, d->remap, d->pcie, d->mig, d->fv, d->encstats};
+    size_t lens[] = {5, 3, 2, 4, 2, 4, 4, NVML_PERF_POLICY_COUNT, 2, 4, 4, 8, 2, 5, 3};
     for (size_t a = 0; a < sizeof(arrs) / sizeof(arrs[0]); a++)
         for (size_t i = 0; i < lens[a]; i++) arrs[a][i] = UNSET;
     d->fans.n = d->nvlink.n = d->rp[0].n = d->rp[1].n = -1;
@@ -159,6 +159,7 @@ static int parse_device_line(sdev *d, const char *key, char *a) {
     else if (!strcmp(key, "encoder_utilization")) return parse_fixed(a, &d->codec[0], 1);
     else if (!strcmp(key, "decoder_utilization")) return parse_fixed(a, &d->codec[1], 1);
     else if (!strcmp(key, "field_values")) return parse_fixed(a, d->fv, 5);
+    else if (!strcmp(key, "encoder_stats")) return parse_fixed(a, d->encstats, 3);
     else if (!strcmp(key, "energy")) return parse_fixed(a, &d->energy, 1);
     else if (!strcmp(key, "clocks")) return parse_fixed(a, d->clk, 4);
     else if (!strcmp(key, "max_clocks")) return parse_fixed(a, d->maxclk, 4);

@@ -91,6 +91,7 @@ _ECC_KEYS = ("corrected_volatile", "uncorrected_volatile", "corrected_aggregate"
 # _PCIE_REPLAY_ROLLOVER_COUNTER, _PCIE_COUNT_CORRECTABLE_ERRORS, _PCIE_COUNT_NON_FATAL_ERROR, _PCIE_COUNT_FATAL_ERROR.
 _FIELD_VALUE_KEYS = ("memory_temp", "pcie_replay_rollover", "pcie_correctable_errors", "pcie_non_fatal_errors",
                      "pcie_fatal_errors")
+_ENCODER_STATS_KEYS = ("session_count", "average_fps", "average_latency_us")
 _PCIE_KEYS = ("gen", "max_gen", "gpu_max_gen", "width", "max_width", "tx_kbps", "rx_kbps", "replay_counter")
 
 
@@ -182,6 +183,7 @@ _DEVICE_KEYS = {
     "encoder_utilization",
     "decoder_utilization",
     "field_values",
+    "encoder_stats",
     "power_constraints_mw",
     "energy_mj",
     "clocks_mhz",
@@ -274,6 +276,9 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
     _opt_fields(e, p, d, "ecc_errors", names=_ECC_KEYS, line="ecc_errors", hi=_I64)
     _opt_fields(e, p, d, "pcie", names=_PCIE_KEYS, line="pcie", hi=_U32)
     _opt_fields(e, p, d, "field_values", names=_FIELD_VALUE_KEYS, line="field_values", hi=_I64)
+    if d.get("encoder_stats") is not None:  # one call answers all three: all or nothing
+        es = _dict(f"{p}.encoder_stats", d["encoder_stats"], set(_ENCODER_STATS_KEYS), required=_ENCODER_STATS_KEYS)
+        e.put("encoder_stats", *(_int(f"{p}.encoder_stats.{k}", es[k], 0, _U32) for k in _ENCODER_STATS_KEYS))
     for key, line in (
         ("power_constraints_mw", "power_constraints"),
         ("ecc_mode", "ecc_mode"),

@@ -107,6 +107,14 @@ def _encoder(h: Handle, out: Out) -> None:
     out["encoder_utilization_ratio"] = util / 100.0
 
 
+def _encoder_stats(h: Handle, out: Out) -> None:
+    # one call for all sessions' count and averages; nvmlDeviceGetEncoderSessions would list them one by one
+    sessions, fps, latency_us = N.nvmlDeviceGetEncoderStats(h)
+    out["encoder_sessions"] = sessions
+    out["encoder_average_fps"] = float(fps)
+    out["encoder_average_latency_seconds"] = latency_us / 1e6
+
+
 def _decoder(h: Handle, out: Out) -> None:
     util, _period_us = N.nvmlDeviceGetDecoderUtilization(h)
     out["decoder_utilization_ratio"] = util / 100.0
@@ -303,6 +311,7 @@ def readings() -> list[tuple[str, tuple[Reader, ...]]]:
         ("power_default_limit_watts", (_power_default_limit,)),
         ("encoder_utilization_ratio", (_encoder,)),
         ("decoder_utilization_ratio", (_decoder,)),
+        ("encoder_sessions", (_encoder_stats,)),
         ("field_values", (_field_values(),)),
         ("energy_joules", (_energy,)),
     ]

@@ -156,6 +156,8 @@ def expected_readings(gpu: ET.Element) -> dict[str, Any]:
         "power_default_mw": milliwatts(gpu, f"{power}/default_power_limit"),
         "encoder_util": whole(gpu, "utilization/encoder_util"),
         "memory_temp": whole(gpu, "temperature/memory_temp"),
+        "encoder_sessions": whole(gpu, "encoder_stats/session_count"),
+        "encoder_latency": whole(gpu, "encoder_stats/average_latency"),
         "decoder_util": whole(gpu, "utilization/decoder_util"),
         **{f"clock_{clock}": whole(gpu, f"clocks/{clock}_clock") for clock in ("graphics", "sm", "mem", "video")},
         **{
@@ -218,6 +220,8 @@ def readings_in_state(device: dict[str, Any]) -> dict[str, Any]:
         "power_default_mw": device["power_default_limit_mw"],
         "encoder_util": device["encoder_utilization"],
         "memory_temp": get("field_values", "memory_temp"),
+        "encoder_sessions": get("encoder_stats", "session_count"),
+        "encoder_latency": get("encoder_stats", "average_latency_us"),
         "decoder_util": device["decoder_utilization"],
         **{
             f"clock_{k}": get("clocks_mhz", v)
@@ -346,6 +350,8 @@ def readings_through_pynvml(n: Any, handle: Any) -> dict[str, Any]:
         "power_default_mw": ask("power_default", lambda: n.nvmlDeviceGetPowerManagementDefaultLimit(h)),
         "encoder_util": part("encoder", lambda: n.nvmlDeviceGetEncoderUtilization(h), lambda v: v[0]),
         "memory_temp": memory_temperature(n, h),
+        "encoder_sessions": part("encoder_stats", lambda: n.nvmlDeviceGetEncoderStats(h), lambda v: v[0]),
+        "encoder_latency": part("encoder_latency", lambda: n.nvmlDeviceGetEncoderStats(h), lambda v: v[2]),
         "decoder_util": part("decoder", lambda: n.nvmlDeviceGetDecoderUtilization(h), lambda v: v[0]),
         **{f"clock_{k}": ask(f"clock_{k}", lambda c=c: n.nvmlDeviceGetClockInfo(h, c)) for k, c in clocks.items()},
         **{

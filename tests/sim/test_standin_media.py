@@ -59,3 +59,19 @@ def test_field_values_answer_per_value(sim: Sim) -> None:
     assert correctable.timestamp > 0
     assert fatal.nvmlReturn == n.NVML_ERROR_NOT_SUPPORTED  # unset in the state
     assert unknown.nvmlReturn == n.NVML_ERROR_NOT_SUPPORTED  # an id the stand-in does not serve
+
+
+def test_encoder_stats(sim: Sim) -> None:
+    n = sim.nvml
+    stats = {"session_count": 2, "average_fps": 30, "average_latency_us": 700}
+    sim.update(make_state(0, devices=[make_device(0, encoder_stats=stats), make_device(1)]))
+    n.nvmlInit()
+    a, b = sim.handles()
+    assert n.nvmlDeviceGetEncoderStats(a) == (2, 30, 700)
+    with pytest.raises(n.NVMLError_NotSupported):
+        n.nvmlDeviceGetEncoderStats(b)
+
+
+def test_encoder_stats_are_all_or_nothing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"devices\[0\]\.encoder_stats"):
+        write_state(tmp_path / "s", make_state(0, devices=[make_device(0, encoder_stats={"session_count": 1})]))

@@ -12,7 +12,7 @@ from tests.sources.workerutil import run_worker, snap
 
 StateWriter = Callable[[dict[str, Any]], Path]
 MEDIA = ("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization",
-         "nvmlDeviceGetPowerManagementDefaultLimit")
+         "nvmlDeviceGetPowerManagementDefaultLimit", "nvmlDeviceGetEncoderStats")
 
 
 def test_readings_match_the_state_and_unset_ones_are_learned_once(
@@ -20,7 +20,8 @@ def test_readings_match_the_state_and_unset_ones_are_learned_once(
 ) -> None:
     devices = [
         make_device(0, encoder_utilization=0, decoder_utilization=45, power_default_limit_mw=300000,
-                    power_limit_mw=250000),
+                    power_limit_mw=250000,
+                    encoder_stats={"session_count": 3, "average_fps": 59, "average_latency_us": 1500}),
         make_device(1),  # a board without NVENC/NVDEC readings or a default limit: NOT_SUPPORTED
     ]
     code, lines, err = run_worker(standin_libdir, write_sim_state(make_state(2, devices=devices)), max_polls=2,
@@ -31,6 +32,8 @@ def test_readings_match_the_state_and_unset_ones_are_learned_once(
         # 0 % is a reading (exported as 0); unsupported is no reading (exported as nothing)
         assert (a.encoder_utilization_ratio, a.decoder_utilization_ratio) == (0.0, 0.45)
         assert (a.power_default_limit_watts, a.power_limit_watts) == (300.0, 250.0)
+        assert (a.encoder_sessions, a.encoder_average_fps, a.encoder_average_latency_seconds) == (3, 59.0, 0.0015)
+        assert (b.encoder_sessions, b.encoder_average_fps, b.encoder_average_latency_seconds) == (None, None, None)
         assert (b.encoder_utilization_ratio, b.decoder_utilization_ratio, b.power_default_limit_watts) == (
             None, None, None)
         assert a.errors == {} and b.errors == {}
