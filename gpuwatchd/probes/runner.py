@@ -26,6 +26,7 @@ PARENT_ENV = "GPUWATCHD_PROBE_PARENT"
 MAX_STDOUT = 1 << 20  # a result is a few KiB; more is not a result
 MAX_STDERR_LOGGED = 4000
 CANCEL_POLL_S = 0.2
+REAP_TIMEOUT_S = 30.0  # after SIGKILL; generous for a loaded machine, a bound only so a stop never hangs
 
 Outcome = Literal["ok", "timeout", "crash", "cancelled"]
 
@@ -81,8 +82,13 @@ async def run_worker(argv: Sequence[str], env: Mapping[str, str], deadline: floa
     except BaseException:
         # Cancelled (the daemon is stopping): the group goes with us, and so do the pipe readers.
         _kill_group(proc.pid)
-        for t in (wait_task, out_task, err_task):
+        for t in (out_task, err_task):
             t.cancel()
+        # Reap it (SIGKILL is prompt): a Popen dropped unreaped warns "still running" in whatever runs at the next
+        # GC, and the child watcher's exit report is lost once the loop closes. A second cancel must not skip it.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({wait_task}, timeout=REAP_TIMEOUT_S)
+        wait_task.cancel()
         # With its readers cancelled the pipes are never drained, so asyncio would not close the transport itself
         # (it does once both pipes hit EOF and the process exited); close it here so nothing is left to the GC.
         transport = getattr(proc, "_transport", None)

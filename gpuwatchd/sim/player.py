@@ -9,6 +9,7 @@ so with ``--speed X`` scenario time and daemon time are the same number.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
 import math
@@ -393,7 +394,16 @@ class Player:
         """Keep the state file current until cancelled."""
         tick = max(self.tick, MIN_WALL_TICK_S * self.clock.speed)
         while True:
-            await asyncio.to_thread(self.step)
+            # A thread cannot be cancelled: a cancel that lands mid-step waits for the step to finish, so nothing
+            # still writes the state file or the fake sysfs tree once run() has returned (sim/runner.py removes
+            # them right after).
+            step = asyncio.ensure_future(asyncio.to_thread(self.step))
+            try:
+                await asyncio.shield(step)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await step
+                raise
             await self.clock.sleep(tick)
 
     def _store(self, state: dict[str, Any]) -> None:

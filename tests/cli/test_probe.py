@@ -75,4 +75,9 @@ def test_through_a_daemon(tmp_path: Path) -> None:
         assert bad.returncode == 1 and "no present GPU '9'" in bad.stderr
     finally:
         sim.send_signal(signal.SIGTERM)
-        sim.wait(60)
+        try:
+            sim.wait(60)
+        except subprocess.TimeoutExpired:
+            sim.kill()  # never leave it running (and unreaped) behind a failing test
+            sim.wait()
+            raise
