@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from .cli_forks import CliForks
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "GPUWATCHD_LOG_LEVEL": "warning"}
 # Generous: a busy 2-core machine; a hang shows up as this timeout, not as a slow pass. Each test runs dozens of
 # processes (~40 CPU seconds in all on 2 idle cores), so its own limit is far above pytest's default.
 TIMEOUT = 300.0
 pytestmark = pytest.mark.timeout(1200)
+FORK_SERVERS = 2  # the machine's cores
 MAX_LINES = 11  # at most ten problems and a count of the rest
 
 
@@ -150,6 +153,7 @@ XML_CLASSES: dict[str, bytes] = {
 class Case:
     id: str
     args: tuple[str, ...]
+    fork: bool = False  # a child forked from a server that imported the CLI once (cli_forks.py), not a fresh start
 
 
 def _special(tmp: Path, name: str) -> str:
@@ -184,9 +188,25 @@ def _run(args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _run_forked(cases: list[Case]) -> list[subprocess.CompletedProcess[str]]:
+    servers = [CliForks(ENV, ROOT, TIMEOUT) for _ in range(FORK_SERVERS)]
+    try:
+        chunks = [cases[i::FORK_SERVERS] for i in range(FORK_SERVERS)]
+        with ThreadPoolExecutor(max_workers=FORK_SERVERS) as pool:
+            done = list(pool.map(lambda sc: [sc[0].run(c.args) for c in sc[1]], zip(servers, chunks, strict=True)))
+    finally:
+        for server in servers:
+            server.close()
+    by_case = {id(c): r for chunk, res in zip(chunks, done, strict=True) for c, r in zip(chunk, res, strict=True)}
+    return [by_case[id(c)] for c in cases]
+
+
 def _check_all(cases: list[Case]) -> None:
+    forked = [c for c in cases if c.fork]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda c: _run(c.args), cases))
+        fresh = iter(list(pool.map(lambda c: _run(c.args), [c for c in cases if not c.fork])))
+    forks = iter(_run_forked(forked)) if forked else iter(())
+    results = [next(forks) if c.fork else next(fresh) for c in cases]
     problems = []
     for case, res in zip(cases, results, strict=True):
         out = res.stdout + res.stderr
@@ -214,7 +234,10 @@ def _file_cases(tmp: Path, suffix: str, classes: dict[str, bytes]) -> dict[str, 
 def test_config_files(tmp_path: Path) -> None:
     files = _file_cases(tmp_path, ".yml", YAML_CLASSES)
     files.update({name: _write(tmp_path, name, text.encode(), ".yml") for name, text in CONFIG_VALUES.items()})
-    cases = [Case(f"check-config {name}", ("check-config", path)) for name, path in files.items()]
+    # check-config of a regular file forks from one import of the CLI (cli_forks.py: still a process of its own);
+    # the special files (FIFO, devices: the hang protection) and `run` start fresh interpreters.
+    cases = [Case(f"check-config {name}", ("check-config", path), fork=name not in SPECIAL)
+             for name, path in files.items()]  # fmt: skip
     # `run` loads through the same function as check-config: every file-level class, and a sample of the values
     # (all of them would double this module's time for no new path).
     for_run = [*YAML_CLASSES, *SPECIAL, "history-step-0", "poll-timeout-0", "leak-bucket-0", "nul-in-path",
