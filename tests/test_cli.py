@@ -50,7 +50,14 @@ async def acli(*args: str) -> tuple[int, str, str]:
         sys.executable, "-m", "gpuwatchd", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT, env=ENV,
     )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    except BaseException:
+        # A timeout must not leave the child running and unreaped: its Popen would warn in a later test.
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 

@@ -6,6 +6,7 @@ count, and the last ``gpu_start`` names the GPU it hung on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -58,6 +59,12 @@ def run_child(host: Host, argv: list[str]) -> ChildRun:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         return ChildRun(out, err, None, True)
+    except BaseException:
+        # Interrupted (Ctrl-C): the probe group goes too, reaped, not left to the garbage collector still running.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
 
 
 def probe_nvml(host: Host) -> NvmlFacts:

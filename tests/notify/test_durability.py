@@ -30,8 +30,13 @@ async def spawn(state_dir: Path, url: str) -> asyncio.subprocess.Process:
         sys.executable, str(CHILD), str(state_dir), url, str(N), stdout=subprocess.PIPE, env=env
     )
     assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 30)
-    assert line.strip() == b"ready"
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert line.strip() == b"ready"
+    except BaseException:
+        proc.kill()  # not left running and unreaped behind a failed start
+        await proc.wait()
+        raise
     return proc
 
 

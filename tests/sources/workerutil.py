@@ -47,8 +47,12 @@ class LiveWorker:
             stderr=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout is not None
-        hello = json.loads(self.proc.stdout.readline())
-        assert hello["hello"] == self.proc.pid
+        try:
+            hello = json.loads(self.proc.stdout.readline())
+            assert hello["hello"] == self.proc.pid
+        except BaseException:
+            self.close()  # a failed start leaves no worker running (nor a Popen warning "still running" later)
+            raise
 
     def next(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
