@@ -132,7 +132,7 @@ class StoreCollector(Collector):
             try:
                 # Materialise first: a group that fails half-way must not leave half its families in the output.
                 metrics = list(group(self._store))
-            # One broken group must never fail the scrape (dcgm-exporter answers 500 then, dcgm.md §1.6).
+            # One broken group must never fail the scrape (dcgm-exporter answers 500 then: registry.go, server.go).
             except Exception:
                 self._failed(name)
                 continue

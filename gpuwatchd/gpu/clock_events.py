@@ -2,7 +2,7 @@
 
 Defined here rather than read from pynvml because pynvml's ``nvmlClocksEventReasonAll`` (0x1FF) omits the board
 limit and reliability bits and spells some bits only with the old ``Throttle`` prefix (nvml.h API 13, l.3686-3848;
-see shared/reference/nvml-egpu.md §1.2). Bits NVIDIA adds later are named ``bit_N`` so they still show up.
+pynvml l.2190-2241). Bits NVIDIA adds later are named ``bit_N`` so they still show up.
 """
 
 from __future__ import annotations

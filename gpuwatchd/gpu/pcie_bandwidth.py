@@ -5,8 +5,9 @@ gen6: FLIT, 242/256). On top of that, TLP/DLLP headers and flow control leave ab
 ``cudaMemcpy`` payload: a healthy gen3 x16 slot gives ~12.5 of 15.75 GB/s, gen4 x16 ~25 of 31.5 GB/s.
 
 A GPU behind a Thunderbolt 3/4 (or USB4 40G) dock gets the tunnel's PCIe Gen3 x4, whatever its own link trained
-to, and the tunnel costs more: 19-22 Gb/s host-to-device is what healthy setups measure (nvml-egpu.md §4, the
-eGPU bandwidth table), so its expectation is 22 Gb/s. An eGPU is judged against its tunnel, not a desktop slot.
+to, and the tunnel costs more: 19-22 Gb/s host-to-device is what healthy setups measure (unanswered.io "eGPU
+bandwidth requirements", against the 31.504 Gb/s of 8 GT/s x4 the kernel reports for the tunnel), so its
+expectation is 22 Gb/s. An eGPU is judged against its tunnel, not a desktop slot.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ _CHECKED: dict[tuple[str, str], tuple[bool, str | None]] = {}  # (python, device
 
 def behind_thunderbolt(sysfs_root: Path, bus_id: str | None) -> bool:
     """True when sysfs marks the GPU or a bridge above it removable (an external-facing Thunderbolt/USB4 port,
-    Linux >= 5.14; nvml-egpu.md §4, "Finding the Thunderbolt parent")."""
+    Linux >= 5.14; the kernel's Documentation/ABI/testing/sysfs-devices-removable)."""
     if not bus_id:
         return False
     try:

@@ -142,7 +142,7 @@ class LeakRule(RuleSection):
 class ThrottleRule(RuleSection):
     """``GpuThrottled``: harmful clocks-event reasons sustained."""
 
-    # DCGM's thermal/power health watches need 1 min of data before they answer (dcgm.md §2.1).
+    # DCGM's thermal/power health watches need 1 min of data before they answer (DCGM DcgmHealthWatch.cpp).
     for_: Duration = Field(default=60.0, alias="for")
     # The reason's share of samples is taken over this short window, so a reason flickering every other poll
     # still counts while a single sample does not.
@@ -168,7 +168,7 @@ class XidRule(RuleSection):
 
 
 class EccRule(RuleSection):
-    """``GpuEccError``: volatile DBE, retired pages, row remapping (DCGM MEM health watch, dcgm.md §2.1)."""
+    """``GpuEccError``: volatile DBE, retired pages, row remapping (DCGM MEM health watch, DcgmHealthWatch.cpp)."""
 
     # DCGM: SBE+DBE retired pages >= 63 -> FAIL.
     retired_pages_max: int = Field(default=63, ge=1)
@@ -185,7 +185,7 @@ class LinkRule(RuleSection):
 
 
 class ReplayRule(RuleSection):
-    """``GpuPcieReplays``: replay rate above DCGM's per-lane allowance (dcgm.md §2.1, PCIE health watch)."""
+    """``GpuPcieReplays``: replay rate above DCGM's per-lane allowance (DCGM PCIE health watch, DcgmHealthWatch.cpp)."""
 
     # DCGM counts replays per minute.
     window: PositiveDuration = 60.0
@@ -212,7 +212,7 @@ class TemperatureRule(RuleSection):
     # example: slowdown 95, gpu_max 88), so a GPU this close is past its operating range and about to halve
     # its clocks.
     margin_celsius: float = Field(default=5.0, ge=0)
-    # Hysteresis: once firing, clear only 3 °C lower (ops-conventions §2.6: raise/clear thresholds apart).
+    # Hysteresis: once firing, clear only 3 °C lower (separate raise/clear thresholds, against flapping).
     clear_margin_celsius: float = Field(default=8.0, ge=0)
 
     @model_validator(mode="after")

@@ -1,6 +1,6 @@
 """``GpuEccError``: memory health from the latest sample, one alert per (GPU, ``kind``).
 
-Conditions and their severities follow DCGM's MEM health watch (dcgm.md §2.1): volatile DBE > 0 -> FAIL,
+Conditions and their severities follow DCGM's MEM health watch (``DcgmHealthWatch.cpp``): volatile DBE > 0 -> FAIL,
 SBE+DBE retired pages >= 63 -> FAIL, pending retirement -> WARN, row-remap failure -> FAIL. A pending row remap
 is a warning: the GPU works but needs a reset to apply the remap (capture q03: "Pending Yes").
 """

@@ -6,7 +6,7 @@ to its maximum within seconds. A link that stays low under load is a bad riser/s
 or, on an eGPU, the Thunderbolt tunnel (which caps at about gen3 x4).
 
 Replays: DCGM's PCIe health watch warns when replays in a minute exceed ``ceil(rate_per_lane(gen) x width)``
-with the per-lane allowance derived from a 1e-12 bit error rate (dcgm.md §2.1, ``DcgmHealthWatch.cpp``).
+with the per-lane allowance derived from a 1e-12 bit error rate (DCGM ``modules/health/DcgmHealthWatch.cpp``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gpuwatchd.rules.config import RulesConfig
 DEGRADED = "GpuPcieLinkDegraded"
 REPLAYS = "GpuPcieReplays"
 
-# Allowed replays per lane per minute by PCIe generation (DCGM DcgmHealthWatch.cpp; dcgm.md §2.1).
+# Allowed replays per lane per minute by PCIe generation (DCGM modules/health/DcgmHealthWatch.cpp).
 REPLAYS_PER_LANE_PER_MINUTE: dict[int, float] = {1: 0.15, 2: 0.3, 3: 0.48, 4: 0.96, 5: 1.92, 6: 3.84}
 
 DEGRADED_DESCRIPTION = (

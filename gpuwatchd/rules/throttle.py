@@ -4,7 +4,8 @@ Harmful: HW slowdown, HW thermal, HW power brake, SW thermal (``gpuwatchd.gpu.cl
 SW power cap is the board holding its configured power limit, which is normal at full load and which some
 boards even report at idle (capture xml08: RTX 3090 at P8 with sw_power_cap active), so it alerts only when
 ``rules.throttle.sw_power_cap`` is on *and* the GPU is busy in that sample. GPU idle, application/display clock
-settings and sync boost are never alerts. gpud uses a rate over a window for the same reason (peers.md §1).
+settings and sync boost are never alerts. gpud uses a rate over a window for the same reason (leptonai/gpud
+``components/accelerator/nvidia/hw-slowdown/component.go``).
 
 The share of time throttled in the message comes from NVML's violation counters (cumulative seconds per perf
 policy) where the driver has them, else from the share of samples with the bit set.

@@ -7,7 +7,8 @@ alert instead of starting new ones. The condition is recomputed from the recent 
 daemon restart cannot replay old ones as new. Per-code counters are exported from the store by the exporter
 (``gpuwatchd_gpu_xid_errors_total{uuid,xid}``), never as a sticky last-value gauge.
 
-Severity by class (issue 4; catalog: nvml-egpu.md §5.2, NVIDIA "Analyzing Xid Errors with the Xid Catalog").
+Severity by class, from the resolution buckets of NVIDIA's Xid catalog ("Analyzing Xid Errors with the Xid Catalog",
+https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html).
 """
 
 from __future__ import annotations

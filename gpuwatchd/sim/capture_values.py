@@ -15,7 +15,7 @@ MIB = 1024 * 1024  # nvidia-smi's "MiB" is a binary mebibyte (nvml.h reports byt
 
 # Text nvidia-smi prints instead of a value when the driver has no reading. Seen in the captures ("N/A",
 # "Requested functionality has been deprecated" in 590.x) and in nvidia-smi's own vocabulary for failed calls
-# (nvml-egpu.md: NOT_SUPPORTED / NO_PERMISSION / UNKNOWN render as these bracketed forms).
+# (NVML's NOT_SUPPORTED / NO_PERMISSION / UNKNOWN return codes, nvml.h nvmlReturn_t, render as these bracketed forms).
 NO_READING = frozenset(
     {
         "",

@@ -1,7 +1,7 @@
 """``gpuwatchd sim --from-csv FILE``: replay a per-second log written by ``nvidia-smi --query-gpu=... --format=csv
 -l 1`` (or ``--query-compute-apps=...``) as a scenario of ``series`` steps (``gpuwatchd/sim/series_step.py``).
 
-What real logs look like (``../shared/data/captures`` csv02, csv04): a header line, repeated when the log was
+What real nvidia-smi CSV logs look like: a header line, repeated when the log was
 appended to by several runs; units in the header (``memory.used [MiB]``, or ``memory.used[MiB]`` from scripts)
 or in the values (``1129 MiB``, ``30 %``, ``33.09 W``, with ``nounits`` neither); ``[N/A]`` and
 ``[Not Supported]`` where a board has no reading; several GPUs interleaved, told apart by ``uuid``,

@@ -428,7 +428,7 @@ def bus_id(pci: dict[str, Any], *, legacy: bool = False) -> str:
 
 
 def make_device(index: int, **overrides: Any) -> dict[str, Any]:
-    """A valid device dict with an idle AWS A10G's values (captures/xml04); keys in ``overrides`` replace."""
+    """A valid device dict with an idle AWS A10G's values (from a real ``nvidia-smi -q -x``); ``overrides`` replace."""
     dev: dict[str, Any] = {
         "uuid": f"GPU-5a3c1b2e-0000-4000-8000-{index:012x}",
         "name": "NVIDIA A10G",

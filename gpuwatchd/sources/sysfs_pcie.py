@@ -18,7 +18,8 @@ NVIDIA_VENDOR = "0x10de"
 DISPLAY_CLASS_PREFIX = "0x03"
 # PCIe transfer rate (GT/s) -> generation; same mapping as NVML CurrPcieLinkGeneration.
 GENERATION_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
-# A device whose config space reads all-ones (fell off the bus) reports width 63 and vendor 0xffff (§3.3).
+# A device whose config space reads all-ones (fell off the bus) reports width 63 and vendor 0xffff
+# (the 6-bit Negotiated Link Width field of the PCIe Link Status register reads 0x3f).
 DEAD_LINK_WIDTH = 63
 DEAD_VENDOR = "0xffff"
 

@@ -1,8 +1,8 @@
 """Thunderbolt/USB4 docks and eGPU enclosures from ``<sysfs.root>/sys/bus/thunderbolt/devices``, with their GPUs.
 
 What NVML cannot say about an eGPU: that a dock is attached but not authorized (so the GPU behind it never
-appears), and how its link trained. Read from sysfs under the injectable root, like ``sysfs_pcie`` (nvml-egpu.md
-section 4.1; the kernel's Documentation/ABI/testing/sysfs-bus-thunderbolt).
+appears), and how its link trained. Read from sysfs under the injectable root, like ``sysfs_pcie`` (the kernel's
+Documentation/ABI/testing/sysfs-bus-thunderbolt).
 
 Tying a dock to its GPU goes through the PCI topology, since the kernel exports no link between a Thunderbolt
 device and the PCI functions of its tunnel:
