@@ -93,6 +93,9 @@ class Worker:
         self._reopen: list[int] = []  # released GPUs that hung while being opened: open them again
         self.gen = 0
         self.pos = Position(0)  # the current poller's position
+        # Set when a poller enters a GPU's calls from outside them: the stall watch sleeps on it between polls
+        # instead of ticking every check period (gpuwatchd.sources.stall_watch.watch).
+        self.activity = threading.Event()
         self.stuck: dict[int, Stuck] = {}  # index -> the GPU set aside while a call on it blocks
         self._lock = threading.Lock()
 
@@ -154,8 +157,11 @@ class Worker:
         return not self._reopen and self._next_index >= self.device_count
 
     def _at(self, pos: Position, index: int) -> None:
+        was_idle = pos.index == NOT_IN_A_GPU_CALL
         pos.index = index
         pos.seq += 1
+        if was_idle and index != NOT_IN_A_GPU_CALL:
+            self.activity.set()  # after the position: a watcher that cleared the event then sees the call
         if self._progress is not None and pos.gen == self.gen:
             self._progress[:PROGRESS_BYTES] = encode_progress(index)
 

@@ -130,6 +130,7 @@ class _Runner:
             if code is not None:
                 self.code = code
                 self.done.set()
+                self.worker.activity.set()  # wakes the stall watch sleeping between polls
                 return
             time.sleep(max(0.0, self.interval - (time.monotonic() - started)))
             if pos.gen != worker.gen:
@@ -188,7 +189,8 @@ def run(opts: dict[str, Any], resolver: Resolver) -> int:
     runner = _Runner(worker, opts, counter)
     threading.Thread(target=_read_commands, args=(worker,), name="commands", daemon=True).start()
     runner.start(worker.pos)
-    watch(lambda: worker.pos, lambda: worker.stuck, runner.set_aside, runner.done, stall_after)
+    watch(lambda: worker.pos, lambda: worker.stuck, runner.set_aside, runner.done, stall_after,
+          activity=worker.activity)
     if worker.stuck:
         # A thread is still inside a blocked NVML call: nvmlShutdown could block behind it, and interpreter
         # shutdown would wait on nothing useful. The snapshot lines are flushed; leave now.

@@ -8,7 +8,8 @@ for the kept processes only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,6 +21,11 @@ DEFAULT_PID_MAX = 4_194_304
 # (name, user, host RSS bytes); any part may be unknown.
 ProcInfo = tuple[str | None, str | None, int | None]
 UNKNOWN: ProcInfo = (None, None, None)
+# A pid NVML reports that is not in our /proc (another pid namespace, the stand-in's fictitious pids) is looked
+# up again only after this long: a failed psutil lookup per process per poll was ~20 us each (bench/footprint.py).
+MISSING_RECHECK_SECONDS = 60.0
+
+
 def pid_max(proc_root: Path = Path("/proc")) -> int:
     """The kernel's pid limit; a larger "pid" is a scrambled struct, not a process (nvitop#75)."""
     try:
@@ -103,20 +109,37 @@ def _dicts(top: Sequence[tuple[int, str, int | None]], infos: Mapping[int, ProcI
 
 
 class PsutilResolver:
-    """Name, user and RSS of host processes; caches per (pid, create_time) so a reused pid is not mistaken."""
+    """Name, user and RSS of host processes; caches per (pid, create_time) so a reused pid is not mistaken.
 
-    def __init__(self) -> None:
+    A pid with no process here is remembered as missing (negative cache) and looked up again only after
+    ``recheck`` seconds; both caches are bounded by the pids of the last call."""
+
+    def __init__(self, recheck: float = MISSING_RECHECK_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._cache: dict[int, tuple[psutil.Process, str | None, str | None]] = {}
+        self._missing: dict[int, float] = {}  # pid -> when to look it up again
+        self._recheck = recheck
+        self._clock = clock
+        self.lookups = 0  # psutil.Process constructions (tests check the negative cache)
 
     def _entry(self, pid: int) -> tuple[psutil.Process, str | None, str | None] | None:
         cached = self._cache.get(pid)
         if cached is not None and cached[0].is_running():  # is_running compares create_time: pid reuse safe
             return cached
+        retry = self._missing.get(pid)
+        if retry is not None and self._clock() < retry:
+            return None
+        self.lookups += 1
         try:
             proc = psutil.Process(pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except psutil.NoSuchProcess:
+            self._cache.pop(pid, None)
+            self._missing[pid] = self._clock() + self._recheck
+            return None
+        except psutil.AccessDenied:
             self._cache.pop(pid, None)
             return None
+        self._missing.pop(pid, None)
         name: str | None
         user: str | None
         try:
@@ -147,4 +170,6 @@ class PsutilResolver:
         wanted = set(pids)
         for gone in [p for p in self._cache if p not in wanted]:
             del self._cache[gone]  # keep the cache bounded by the current top-N set
+        for gone in [p for p in self._missing if p not in wanted]:
+            del self._missing[gone]
         return out

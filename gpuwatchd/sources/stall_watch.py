@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from gpuwatchd.sources.worker_protocol import NOT_IN_A_GPU_CALL
 
-# Watchdog period bounds (real seconds): a quarter of stall_after, clamped. 10-100 wake-ups a second of a
-# thread that does almost nothing: far below the poll's own cost.
+# Watchdog period bounds (real seconds): a quarter of stall_after, clamped. Only while a poll is in a GPU's
+# calls or a GPU is stuck; between polls the watch sleeps on the poller's activity event (see watch).
 MIN_CHECK_SECONDS = 0.01
 MAX_CHECK_SECONDS = 0.1
 
@@ -58,13 +58,29 @@ def watch(
     set_aside: Callable[[Position, float], None],
     done: threading.Event,
     stall_after: float,
+    *,
+    activity: threading.Event | None = None,
 ) -> None:
-    """Until ``done``: time the current poller's call and every stuck call; set aside a call past ``stall_after``."""
+    """Until ``done``: time the current poller's call and every stuck call; set aside a call past ``stall_after``.
+
+    With ``activity`` (set by the poller when it enters a GPU's calls, after moving its position), the watch
+    sleeps on it while the poller is between polls and nothing is stuck: a few wake-ups per poll instead of one
+    every check period for the whole interval. The event is cleared BEFORE the position is read, so a call
+    entered after that read sets it again and the wait returns at once. Whoever sets ``done`` sets it too.
+    """
     check = check_period(stall_after)
     seen: tuple[int, int] = (-1, -1)
     blocked = 0.0
     last = time.monotonic()
-    while not done.wait(check):
+    while not done.is_set():
+        if activity is not None and not stuck():
+            activity.clear()
+            if current().index == NOT_IN_A_GPU_CALL:
+                activity.wait()
+                seen, blocked, last = (-1, -1), 0.0, time.monotonic()
+                continue
+        if done.wait(check):
+            break
         now = time.monotonic()
         alive = min(now - last, 2 * check)  # a stopped or starved process does not count against a GPU
         last = now

@@ -117,6 +117,36 @@ def test_psutil_resolver_real_process_and_gone_pid() -> None:
     assert resolver.resolve([child.pid]) == {child.pid: UNKNOWN}
 
 
+def test_psutil_resolver_negative_cache_rechecks_a_missing_pid_later() -> None:
+    # a pid NVML reports that is not a process here (another pid namespace, the stand-in's fictitious pids) is
+    # looked up once, then only after the recheck period; a pid no longer reported leaves the negative cache
+    limit = pid_max()
+    missing = next(p for p in range(limit - 1, 1, -1) if not psutil.pid_exists(p))
+    now = [100.0]
+    resolver = PsutilResolver(recheck=60.0, clock=lambda: now[0])
+    assert resolver.resolve([missing, os.getpid()])[missing] == UNKNOWN
+    assert resolver.lookups == 2
+    for _ in range(5):
+        now[0] += 10.0
+        assert resolver.resolve([missing, os.getpid()])[missing] == UNKNOWN
+    assert resolver.lookups == 2  # 50 s later: neither looked up again (own pid from the positive cache)
+    now[0] += 11.0
+    assert resolver.resolve([missing, os.getpid()])[missing] == UNKNOWN
+    assert resolver.lookups == 3  # past the recheck period: looked up again, still missing
+    resolver.resolve([os.getpid()])
+    assert resolver.resolve([missing])[missing] == UNKNOWN
+    assert resolver.lookups == 4  # dropped while not reported: a pid reported again is looked up at once
+    # a process that exists is found even if its pid was once missing
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        resolver._missing[child.pid] = now[0] - 1.0  # its recheck time has come
+        assert resolver.resolve([child.pid])[child.pid][0] == psutil.Process(child.pid).name()
+        assert child.pid not in resolver._missing
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_process_dicts_is_the_pipe_encoding() -> None:
     class Fixed:
         def resolve(self, pids: list[int]) -> dict[int, tuple[str | None, str | None, int | None]]:
