@@ -12,21 +12,8 @@ from gpuwatchd.doctor.nvml_probe import NvmlFacts, run_child
 from gpuwatchd.doctor.report import Result, fail, ok, warn
 
 G = "cuda"
-# Printed by the child as one JSON line; torch is imported only there (never in this process).
-TORCH_SNIPPET = """
-import json, sys
-try:
-    import torch
-except ImportError:
-    print(json.dumps({"installed": False})); sys.exit(0)
-out = {"installed": True, "version": torch.__version__, "cuda": torch.version.cuda}
-try:
-    out["available"] = bool(torch.cuda.is_available())
-    out["device_count"] = int(torch.cuda.device_count())
-except Exception as e:
-    out["error"] = f"{type(e).__name__}: {e}"
-print(json.dumps(out))
-"""
+# The probe worker's availability check (the one torch importer, as for the probes themselves): one JSON line.
+CHECK_ARGV = ("-m", "gpuwatchd.probes.worker", "--check", "--device", "cuda")
 
 
 def cuda_text(v: int) -> str:
@@ -48,18 +35,31 @@ def probe_torch(host: Host) -> dict[str, Any]:
     if host.torch_facts is not None:
         return host.torch_facts
     try:
-        run = run_child(host, [host.python, "-c", TORCH_SNIPPET])
+        run = run_child(host, [host.python, *CHECK_ARGV])
     except OSError as e:
         return {"installed": None, "error": f"could not start {host.python}: {e}"}
     if run.timed_out:
         return {"installed": True, "timed_out": True}
     for line in reversed(run.out.splitlines()):
         try:
-            facts: dict[str, Any] = json.loads(line)
-            return facts
+            msg = json.loads(line)
         except ValueError:
             continue
+        chk = msg.get("check") if isinstance(msg, dict) else None
+        if isinstance(chk, dict):
+            return torch_facts(chk)
     return {"installed": None, "error": (run.err.strip().splitlines() or [f"exit {run.returncode}"])[-1]}
+
+
+def torch_facts(chk: dict[str, Any]) -> dict[str, Any]:
+    """The worker's ``--check`` answer in the terms of the checks below."""
+    if chk.get("reason") == "torch_not_installed":
+        return {"installed": False}
+    facts: dict[str, Any] = {"installed": True, "version": chk.get("torch"), "cuda": chk.get("cuda"),
+                             "available": bool(chk.get("available"))}
+    if "device_count" in chk:
+        facts["device_count"] = chk["device_count"]
+    return facts
 
 
 def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:

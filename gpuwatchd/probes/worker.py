@@ -60,6 +60,7 @@ def check(torch: Any) -> dict[str, Any]:
     text = " ".join(str(w.message) for w in caught)
     if ok:
         out["available"] = True
+        out["device_count"] = int(torch.cuda.device_count())  # what CUDA_VISIBLE_DEVICES lets torch see
     elif "too old" in text or "insufficient for CUDA runtime" in text:
         out["reason"] = "driver_too_old"
         out["detail"] = text[:300]
@@ -155,7 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     if faults.hang:
         while True:  # an unresponsive driver call: only the runner's deadline ends this
             time.sleep(3600)
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        if not args.check:
+            raise
+        # `gpuwatchd doctor` asks this interpreter whether torch is there at all: an answer, not a crash.
+        _emit({"v": 1, "check": {"torch": None, "cuda": None, "available": False, "reason": "torch_not_installed",
+                                 "detail": str(e)[:300]}})
+        return 0
 
     torch.set_num_threads(max(1, args.threads))
     if args.check:

@@ -123,6 +123,16 @@ def test_installed_torch_in_a_child_process() -> None:
     assert "torch" not in sys.modules
 
 
+def test_torch_missing_for_the_interpreter_is_an_answer_not_a_crash(tmp_path: Path) -> None:
+    # The probe worker's --check in an interpreter where `import torch` fails: doctor reports "not installed".
+    (tmp_path / "torch.py").write_text("raise ImportError('No module named torch')\n")
+    repo = str(Path(__file__).resolve().parents[2])
+    facts = probe_torch(Host(python=sys.executable, env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}"}))
+    assert facts == {"installed": False}
+    res = check_cuda(Host(torch_facts=facts), OK_NVML)
+    assert [(r.check, r.status) for r in res] == [("driver CUDA", "pass"), ("torch", "pass")]
+
+
 def test_torch_not_installed() -> None:
     res = check_cuda(Host(torch_facts={"installed": False}), OK_NVML)
     assert [(r.check, r.status) for r in res] == [("driver CUDA", "pass"), ("torch", "pass")]
