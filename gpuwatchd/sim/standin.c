@@ -160,7 +160,7 @@ static void run_delay(int fid, int slot, int ms) {
  * Common prologue of every per-device call: init check, argument check, state refresh, delay, lost, override.
  * On NVML_SUCCESS it returns with mu held and *out set; the caller must call leave().
  */
-static nvmlReturn_t enter_dev(int fid, nvmlDevice_t h, int args_ok, sdev **out) {
+nvmlReturn_t enter_dev(int fid, nvmlDevice_t h, int args_ok, sdev **out) {
     pthread_mutex_lock(&mu);
     if (!refcount) goto uninit;
     if (!valid_handle(h) || !args_ok) {
@@ -193,7 +193,7 @@ uninit:
     return NVML_ERROR_UNINITIALIZED;
 }
 
-static nvmlReturn_t leave(nvmlReturn_t r) {
+nvmlReturn_t leave(nvmlReturn_t r) {
     pthread_mutex_unlock(&mu);
     return r;
 }

@@ -128,6 +128,12 @@ extern const char *const func_names[NFUNCS];
 sstate *parse_state(int fd);
 void free_state(sstate *s);
 
+/* standin.c: prologue and epilogue of every per-device call, shared with the other translation units
+ * (standin_*.c). enter_dev returns with the state mutex held on NVML_SUCCESS; leave releases it. Not exported
+ * (-fvisibility=hidden). */
+nvmlReturn_t enter_dev(int fid, nvmlDevice_t h, int args_ok, sdev **out);
+nvmlReturn_t leave(nvmlReturn_t r);
+
 static inline void copy_str(char *dst, size_t cap, const char *src) { snprintf(dst, cap, "%s", src); }
 
 #endif
