@@ -90,8 +90,20 @@ def device_calls(h):
           (N.nvmlDeviceGetPcieReplayCounter, (h,))]
     c += [(N.nvmlDeviceGetNvLinkState, (h, link)) for link in range(opts["nvlinks"])]
     c += [(N.nvmlDeviceGetMigMode, (h,)), (N.nvmlDeviceGetComputeRunningProcesses_v3, (h,)),
-          (N.nvmlDeviceGetGraphicsRunningProcesses_v3, (h,))]
+          (N.nvmlDeviceGetGraphicsRunningProcesses_v3, (h,)), (process_utilization, (h,))]
     return c
+last_seen = {}
+def process_utilization(h):
+    # nvml.h: ask for the samples since the newest one seen (NOT_FOUND: none since), as the worker does
+    key = id(h)
+    try:
+        samples = N.nvmlDeviceGetProcessesUtilizationInfo(h, last_seen.get(key, 0))
+    except E as e:
+        if e.value != N.NVML_ERROR_NOT_FOUND:
+            raise
+        return
+    if samples:
+        last_seen[key] = max(s.timeStamp for s in samples)
 ABSENT = (N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_FUNCTION_NOT_FOUND)
 def supported(calls):
     # what a hand-written loop for this device would call: drop what the device answers absent (as the worker does)
@@ -138,7 +150,10 @@ def bench_state(gpus: int, procs: int) -> dict[str, Any]:
         dev.update(encoder_utilization=10 + g, decoder_utilization=20 + g, power_default_limit_mw=300000,
                    field_values={"memory_temp": 60, "pcie_replay_rollover": 0, "pcie_correctable_errors": 3,
                                  "pcie_non_fatal_errors": 0, "pcie_fatal_errors": 0},
-                   encoder_stats={"session_count": 1, "average_fps": 30, "average_latency_us": 800})
+                   encoder_stats={"session_count": 1, "average_fps": 30, "average_latency_us": 800},
+                   # per-process utilization: a sample per process (each had some SM time in the period)
+                   process_utilization=[{"pid": p["pid"], "timestamp_us": 1_700_000_000_000_000, "sm": 5 + i % 90,
+                                         "memory": 1 + i % 50} for i, p in enumerate(dev["processes"]["compute"])])
     return state
 
 

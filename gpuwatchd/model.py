@@ -28,6 +28,11 @@ class ProcessSample:
     name: str | None = None
     user: str | None = None
     host_rss_bytes: int | None = None
+    # per-process utilization since the previous poll (nvml_process_util.py), 0..1; None where unknown
+    sm_utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

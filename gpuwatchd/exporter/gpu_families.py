@@ -189,6 +189,15 @@ PROCESS_RSS = spec(
     "gpuwatchd_gpu_process_host_rss_bytes", "gauge",
     "Host resident memory of a process that holds GPU memory (top-N per GPU).", _P, "bytes",
 )
+_PU = "one process used since the previous poll, 0..1 (top-N processes by memory per GPU)."
+PROCESS_SM = spec("gpuwatchd_gpu_process_sm_utilization_ratio", "gauge",
+                  f"Share of the GPU's SM (3D/compute) time {_PU}", _P, "ratio")
+PROCESS_MEMORY_UTIL = spec("gpuwatchd_gpu_process_memory_utilization_ratio", "gauge",
+                           f"Share of the GPU's frame-buffer memory bandwidth {_PU}", _P, "ratio")
+PROCESS_ENCODER = spec("gpuwatchd_gpu_process_encoder_utilization_ratio", "gauge",
+                       f"Share of the video encoder (NVENC) time {_PU}", _P, "ratio")
+PROCESS_DECODER = spec("gpuwatchd_gpu_process_decoder_utilization_ratio", "gauge",
+                       f"Share of the video decoder (NVDEC) time {_PU}", _P, "ratio")
 
 
 def _flag(value: bool | None) -> float | None:
@@ -306,4 +315,8 @@ def process_families(gpus: Iterable[GpuSample]) -> list[Metric]:
             labels = (g.uuid, str(p.pid), label(p.name))
             f.add(PROCESS_MEMORY, labels, p.used_memory_bytes)
             f.add(PROCESS_RSS, labels, p.host_rss_bytes)
+            f.add(PROCESS_SM, labels, p.sm_utilization_ratio)
+            f.add(PROCESS_MEMORY_UTIL, labels, p.memory_utilization_ratio)
+            f.add(PROCESS_ENCODER, labels, p.encoder_utilization_ratio)
+            f.add(PROCESS_DECODER, labels, p.decoder_utilization_ratio)
     return f.metrics()

@@ -20,6 +20,7 @@ from typing import Any
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.sim.kmsg_replay import ReplayRing, due_lines
 from gpuwatchd.sim.pci_tree import mirror_sysfs
+from gpuwatchd.sim.procutil import PROCESS_UTIL_FIELDS, derive_process_utilization
 from gpuwatchd.sim.scenario import (
     FieldPath,
     PlateauSpec,
@@ -73,6 +74,8 @@ def state_at(scenario: Scenario, t: float, *, start: float = SCENARIO_EPOCH) -> 
     state["devices"] = [devices[s] for s in order]
     state["events"] = _events(scenario, t)
     state["clock"] = start + t
+    for dev in state["devices"]:
+        derive_process_utilization(dev, state["clock"])
     return hide_untunnelled(state)
 
 
@@ -124,6 +127,7 @@ def _apply(step: Step, te: float, state: dict[str, Any], devices: list[dict[str,
         entry = {"pid": spec.pid, "used_memory": spec.used_memory, "name": spec.name, "user": spec.user}
         if spec.host_rss is not None:
             entry["host_rss"] = spec.host_rss
+        entry.update({f: getattr(spec, f) for f in PROCESS_UTIL_FIELDS if getattr(spec, f) is not None})
         procs.append(entry)
     elif step.action == "remove_process":
         for kind in ("compute", "graphics"):

@@ -127,6 +127,11 @@ class ProcessSpec(_Model):
     user: str = "root"
     used_memory: Annotated[int | None, BeforeValidator(parse_quantity)] = None
     host_rss: Annotated[int | None, BeforeValidator(parse_quantity)] = None
+    # per-process utilization in percent (sim/procutil.py); None: the process has none
+    sm_util: int | None = Field(default=None, ge=0, le=100)
+    memory_util: int | None = Field(default=None, ge=0, le=100)
+    encoder_util: int | None = Field(default=None, ge=0, le=100)
+    decoder_util: int | None = Field(default=None, ge=0, le=100)
 
 
 class RemoveProcessSpec(_Model):

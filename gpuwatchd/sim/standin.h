@@ -51,7 +51,8 @@
     X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses) \
     X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetPowerManagementDefaultLimit) \
     X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetFieldValues) \
-    X(nvmlDeviceGetEncoderStats)
+    X(nvmlDeviceGetEncoderStats) \
+    X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetProcessesUtilizationInfo)
 
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,
@@ -98,6 +99,7 @@ typedef struct {
     long long evtypes;
     int nproc[2]; /* compute, graphics; -1: not supported */
     sproc *proc[2];
+    slist putil; /* per-process utilization samples, 8 numbers each (standin_procutil.c); n -1: not supported */
     int lost;
     int has_overrides;
     int err[NFUNCS], err_all;

@@ -123,6 +123,9 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         "nvmlDeviceGetEncoderStats",
         # Field values (nvml.h NVML_FI_*): memory temperature, PCIe error counters
         "nvmlDeviceGetFieldValues",
+        # Per-process utilization (nvml.h): the versioned call (R550+) and the older sample-buffer call
+        "nvmlDeviceGetProcessesUtilizationInfo",
+        "nvmlDeviceGetProcessUtilization",
     ]
 )
 # Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).

@@ -19,6 +19,7 @@ void free_state(sstate *s) {
         free(d->rp[1].v);
         free(d->proc[0]);
         free(d->proc[1]);
+        free(d->putil.v);
     }
     free(s->devs);
     free(s->evs);
@@ -38,6 +39,7 @@ static void dev_defaults(sdev *d) {
         for (size_t i = 0; i < lens[a]; i++) arrs[a][i] = UNSET;
     d->fans.n = d->nvlink.n = d->rp[0].n = d->rp[1].n = -1;
     d->nproc[0] = d->nproc[1] = -1;
+    d->putil.n = -1;
     d->evtypes = (long long)nvmlEventTypeAll; /* docs/sim-state.md: default is every event bit */
 }
 
@@ -186,6 +188,7 @@ static int parse_device_line(sdev *d, const char *key, char *a) {
     else if (!strcmp(key, "supported_event_types")) return parse_fixed(a, &d->evtypes, 1);
     else if (!strcmp(key, "processes_compute")) return parse_procs(a, d, 0);
     else if (!strcmp(key, "processes_graphics")) return parse_procs(a, d, 1);
+    else if (!strcmp(key, "process_utilization")) return parse_list(a, &d->putil) || d->putil.n % 8 ? -1 : 0;
     else if (!strcmp(key, "lost")) { long long v; if (parse_fixed(a, &v, 1)) return -1; d->lost = v == 1; }
     else if (!strcmp(key, "error")) return parse_override(a, d, 0);
     else if (!strcmp(key, "delay")) return parse_override(a, d, 1);

@@ -92,6 +92,9 @@ _ECC_KEYS = ("corrected_volatile", "uncorrected_volatile", "corrected_aggregate"
 _FIELD_VALUE_KEYS = ("memory_temp", "pcie_replay_rollover", "pcie_correctable_errors", "pcie_non_fatal_errors",
                      "pcie_fatal_errors")
 _ENCODER_STATS_KEYS = ("session_count", "average_fps", "average_latency_us")
+# One per-process utilization sample (standin_procutil.c), in its line order; the six percentages are
+# nvmlProcessUtilizationInfo_v1_t's (nvml.h), the older nvmlProcessUtilizationSample_t has the first four.
+PROCESS_UTILIZATION_KEYS = ("pid", "timestamp_us", "sm", "memory", "encoder", "decoder", "jpeg", "ofa")
 _PCIE_KEYS = ("gen", "max_gen", "gpu_max_gen", "width", "max_width", "tx_kbps", "rx_kbps", "replay_counter")
 
 
@@ -202,6 +205,7 @@ _DEVICE_KEYS = {
     "mig_mode",
     "supported_event_types",
     "processes",
+    "process_utilization",
     "lost",
     "errors",
     "delays_ms",
@@ -335,6 +339,8 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
                     _int(f"{q}.used_memory", pr.get("used_memory"), nullable=True),
                 ]
             e.put(f"processes_{kind}", *args)
+    if d.get("process_utilization") is not None:  # absent/null: NOT_SUPPORTED; []: supported, no samples
+        _encode_process_utilization(e, f"{p}.process_utilization", d["process_utilization"])
     if d.get("lost") is not None:
         e.put("lost", _flag(f"{p}.lost", d["lost"]))
     for key, line in (("errors", "error"), ("delays_ms", "delay")):
@@ -342,6 +348,17 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
             q = f"{p}.{key}.{sym}"
             e.put(line, sym, _error_code(q, val) if key == "errors" else _int(q, val, -1, 2**31 - 1))
     e.put("end_device")
+
+
+def _encode_process_utilization(e: _Enc, p: str, samples: object) -> None:
+    args: list[object] = []
+    for i, s in enumerate(_list(p, samples)):
+        q = f"{p}[{i}]"
+        _dict(q, s, set(PROCESS_UTILIZATION_KEYS), required=("pid", "timestamp_us"))
+        args.append(_int(f"{q}.pid", s["pid"], 1, _U32))
+        args.append(_int(f"{q}.timestamp_us", s["timestamp_us"], 1, _I64))
+        args += [_int(f"{q}.{k}", s.get(k, 0), 0, 100) for k in PROCESS_UTILIZATION_KEYS[2:]]
+    e.put("process_utilization", *args)
 
 
 def encode_state(state: dict[str, Any]) -> str:

@@ -19,6 +19,8 @@ from typing import Any
 import pynvml as N
 
 from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml_process_util import CALLS as PROCESS_UTIL_CALLS
+from gpuwatchd.sources.nvml_process_util import ProcessUtilization
 from gpuwatchd.sources.worker_protocol import log_line
 
 Handle = Any
@@ -473,6 +475,21 @@ class DeviceReadings:
             ProcessLister("nvmlDeviceGetGraphicsRunningProcesses", "processes.graphics", self._process_api_settled),
         )
         self._process_api_logged: set[int] = set()  # levels logged (-1: none left); both lists normally agree
+        self.process_util = ProcessUtilization(self._process_util_settled)
+
+    def _process_util_settled(self, level: int, ok: bool) -> None:
+        """Log, once per device, that per-process utilization comes from the older call; learn it absent quietly
+        like any other reading (most drivers' MIG mode, older boards)."""
+        if not ok:
+            self.absent.append("processes.utilization")
+            return
+        self.fallbacks["processes.utilization"] = level
+        try:
+            gpu = N.nvmlDeviceGetUUID(self.handle)
+        except N.NVMLError:
+            gpu = "?"
+        worker_log(f"GPU {gpu}: per-process utilization via {PROCESS_UTIL_CALLS[level]} "
+                   f"(this driver has no {PROCESS_UTIL_CALLS[0]})")
 
     def _process_api_settled(self, lister: ProcessLister, ok: bool) -> None:
         """Log, once per device, the older process call in use, or that the driver has none."""

@@ -18,6 +18,7 @@ from typing import Any
 import pynvml as N
 
 from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, TIMEOUT, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml_process_util import Utilization, attach
 from gpuwatchd.sources.nvml_readings import DeviceReadings, worker_log
 from gpuwatchd.sources.processes import Resolver, merge_processes, pid_max, process_dicts_per_gpu, top_processes
 from gpuwatchd.sources.stall_watch import Position, Stuck
@@ -224,6 +225,7 @@ class Worker:
         newly_lost = []
         # (GPU's out dict, kept processes): host facts are resolved once for all GPUs after the loop
         kept: list[tuple[dict[str, Any], list[tuple[int, str, int | None]]]] = []
+        utils: dict[int, Utilization] = {}  # id(out) -> per-process utilization of its kept processes
         at = self._at
         stuck = self.stuck
         for dev in self.devices:
@@ -236,6 +238,10 @@ class Worker:
             try:
                 dev.readings.poll(out, errors)
                 top = self._processes(dev, out, errors)
+                if top:  # bounded by the top-N: read only where processes are kept
+                    util = self._process_util(dev, errors)
+                    if util is not None:
+                        utils[id(out)] = util
             except NvmlGpuLost as e:
                 newly_lost.append((dev, e.reason))
                 top = []
@@ -254,6 +260,8 @@ class Worker:
         if kept:
             for (out, _), procs in zip(kept, process_dicts_per_gpu([t for _, t in kept], self.resolver), strict=True):
                 out["processes"] = procs
+                if id(out) in utils:
+                    attach(procs, utils[id(out)])
         if newly_lost:
             self._lose(newly_lost)
         at(pos, NOT_IN_A_GPU_CALL)
@@ -304,6 +312,20 @@ class Worker:
         merged = merge_processes(lists[0] or (), lists[1] or (), self.pid_limit)
         out["processes_total"] = len(merged)
         return top_processes(merged, self.top_n) if self.top_n and merged else []
+
+    def _process_util(self, dev: _Device, errors: dict[str, str]) -> Utilization | None:
+        """Per-process utilization since the previous read (None: absent or failed this poll)."""
+        pu = dev.readings.process_util
+        if pu.absent:
+            return None
+        try:
+            return pu.read(dev.handle)
+        except N.NVMLError as e:
+            if e.value in LOST_CODES:
+                raise NvmlGpuLost(e.value, "processes.utilization") from None
+            if not pu.absent:
+                errors["processes.utilization"] = reason(e.value)
+            return None
 
     def _drain_events(self) -> list[dict[str, Any]]:
         if self.event_set is None:
