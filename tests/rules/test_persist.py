@@ -34,6 +34,25 @@ def test_round_trip_keeps_the_leak_rules_series() -> None:
     assert [p.memory_used_bytes for p in old.gpu_history(UUID)] == [p.memory_used_bytes for p in new.gpu_history(UUID)]
 
 
+def test_streamed_file_is_the_whole_document_for_several_gpus_and_processes() -> None:
+    """The file is written a ring at a time (bounded memory per save): with several GPUs and processes it is still
+    one JSON document with every ring, in the layout ``decode`` reads."""
+    store = Store(retention_seconds=3600.0, step_seconds=5.0)
+    other = UUID[:-1] + "1"
+    for i in range(30):
+        t = T0 + 5 * i
+        store.apply(snap(t, with_processes(gpu(), [proc(1, GIB + i), proc(2, GIB)]),
+                         with_processes(gpu(other, 1), [proc(3, 2 * GIB + i)])))
+    data = persist.encode(store, T0 + 150)
+    doc = json.loads(zlib.decompress(data))
+    assert sorted(doc["gpus"]) == sorted([UUID, other]) and doc["saved_at"] == T0 + 150
+    assert sorted((u, pid) for u, pid, _ in doc["procs"]) == [(UUID, 1), (UUID, 2), (other, 3)]
+    assert all(len(points) == 30 for *_, points in doc["procs"])
+    restored = Store(retention_seconds=3600.0, step_seconds=5.0)
+    assert persist.restore(restored, persist.decode(data), T0 + 150) == 5
+    assert [p.used_memory_bytes for p in restored.process_history(other, 3)] == [2 * GIB + i for i in range(30)]
+
+
 def test_restore_drops_points_outside_retention_and_from_the_future() -> None:
     old = filled(20)
     hist = persist.decode(persist.encode(old, T0 + 1200))
