@@ -117,6 +117,14 @@ class GpuSample:
     pcie_replay_rollover_total: int | None = None  # field values: the replay counter's rollovers
     pcie_errors_total: dict[str, int] = field(default_factory=dict)  # correctable, non_fatal, fatal (field values)
     nvlink_links_active: int | None = None
+    # NVLink per link, keyed by the link number as a string (sources/nvml_nvlink.py): state 1 up / 0 down; error
+    # counters by kind (crc_flit, crc_data, replay, recovery); data bytes sent and received (field values)
+    nvlink_states: dict[str, int] = field(default_factory=dict)
+    nvlink_errors_total: dict[str, dict[str, int]] = field(default_factory=dict)
+    nvlink_transmit_bytes_total: dict[str, int] = field(default_factory=dict)
+    nvlink_receive_bytes_total: dict[str, int] = field(default_factory=dict)
+    # nvmlDeviceGpuRecoveryAction_t from field value NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, ...
+    recovery_action: int | None = None
     mig_mode_current: bool | None = None
     # processes, top-N by GPU memory (N from config)
     processes: tuple[ProcessSample, ...] = ()

@@ -48,6 +48,8 @@ class GpuPoint:
     pcie_link_generation: int | None
     pcie_link_width: int | None
     pcie_replay_total: int | None
+    # link -> error kind -> count (rules/nvlink.py); shared with the sample, never modified
+    nvlink_errors_total: Mapping[str, Mapping[str, int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ def _point(t: float, g: GpuSample) -> GpuPoint:
         pcie_link_generation=g.pcie_link_generation,
         pcie_link_width=g.pcie_link_width,
         pcie_replay_total=g.pcie_replay_total,
+        nvlink_errors_total=g.nvlink_errors_total or None,
     )
 
 

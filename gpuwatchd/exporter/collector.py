@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from gpuwatchd.exporter import dock_families as df
 from gpuwatchd.exporter import gpu_families as gf
 from gpuwatchd.exporter import kernel_log_families as kf
+from gpuwatchd.exporter import nvlink_families as nf
 from gpuwatchd.exporter import probe_families as pf
 from gpuwatchd.exporter import runtime_families as rf
 from gpuwatchd.exporter.encode import freeze
@@ -43,7 +44,7 @@ Group = Callable[[Store], Iterable[Metric]]
 
 def store_specs() -> list[Spec]:
     """Every family the store collector can export."""
-    found = [v for mod in (rf, gf, df, kf, pf) for v in vars(mod).values() if isinstance(v, Spec)]
+    found = [v for mod in (rf, gf, df, kf, pf, nf) for v in vars(mod).values() if isinstance(v, Spec)]
     return [*found, COLLECT_ERRORS]
 
 
@@ -89,6 +90,7 @@ class StoreCollector(Collector):
             "kernel_log": kf.kernel_log_families,
             "self": lambda s: rf.self_families(s, self._build),
             "probes": pf.probe_families,
+            "nvlink": self._per_gpu("nvlink", nf.nvlink_families),
         }
         self.errors: dict[str, int] = dict.fromkeys(self.groups, 0)
         # group -> (the GPU samples its families were built from, the families, frozen)

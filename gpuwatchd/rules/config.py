@@ -253,6 +253,21 @@ class RuleFailingRule(RuleSection):
     for_: Duration = Field(default=300.0, alias="for")
 
 
+class NvlinkRule(RuleSection):
+    """``GpuNvlinkErrors``: NVLink error counters rising on a link (DCGM NVLINK health watch, DcgmHealthWatch.cpp)."""
+
+    # DCGM's health watches look at the last 60 s of samples.
+    window: PositiveDuration = 60.0
+    # DCGM: CRC errors at or above 100/s -> FAIL (critical); any below that -> WARN; any replay or recovery -> FAIL.
+    crc_critical_per_second: float = Field(default=100.0, gt=0)
+    # Errors come in bursts; do not resolve and re-fire on every quiet minute.
+    keep_firing_for: Duration = 600.0
+
+
+class RecoveryRule(RuleSection):
+    """``GpuRecoveryActionRequired``: the driver's GPU recovery action (nvmlDeviceGpuRecoveryAction_t) is not none."""
+
+
 class RulesConfig(Section):
     """``rules:``: the built-in alert rules."""
 
@@ -273,3 +288,5 @@ class RulesConfig(Section):
     dock_link: DockLinkRule = DockLinkRule()
     probe: ProbeRule = ProbeRule()
     rule_failing: RuleFailingRule = RuleFailingRule()
+    nvlink: NvlinkRule = NvlinkRule()
+    recovery: RecoveryRule = RecoveryRule()

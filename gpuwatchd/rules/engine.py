@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+import gpuwatchd.rules.nvlink as nvlink_rule
+import gpuwatchd.rules.recovery as recovery_rule
 from gpuwatchd.model import Alert, AlertState, fingerprint
 from gpuwatchd.rules import dock, ecc, failing, leak, link, presence, probe, temperature, throttle, xid
 from gpuwatchd.rules.condition import Condition, RuleView
@@ -63,6 +65,8 @@ FAMILIES: tuple[FamilySpec, ...] = (
     FamilySpec(
         "probe", probe.conditions, {"GpuProbeFailed": lambda c: c.probe, "GpuPerformanceDegraded": lambda c: c.probe}
     ),
+    FamilySpec("nvlink", nvlink_rule.conditions, {"GpuNvlinkErrors": lambda c: c.nvlink}),
+    FamilySpec("recovery", recovery_rule.conditions, {"GpuRecoveryActionRequired": lambda c: c.recovery}),
 )
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
 # The engine's own family: a family that keeps raising (rules/failing.py).

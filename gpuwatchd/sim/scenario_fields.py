@@ -118,6 +118,12 @@ def device_schema() -> dict[str, Any]:
     schema.setdefault("processes", {"compute": [], "graphics": []})
     schema.setdefault("supported_event_types", 0)
     schema.setdefault("power_default_limit_mw", 0)
+    if schema.get("nvlink_counters") is None:  # per link: devices[N].nvlink_counters[L].crc_flit
+        from gpuwatchd.sim.state import NVLINK_COUNTER_KEYS
+
+        schema["nvlink_counters"] = [dict.fromkeys(NVLINK_COUNTER_KEYS, 0)]
+    if schema.get("recovery_action") is None:
+        schema["recovery_action"] = 0
     return schema
 
 

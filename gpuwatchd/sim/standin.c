@@ -766,6 +766,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
             else v->value.ullVal = (unsigned long long)d->fv[k];
             v->nvmlReturn = NVML_SUCCESS;
         }
+        if (v->nvmlReturn == NVML_ERROR_NOT_SUPPORTED) nvlink_field_value(d, v); /* standin_nvlink.c */
     }
     return leave(NVML_SUCCESS);
 }

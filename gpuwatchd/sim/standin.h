@@ -58,6 +58,9 @@
 #define AS_NAME(n) #n,
 enum { FUNCS(AS_ENUM) NFUNCS };
 
+/* NVLink per-link counters the state can set (standin_nvlink.c) */
+#define NVLINK_COUNTERS 6
+
 typedef struct {
     unsigned int pid;
     long long used; /* UNSET -> NVML_VALUE_NOT_AVAILABLE */
@@ -97,6 +100,8 @@ typedef struct {
     long long pcie[8]; /* gen, max_gen, gpu_max_gen, width, max_width, tx_kbps, rx_kbps, replay */
     long long mig[2];
     long long evtypes;
+    long long nvc[NVML_NVLINK_MAX_LINKS][NVLINK_COUNTERS]; /* standin_nvlink.c: per link tx rx crc_flit crc_data replay recovery */
+    long long recovery_action; /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION */
     int nproc[2]; /* compute, graphics; -1: not supported */
     sproc *proc[2];
     slist putil; /* per-process utilization samples, 8 numbers each (standin_procutil.c); n -1: not supported */
@@ -135,6 +140,12 @@ void free_state(sstate *s);
  * (-fvisibility=hidden). */
 nvmlReturn_t enter_dev(int fid, nvmlDevice_t h, int args_ok, sdev **out);
 nvmlReturn_t leave(nvmlReturn_t r);
+
+/* standin_nvlink.c: NVLink field values and the recovery action; its state lines and defaults. */
+int nvlink_field_value(const sdev *d, nvmlFieldValue_t *v); /* 1: the id is NVLink's (v filled), 0: not its id */
+int parse_nvlink_counters(sdev *d, char *a);
+void nvlink_defaults(sdev *d);
+int standin_parse_nums(char *s, long long *out, int max);
 
 static inline void copy_str(char *dst, size_t cap, const char *src) { snprintf(dst, cap, "%s", src); }
 

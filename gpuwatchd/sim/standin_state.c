@@ -41,6 +41,7 @@ static void dev_defaults(sdev *d) {
     d->nproc[0] = d->nproc[1] = -1;
     d->putil.n = -1;
     d->evtypes = (long long)nvmlEventTypeAll; /* docs/sim-state.md: default is every event bit */
+    nvlink_defaults(d);
 }
 
 /* Parse whitespace-separated integers ("-" = unset) from s. Returns the count, or -1 on garbage. */
@@ -64,6 +65,8 @@ static int parse_nums(char *s, long long *out, int max) {
     }
     return n;
 }
+
+int standin_parse_nums(char *s, long long *out, int max) { return parse_nums(s, out, max); }
 
 static int count_tokens(const char *s) {
     int n = 0, in = 0;
@@ -184,6 +187,8 @@ static int parse_device_line(sdev *d, const char *key, char *a) {
     else if (!strcmp(key, "remapped_rows")) return parse_fixed(a, d->remap, 4);
     else if (!strcmp(key, "pcie")) return parse_fixed(a, d->pcie, 8);
     else if (!strcmp(key, "nvlink")) return parse_list(a, &d->nvlink);
+    else if (!strcmp(key, "nvlink_counters")) return parse_nvlink_counters(d, a);
+    else if (!strcmp(key, "recovery_action")) return parse_fixed(a, &d->recovery_action, 1);
     else if (!strcmp(key, "mig_mode")) return parse_fixed(a, d->mig, 2);
     else if (!strcmp(key, "supported_event_types")) return parse_fixed(a, &d->evtypes, 1);
     else if (!strcmp(key, "processes_compute")) return parse_procs(a, d, 0);

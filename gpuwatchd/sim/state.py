@@ -95,6 +95,9 @@ _ENCODER_STATS_KEYS = ("session_count", "average_fps", "average_latency_us")
 # One per-process utilization sample (standin_procutil.c), in its line order; the six percentages are
 # nvmlProcessUtilizationInfo_v1_t's (nvml.h), the older nvmlProcessUtilizationSample_t has the first four.
 PROCESS_UTILIZATION_KEYS = ("pid", "timestamp_us", "sm", "memory", "encoder", "decoder", "jpeg", "ofa")
+# Per-link NVLink counters (standin_nvlink.c "nvlink_counters" line order): data KiB sent/received, CRC flit / CRC
+# data / replay / recovery error counts.
+NVLINK_COUNTER_KEYS = ("tx_kib", "rx_kib", "crc_flit", "crc_data", "replay", "recovery")
 _PCIE_KEYS = ("gen", "max_gen", "gpu_max_gen", "width", "max_width", "tx_kbps", "rx_kbps", "replay_counter")
 
 
@@ -202,6 +205,8 @@ _DEVICE_KEYS = {
     "remapped_rows",
     "pcie",
     "nvlink",
+    "nvlink_counters",
+    "recovery_action",
     "mig_mode",
     "supported_event_types",
     "processes",
@@ -299,6 +304,9 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
             if len(vals) > cap:
                 raise _fail(f"{p}.{key}", f"at most {cap} entries")
             e.put(key, *(_int(f"{p}.{key}[{i}]", x, 0, hi) for i, x in enumerate(vals)))
+    _encode_nvlink_counters(e, p, d)
+    if d.get("recovery_action") is not None:
+        e.put("recovery_action", _int(f"{p}.recovery_action", d["recovery_action"], 0, _U32))
     if d.get("retired_pages") is not None:
         rp = _dict(f"{p}.retired_pages", d["retired_pages"], {"sbe", "dbe", "pending"})
         e.put("retired_pending", _flag(f"{p}.retired_pages.pending", rp.get("pending", False)))
@@ -359,6 +367,22 @@ def _encode_process_utilization(e: _Enc, p: str, samples: object) -> None:
         args.append(_int(f"{q}.timestamp_us", s["timestamp_us"], 1, _I64))
         args += [_int(f"{q}.{k}", s.get(k, 0), 0, 100) for k in PROCESS_UTILIZATION_KEYS[2:]]
     e.put("process_utilization", *args)
+
+
+def _encode_nvlink_counters(e: _Enc, p: str, d: dict[str, Any]) -> None:
+    """``nvlink_counters``: one object per link (null: that link has none), a line per link."""
+    if d.get("nvlink_counters") is None:
+        return
+    links = _list(f"{p}.nvlink_counters", d["nvlink_counters"])
+    if len(links) > _NVLINK_MAX_LINKS:
+        raise _fail(f"{p}.nvlink_counters", f"at most {_NVLINK_MAX_LINKS} links")
+    for link, raw in enumerate(links):
+        if raw is None:
+            continue
+        q = f"{p}.nvlink_counters[{link}]"
+        c = _dict(q, raw, NVLINK_COUNTER_KEYS)
+        e.put("nvlink_counters", link, *(_int(f"{q}.{k}", c.get(k), 0, _I64, nullable=True)
+                                         for k in NVLINK_COUNTER_KEYS))
 
 
 def encode_state(state: dict[str, Any]) -> str:
@@ -489,6 +513,8 @@ def make_device(index: int, **overrides: Any) -> dict[str, Any]:
             "replay_counter": 0,
         },
         "nvlink": None,
+        "nvlink_counters": None,
+        "recovery_action": None,
         "mig_mode": None,
         "processes": {"compute": [], "graphics": []},
         "lost": False,

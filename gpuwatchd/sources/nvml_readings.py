@@ -21,6 +21,7 @@ import pynvml as N
 from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
 from gpuwatchd.sources.nvml_process_util import CALLS as PROCESS_UTIL_CALLS
 from gpuwatchd.sources.nvml_process_util import ProcessUtilization
+from gpuwatchd.sources.nvml_nvlink import NvLink, Sink
 from gpuwatchd.sources.worker_protocol import log_line
 
 Handle = Any
@@ -129,6 +130,7 @@ FIELD_VALUES: dict[int, tuple[str, str | None]] = {
     N.NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS: ("pcie_errors_total", "correctable"),
     N.NVML_FI_DEV_PCIE_COUNT_NON_FATAL_ERROR: ("pcie_errors_total", "non_fatal"),
     N.NVML_FI_DEV_PCIE_COUNT_FATAL_ERROR: ("pcie_errors_total", "fatal"),
+    N.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: ("recovery_action", None),  # nvmlDeviceGpuRecoveryAction_t
 }
 _VALUE_MEMBER = {N.NVML_VALUE_TYPE_DOUBLE: "dVal", N.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
                  N.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
@@ -136,32 +138,71 @@ _VALUE_MEMBER = {N.NVML_VALUE_TYPE_DOUBLE: "dVal", N.NVML_VALUE_TYPE_UNSIGNED_IN
                  N.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal"}
 
 
-def _field_values() -> Reader:
-    """The ``FIELD_VALUES`` in one call. Each value has its own return code: the ids a device answers
-    NOT_SUPPORTED on the first poll are not asked again, and with none left the reading is dropped."""
-    ids = list(FIELD_VALUES)
-    learned = False
+def _field_values(nvlink: NvLink | None = None) -> Reader:
+    """The ``FIELD_VALUES`` and ``nvlink``'s per-link ids (``NvLink.field_requests``) in one call. Each value has
+    its own return code: the values a device answers NOT_SUPPORTED the first time they are asked are not asked
+    again, and with none left the reading is dropped. The per-link ids join once the links are known (learning
+    them can fail for a poll like any call; the device-wide values are read meanwhile)."""
+    request: list[int | tuple[int, int]] = []
+    sinks: list[Sink] = []
+    fresh = 0  # the last ``fresh`` entries have not been asked yet
+    started = False
+    links_pending = nvlink is not None
 
     def read(h: Handle, out: Out) -> None:
-        nonlocal ids, learned
-        values = N.nvmlDeviceGetFieldValues(h, ids)
-        if not learned:
-            ids = [v.fieldId for v in values if v.nvmlReturn != N.NVML_ERROR_NOT_SUPPORTED]
-            learned = True
-            if not ids:
+        nonlocal request, sinks, fresh, started, links_pending
+        if not started:
+            started = True
+            for fid, (field, key) in FIELD_VALUES.items():
+                request.append(fid)
+                sinks.append(_field_sink(field, key))
+            fresh = len(request)
+        if links_pending and nvlink is not None:
+            try:
+                extra = nvlink.field_requests(h)
+            except N.NVMLError as e:
+                if e.value in LOST_CODES:
+                    raise
+                extra = None  # the NVLink reading reports this poll's error; asked again next poll
+            if extra is not None:
+                links_pending = False
+                request += [e[0] for e in extra]
+                sinks += [e[1] for e in extra]
+                fresh += len(extra)
+        values = N.nvmlDeviceGetFieldValues(h, request)
+        if fresh:
+            first = len(request) - fresh
+            keep = [i for i, v in enumerate(values) if i < first or v.nvmlReturn != N.NVML_ERROR_NOT_SUPPORTED]
+            request = [request[i] for i in keep]
+            sinks = [sinks[i] for i in keep]
+            values = [values[i] for i in keep]
+            fresh = 0
+            if not request and not links_pending:
                 raise N.NVMLError(N.NVML_ERROR_NOT_SUPPORTED)
-        for v in values:
+        for v, sink in zip(values, sinks, strict=True):
             member = _VALUE_MEMBER.get(v.valueType)
             if v.nvmlReturn != N.NVML_SUCCESS or member is None:
                 continue  # a value's transient error leaves only that value without a sample this poll
-            field, key = FIELD_VALUES[v.fieldId]
-            number = getattr(v.value, member)
-            if key is None:
-                out[field] = float(number) if field.endswith("_celsius") else int(number)
-            else:
-                out.setdefault(field, {})[key] = int(number)
+            sink(out, getattr(v.value, member))
 
     return read
+
+
+def _field_sink(field: str, key: str | None) -> Sink:
+    """Writes a device-wide value: ``out[field]`` (°C as float, counts as int), or ``out[field][key]``."""
+    if key is None:
+        if field.endswith("_celsius"):
+            def put(out: Out, number: int | float) -> None:
+                out[field] = float(number)
+        else:
+            def put(out: Out, number: int | float) -> None:
+                out[field] = int(number)
+        return put
+
+    def put_key(out: Out, number: int | float) -> None:
+        out.setdefault(field, {})[key] = int(number)
+
+    return put_key
 
 
 def _energy(h: Handle, out: Out) -> None:
@@ -268,31 +309,10 @@ def _mig(h: Handle, out: Out) -> None:
     out["mig_mode_current"] = bool(N.nvmlDeviceGetMigMode(h)[0])
 
 
-class _NvLink:
-    """Active NVLink count; the number of links is learned on the first poll (INVALID_ARGUMENT past the last)."""
-
-    def __init__(self) -> None:
-        self.links: int | None = None
-
-    def __call__(self, h: Handle, out: Out) -> None:
-        if self.links is None:
-            states = []
-            for link in range(N.NVML_NVLINK_MAX_LINKS):
-                try:
-                    states.append(N.nvmlDeviceGetNvLinkState(h, link))
-                except N.NVMLError as e:
-                    if e.value == N.NVML_ERROR_INVALID_ARGUMENT and link > 0:
-                        break
-                    raise
-            self.links = len(states)
-        else:
-            states = [N.nvmlDeviceGetNvLinkState(h, link) for link in range(self.links)]
-        out["nvlink_links_active"] = sum(1 for s in states if s)
-
-
 # (name used in GpuSample.errors, readers best first). Names are the main GpuSample field each one fills.
 def readings() -> list[tuple[str, tuple[Reader, ...]]]:
     """The optional readings of one device, in poll order; a fresh list per device (some readers hold state)."""
+    nvlink = NvLink()  # per device: its per-link field ids join the one field-values request
     rs: list[tuple[str, tuple[Reader, ...]]] = [
         ("memory_used_bytes", (_memory_v2, _memory_v1)),
         ("utilization_gpu_ratio", (_utilization,)),
@@ -314,7 +334,7 @@ def readings() -> list[tuple[str, tuple[Reader, ...]]]:
         ("encoder_utilization_ratio", (_encoder,)),
         ("decoder_utilization_ratio", (_decoder,)),
         ("encoder_sessions", (_encoder_stats,)),
-        ("field_values", (_field_values(),)),
+        ("field_values", (_field_values(nvlink),)),
         ("energy_joules", (_energy,)),
     ]
     for name, kind in CLOCK_TYPES.items():
@@ -349,7 +369,7 @@ def readings() -> list[tuple[str, tuple[Reader, ...]]]:
         ("pcie_tx_bytes_per_second", (_pcie_rate("pcie_tx_bytes_per_second", N.NVML_PCIE_UTIL_TX_BYTES),)),
         ("pcie_rx_bytes_per_second", (_pcie_rate("pcie_rx_bytes_per_second", N.NVML_PCIE_UTIL_RX_BYTES),)),
         ("pcie_replay_total", (_simple("pcie_replay_total", N.nvmlDeviceGetPcieReplayCounter),)),
-        ("nvlink_links_active", (_NvLink(),)),
+        ("nvlink_links_active", (nvlink,)),
         ("mig_mode_current", (_mig,)),
     ]
     return rs

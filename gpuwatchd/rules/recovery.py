@@ -1,0 +1,33 @@
+"""``GpuRecoveryActionRequired``: the driver asks for a GPU reset, a reboot or a drain (one alert per GPU).
+
+The action is NVML's ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` field; its meaning and severity (DCGM's DRIVER health
+watch) are in ``gpuwatchd/gpu/recovery_action.py``. It clears when the driver reports no action again.
+"""
+
+from __future__ import annotations
+
+from gpuwatchd.gpu.recovery_action import recovery_action
+from gpuwatchd.rules.condition import Condition, RuleView, gpu_labels, gpu_title
+from gpuwatchd.rules.config import RulesConfig
+
+NAME = "GpuRecoveryActionRequired"
+
+
+def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
+    """One condition per present GPU whose recovery action is not none."""
+    snap = view.latest
+    if snap is None:
+        return []
+    out: list[Condition] = []
+    for g in snap.gpus:
+        if not g.recovery_action:
+            continue
+        a = recovery_action(g.recovery_action)
+        base = gpu_labels(view, g.uuid)
+        out.append(Condition(
+            NAME, a.severity, {**base, "action": a.label},
+            f"{gpu_title(base)}: the driver asks for {a.what} (NVML recovery action {a.value}, {a.label})",
+            a.todo.replace("<index>", base.get("gpu") or "<index>"),
+            value=float(a.value),
+        ))
+    return out
