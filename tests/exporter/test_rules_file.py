@@ -19,6 +19,7 @@ CONTRACT_ALERTS = {
     "GpuMemoryLeak", "GpuThrottled", "GpuXidError", "GpuEccError", "GpuPcieLinkDegraded", "GpuPcieReplays",
     "GpuLost", "GpuRemoved", "GpuCountLow", "GpuTemperatureHigh", "GpuDockUnauthorized", "GpuDockLinkDegraded",
 }
+CONTRACT_ALERTS |= {"GpuNvlinkErrors", "GpuRecoveryActionRequired"}  # issue 10
 
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
