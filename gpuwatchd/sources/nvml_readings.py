@@ -19,9 +19,9 @@ from typing import Any
 import pynvml as N
 
 from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml_nvlink import NvLink, Sink
 from gpuwatchd.sources.nvml_process_util import CALLS as PROCESS_UTIL_CALLS
 from gpuwatchd.sources.nvml_process_util import ProcessUtilization
-from gpuwatchd.sources.nvml_nvlink import NvLink, Sink
 from gpuwatchd.sources.worker_protocol import log_line
 
 Handle = Any
