@@ -131,6 +131,16 @@ class GpuSample:
     processes_total: int | None = None  # before the top-N cut
     # field name -> reason, for readings that failed this poll with something other than "not supported"
     errors: dict[str, str] = field(default_factory=dict)
+    # GPM activity (sources/nvml_gpm.py; Hopper and newer, MIG instances), averaged between the last two polls
+    gpm_graphics_activity_ratio: float | None = None
+    gpm_sm_activity_ratio: float | None = None
+    gpm_sm_occupancy_ratio: float | None = None
+    gpm_tensor_activity_ratio: float | None = None  # any tensor pipe
+    gpm_tensor_pipe_activity_ratio: dict[str, float] = field(default_factory=dict)  # hmma, imma, dfma, dmma
+    gpm_pipe_activity_ratio: dict[str, float] = field(default_factory=dict)  # fp64, fp32, fp16, integer
+    gpm_dram_activity_ratio: float | None = None
+    gpm_pcie_bytes_per_second: dict[str, float] = field(default_factory=dict)  # tx, rx
+    gpm_nvlink_bytes_per_second: dict[str, float] = field(default_factory=dict)  # tx, rx (all links)
 
 
 # LostGpu reasons for a GPU whose NVML calls block (the worker sets it aside and keeps polling the others):

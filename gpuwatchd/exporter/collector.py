@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuwatchd.exporter import dock_families as df
+from gpuwatchd.exporter import gpm_families as gm
 from gpuwatchd.exporter import gpu_families as gf
 from gpuwatchd.exporter import kernel_log_families as kf
 from gpuwatchd.exporter import nvlink_families as nf
@@ -44,7 +45,7 @@ Group = Callable[[Store], Iterable[Metric]]
 
 def store_specs() -> list[Spec]:
     """Every family the store collector can export."""
-    found = [v for mod in (rf, gf, df, kf, pf, nf) for v in vars(mod).values() if isinstance(v, Spec)]
+    found = [v for mod in (rf, gf, df, kf, pf, nf, gm) for v in vars(mod).values() if isinstance(v, Spec)]
     return [*found, COLLECT_ERRORS]
 
 
@@ -91,6 +92,7 @@ class StoreCollector(Collector):
             "self": lambda s: rf.self_families(s, self._build),
             "probes": pf.probe_families,
             "nvlink": self._per_gpu("nvlink", nf.nvlink_families),
+            "gpm": self._per_gpu("gpm", gm.gpm_families),
         }
         self.errors: dict[str, int] = dict.fromkeys(self.groups, 0)
         # group -> (the GPU samples its families were built from, the families, frozen)

@@ -124,6 +124,9 @@ def device_schema() -> dict[str, Any]:
         schema["nvlink_counters"] = [dict.fromkeys(NVLINK_COUNTER_KEYS, 0)]
     if schema.get("recovery_action") is None:
         schema["recovery_action"] = 0
+    from gpuwatchd.sim.gpm_state import gpm_schema
+
+    schema.setdefault("gpm", gpm_schema())
     return schema
 
 

@@ -113,6 +113,12 @@ static int find_dev(const char *uuid) {
     return -1;
 }
 
+/* With mu held (after enter_lib/enter_dev): the state's device with this UUID, or NULL. */
+sdev *state_dev(const char *uuid) {
+    int i = st ? find_dev(uuid) : -1;
+    return i >= 0 ? &st->devs[i] : NULL;
+}
+
 /* With mu held: the state's device behind a handle, or NULL if its UUID left the state (surprise removal). */
 static sdev *lookup(struct nvmlDevice_st *h) {
     if (h->gen != gen) {
@@ -196,6 +202,13 @@ uninit:
 nvmlReturn_t leave(nvmlReturn_t r) {
     pthread_mutex_unlock(&mu);
     return r;
+}
+
+nvmlReturn_t enter_lib(void) {
+    pthread_mutex_lock(&mu);
+    if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
+    maybe_reload(0);
+    return NVML_SUCCESS;
 }
 
 static nvmlReturn_t put_uint(long long v, unsigned int *out) {

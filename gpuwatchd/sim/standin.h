@@ -52,7 +52,8 @@
     X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetPowerManagementDefaultLimit) \
     X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetFieldValues) \
     X(nvmlDeviceGetEncoderStats) \
-    X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetProcessesUtilizationInfo)
+    X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetProcessesUtilizationInfo) \
+    X(nvmlGpmQueryDeviceSupport) X(nvmlGpmSampleGet) X(nvmlGpmMigSampleGet) X(nvmlGpmMetricsGet)
 
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,
@@ -105,6 +106,7 @@ typedef struct {
     int nproc[2]; /* compute, graphics; -1: not supported */
     sproc *proc[2];
     slist putil; /* per-process utilization samples, 8 numbers each (standin_procutil.c); n -1: not supported */
+    struct sgpm *gpm; /* standin_gpm.c: GPM activity; NULL = none in the state (isSupportedDevice 0) */
     int lost;
     int has_overrides;
     int err[NFUNCS], err_all;
@@ -140,6 +142,15 @@ void free_state(sstate *s);
  * (-fvisibility=hidden). */
 nvmlReturn_t enter_dev(int fid, nvmlDevice_t h, int args_ok, sdev **out);
 nvmlReturn_t leave(nvmlReturn_t r);
+/* standin.c: lock the state mutex and refresh the state if NVML is initialized (0), else NVML_ERROR_UNINITIALIZED
+ * with it unlocked. */
+nvmlReturn_t enter_lib(void);
+/* standin.c, with the mutex held: the current state's device with this UUID, or NULL when it left the state. */
+sdev *state_dev(const char *uuid);
+
+/* standin_gpm.c: parse a device's "gpm*" state line; free what it allocated. */
+int parse_gpm_line(sdev *d, const char *key, char *args);
+void free_gpm(sdev *d);
 
 /* standin_nvlink.c: NVLink field values and the recovery action; its state lines and defaults. */
 int nvlink_field_value(const sdev *d, nvmlFieldValue_t *v); /* 1: the id is NVLink's (v filled), 0: not its id */

@@ -126,6 +126,11 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         # Per-process utilization (nvml.h): the versioned call (R550+) and the older sample-buffer call
         "nvmlDeviceGetProcessesUtilizationInfo",
         "nvmlDeviceGetProcessUtilization",
+        # GPM (nvml.h "GPM Functions", Hopper and newer): support, device and MIG-instance samples, metrics
+        "nvmlGpmQueryDeviceSupport",
+        "nvmlGpmSampleGet",
+        "nvmlGpmMigSampleGet",
+        "nvmlGpmMetricsGet",
     ]
 )
 # Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).
@@ -143,5 +148,7 @@ STANDIN_SYMBOLS: frozenset[str] = OVERRIDABLE_SYMBOLS | frozenset(
         "nvmlEventSetCreate",
         "nvmlEventSetWait_v2",
         "nvmlEventSetFree",
+        "nvmlGpmSampleAlloc",
+        "nvmlGpmSampleFree",
     ]
 )

@@ -20,6 +20,7 @@ void free_state(sstate *s) {
         free(d->proc[0]);
         free(d->proc[1]);
         free(d->putil.v);
+        free_gpm(d);
     }
     free(s->devs);
     free(s->evs);
@@ -195,6 +196,7 @@ static int parse_device_line(sdev *d, const char *key, char *a) {
     else if (!strcmp(key, "processes_graphics")) return parse_procs(a, d, 1);
     else if (!strcmp(key, "process_utilization")) return parse_list(a, &d->putil) || d->putil.n % 8 ? -1 : 0;
     else if (!strcmp(key, "lost")) { long long v; if (parse_fixed(a, &v, 1)) return -1; d->lost = v == 1; }
+    else if (!strncmp(key, "gpm", 3)) return parse_gpm_line(d, key, a);
     else if (!strcmp(key, "error")) return parse_override(a, d, 0);
     else if (!strcmp(key, "delay")) return parse_override(a, d, 1);
     /* unknown keys: ignored, so an older stand-in tolerates a newer writer */

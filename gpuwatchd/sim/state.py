@@ -214,6 +214,7 @@ _DEVICE_KEYS = {
     "lost",
     "errors",
     "delays_ms",
+    "gpm",
 }
 
 
@@ -349,6 +350,10 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
             e.put(f"processes_{kind}", *args)
     if d.get("process_utilization") is not None:  # absent/null: NOT_SUPPORTED; []: supported, no samples
         _encode_process_utilization(e, f"{p}.process_utilization", d["process_utilization"])
+    if d.get("gpm") is not None:
+        from gpuwatchd.sim.gpm_state import encode_gpm
+
+        encode_gpm(e.put, f"{p}.gpm", d["gpm"])
     if d.get("lost") is not None:
         e.put("lost", _flag(f"{p}.lost", d["lost"]))
     for key, line in (("errors", "error"), ("delays_ms", "delay")):

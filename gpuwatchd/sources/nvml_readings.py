@@ -19,6 +19,7 @@ from typing import Any
 import pynvml as N
 
 from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml_gpm import GpmReading
 from gpuwatchd.sources.nvml_nvlink import NvLink, Sink
 from gpuwatchd.sources.nvml_process_util import CALLS as PROCESS_UTIL_CALLS
 from gpuwatchd.sources.nvml_process_util import ProcessUtilization
@@ -496,6 +497,7 @@ class DeviceReadings:
         )
         self._process_api_logged: set[int] = set()  # levels logged (-1: none left); both lists normally agree
         self.process_util = ProcessUtilization(self._process_util_settled)
+        self.gpm = GpmReading(handle)  # holds NVML sample buffers: close() frees them
 
     def _process_util_settled(self, level: int, ok: bool) -> None:
         """Log, once per device, that per-process utilization comes from the older call; learn it absent quietly
@@ -561,3 +563,8 @@ class DeviceReadings:
                 break
         if dropped:
             self._slots = [s for s in self._slots if s.index >= 0]
+        self.gpm.poll(out, errors)
+
+    def close(self) -> None:
+        """Free what the driver holds for this device's readings (GPM sample buffers)."""
+        self.gpm.close()

@@ -280,6 +280,8 @@ class Worker:
     def _lose(self, newly_lost: list[tuple[_Device, str]]) -> None:
         with self._lock:
             gone = {id(d) for d, _ in newly_lost}
+            for d, _ in newly_lost:
+                d.readings.close()
             self.devices = [d for d in self.devices if id(d) not in gone]
             self.lost.extend({"index": d.index, "uuid": d.uuid, "pci_bus_id": d.pci_bus_id, "reason": why}
                              for d, why in newly_lost)
@@ -354,6 +356,9 @@ class Worker:
             self.reenumerate = f"device_count_changed: {self.device_count} -> {count}"
 
     def close(self) -> None:
+        for dev in self.devices:
+            if dev.index not in self.stuck:  # a call blocked on it may still use its buffers
+                dev.readings.close()
         with contextlib.suppress(N.NVMLError):
             if self.event_set is not None:
                 N.nvmlEventSetFree(self.event_set)
