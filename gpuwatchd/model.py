@@ -141,6 +141,11 @@ class GpuSample:
     gpm_dram_activity_ratio: float | None = None
     gpm_pcie_bytes_per_second: dict[str, float] = field(default_factory=dict)  # tx, rx
     gpm_nvlink_bytes_per_second: dict[str, float] = field(default_factory=dict)  # tx, rx (all links)
+    # A MIG device (sources/nvml_mig.py): keyed by its own MIG-... UUID, ``index`` is its GPU's; None on a GPU.
+    parent_uuid: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    profile: str | None = None  # "1g.10gb", from the MIG device's name
 
 
 # LostGpu reasons for a GPU whose NVML calls block (the worker sets it aside and keeps polling the others):
@@ -286,6 +291,7 @@ class GpuIdentity:
     name: str | None
     pci_bus_id: str | None
     serial: str | None = None
+    parent_uuid: str | None = None  # a MIG device's GPU
 
 
 @dataclass(frozen=True, slots=True)

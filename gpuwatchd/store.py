@@ -185,7 +185,7 @@ class Store:
         seen: set[str] = set()
         for g in snap.gpus:
             seen.add(g.uuid)
-            ident = GpuIdentity(g.uuid, g.index, g.name, g.pci_bus_id, g.serial)
+            ident = GpuIdentity(g.uuid, g.index, g.name, g.pci_bus_id, g.serial, g.parent_uuid)
             prev = self._presence.get(g.uuid)
             since = prev.since if prev is not None and prev.state == "present" else t
             first = prev.first_seen if prev is not None else t
@@ -229,7 +229,9 @@ class Store:
                     )
             # A GPU missing from a successful enumeration has been removed (dock detached, unbound).
             for uuid, pres in list(self._presence.items()):
-                if uuid not in seen and pres.state != "removed":
+                if uuid not in seen and pres.identity.parent_uuid is not None:
+                    del self._presence[uuid]  # a MIG device destroyed (or its GPU gone): not a removed GPU
+                elif uuid not in seen and pres.state != "removed":
                     self._presence[uuid] = replace(pres, state="removed", since=t)
         for ev in snap.xid_events:
             key = (ev.uuid or "unknown", ev.xid)

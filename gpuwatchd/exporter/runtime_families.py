@@ -208,7 +208,7 @@ def presence_families(store: Store, driver: str | None = None, now: float | None
         f.add(GPU_LAST_SEEN, (uuid,), pres.last_seen)
         if now is not None and pres.state == "present":
             f.add(GPU_READING_AGE, (uuid,), max(0.0, now - pres.last_seen))
-        present += pres.state == "present"
+        present += pres.state == "present" and ident.parent_uuid is None  # GPUs, not their MIG devices
     if store.latest is not None or store.presence:
         f.add(GPUS, (), present)
     return f.metrics()

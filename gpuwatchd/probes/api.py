@@ -31,7 +31,8 @@ class SelectError(ValueError):
 
 def select_gpus(store: Store, wanted: list[str]) -> list[tuple[str, int, str | None]]:
     """(uuid, index, name) of the GPUs named by index or UUID (all present GPUs when none are named)."""
-    gpus = list(store.latest.gpus) if store.latest is not None else []
+    # GPUs, not their MIG devices (which share their GPU's index)
+    gpus = [g for g in store.latest.gpus if g.parent_uuid is None] if store.latest is not None else []
     if not wanted:
         return [(g.uuid, g.index, g.name) for g in gpus]
     out = []

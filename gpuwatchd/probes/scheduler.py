@@ -57,7 +57,7 @@ class Scheduler:
             return [], []
         recheck = max(cfg.idle_for, MIN_RECHECK_S)
         for g in snap.gpus:
-            if not present(store, g.uuid):
+            if not present(store, g.uuid) or g.parent_uuid is not None:  # MIG devices: not probed
                 continue
             s = self.gpus.get(g.uuid)
             if s is None:

@@ -75,7 +75,10 @@ def gpu_labels(view: RuleView, uuid: str) -> dict[str, str]:
     pres = view.presence.get(uuid)
     if pres is not None:
         ident = pres.identity
-        return {"uuid": uuid, "gpu": str(ident.index), "model": ident.name or "unknown"}
+        labels = {"uuid": uuid, "gpu": str(ident.index), "model": ident.name or "unknown"}
+        if ident.parent_uuid is not None:  # a MIG device (its name says the profile): which GPU it is part of
+            labels["parent_uuid"] = ident.parent_uuid
+        return labels
     if view.latest is not None:
         for g in view.latest.gpus:
             if g.uuid == uuid:

@@ -71,6 +71,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
     present = 0
     missing: list[str] = []
     for uuid, pres in sorted(view.presence.items()):
+        if pres.identity.parent_uuid is not None:
+            continue  # a MIG device: part of its GPU, whose presence this is about
         labels = gpu_labels(view, uuid)
         title = gpu_title(labels)
         if pres.state == "present":

@@ -23,7 +23,8 @@ SONAME = "libnvidia-ml.so.1"
 SOURCE = Path(__file__).with_name("standin.c")  # the exported API; its helpers sit next to it
 SOURCES = (SOURCE, SOURCE.with_name("standin_state.c"), SOURCE.with_name("standin_procutil.c"),
            SOURCE.with_name("standin_nvlink.c"),
-           SOURCE.with_name("standin_gpm.c"))
+           SOURCE.with_name("standin_gpm.c"),
+           SOURCE.with_name("standin_mig.c"))
 HEADERS = (SOURCE.with_name("standin.h"),)
 # The header the stand-in is compiled against; pinned so struct layouts match the pynvml we ship with.
 HEADER_PACKAGE = "nvidia-nvml-dev==13.5.37"

@@ -67,7 +67,9 @@ class SimResolver:
     def _parse(self) -> dict[int, ProcInfo]:
         state = read_state(self.path)
         by_pid: dict[int, ProcInfo] = {}
-        for dev in state.get("devices") or ():
+        devices = state.get("devices") or ()
+        # a MIG device's processes (sim/state_mig.py) are host processes like any other
+        for dev in [*devices, *(m for d in devices for m in d.get("mig_devices") or ())]:
             procs = dev.get("processes") or {}
             for kind in ("compute", "graphics"):
                 for p in procs.get(kind) or ():

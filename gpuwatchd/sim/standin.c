@@ -30,11 +30,6 @@
 #define SLICE_NS 2000000LL
 #define EVSET_MAGIC 0x47575345u
 
-struct nvmlDevice_st {
-    int slot;
-    unsigned long long gen; /* state generation didx was resolved against */
-    int didx;               /* index into state->devs, -1 when the UUID is gone from the state */
-};
 
 struct nvmlEventSet_st {
     unsigned int magic;
@@ -128,6 +123,15 @@ static sdev *lookup(struct nvmlDevice_st *h) {
     return h->didx >= 0 ? &st->devs[h->didx] : NULL;
 }
 
+sdev *gpu_at(int slot) {
+    maybe_reload(0);
+    return slot >= 0 && slot < enum_n ? lookup(&handles[slot]) : NULL;
+}
+
+nvmlDevice_t gpu_handle(int slot) { return &handles[slot]; }
+
+int enum_count(void) { return enum_n; }
+
 static int valid_handle(nvmlDevice_t h) {
     return h >= &handles[0] && h < &handles[enum_n];
 }
@@ -169,6 +173,7 @@ static void run_delay(int fid, int slot, int ms) {
 nvmlReturn_t enter_dev(int fid, nvmlDevice_t h, int args_ok, sdev **out) {
     pthread_mutex_lock(&mu);
     if (!refcount) goto uninit;
+    if (is_mig_handle(h)) return enter_mig(fid, h, args_ok, out); /* standin_mig.c */
     if (!valid_handle(h) || !args_ok) {
         pthread_mutex_unlock(&mu);
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -1007,14 +1012,16 @@ __attribute__((unused)) static nvmlReturn_t processes(int fid, int kind, nvmlDev
     sdev *d;
     nvmlReturn_t r = enter_dev(fid, device, count != NULL, &d);
     if (r) return r;
-    if (d->nproc[kind] < 0) return leave(NVML_ERROR_NOT_SUPPORTED);
-    unsigned int n = (unsigned int)d->nproc[kind];
+    if (d->nproc[kind] < 0 && !d->nmig) return leave(NVML_ERROR_NOT_SUPPORTED);
+    /* A GPU with MIG devices lists every instance's processes after its own (nvml.h: aggregate information). */
+    int own = d->nproc[kind] < 0 ? 0 : d->nproc[kind];
+    unsigned int n = (unsigned int)(own + (d->nmig ? mig_process_count(d, kind) : 0));
     if (*count < n) {
         *count = n;
         return leave(NVML_ERROR_INSUFFICIENT_SIZE);
     }
     if (n && !infos) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    for (unsigned int i = 0; i < n; i++) {
+    for (unsigned int i = 0; i < (unsigned int)own; i++) {
         const sproc *p = &d->proc[kind][i];
         unsigned long long used = p->used == UNSET ? (unsigned long long)NVML_VALUE_NOT_AVAILABLE
                                                    : (unsigned long long)p->used;
@@ -1026,9 +1033,13 @@ __attribute__((unused)) static nvmlReturn_t processes(int fid, int kind, nvmlDev
             nvmlProcessInfo_v2_t *o = (nvmlProcessInfo_v2_t *)infos + i;
             o->pid = p->pid;
             o->usedGpuMemory = used;
-            o->gpuInstanceId = 0xFFFFFFFFu; /* no MIG attribution */
-            o->computeInstanceId = 0xFFFFFFFFu;
+            o->gpuInstanceId = d->gi == UNSET ? 0xFFFFFFFFu : (unsigned int)d->gi; /* a MIG device's own ids */
+            o->computeInstanceId = d->ci == UNSET ? 0xFFFFFFFFu : (unsigned int)d->ci;
         }
+    }
+    if (d->nmig && n > (unsigned int)own) {
+        size_t size = v1 ? sizeof(nvmlProcessInfo_v1_t) : sizeof(nvmlProcessInfo_v2_t);
+        mig_processes(d, kind, (char *)infos + size * (size_t)own, v1);
     }
     *count = n;
     return leave(NVML_SUCCESS);

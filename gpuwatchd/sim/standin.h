@@ -53,7 +53,9 @@
     X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetFieldValues) \
     X(nvmlDeviceGetEncoderStats) \
     X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetProcessesUtilizationInfo) \
-    X(nvmlGpmQueryDeviceSupport) X(nvmlGpmSampleGet) X(nvmlGpmMigSampleGet) X(nvmlGpmMetricsGet)
+    X(nvmlGpmQueryDeviceSupport) X(nvmlGpmSampleGet) X(nvmlGpmMigSampleGet) X(nvmlGpmMetricsGet) \
+    X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetMigDeviceHandleByIndex) X(nvmlDeviceIsMigDeviceHandle) \
+    X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle) X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId)
 
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,
@@ -111,7 +113,26 @@ typedef struct {
     int has_overrides;
     int err[NFUNCS], err_all;
     int delay[NFUNCS], delay_all; /* 0 none, >0 ms, -1 forever */
+    /* MIG (standin_mig.c). On a GPU: mig_max slots (nvmlDeviceGetMaxMigDeviceCount while MIG is on) and its
+     * instances. On a MIG instance's own sdev: its GPU / compute instance ids (UNSET on a GPU). */
+    long long mig_max, gi, ci;
+    int nmig, mig_open;
+    struct smig *migs;
 } sdev;
+
+/* One MIG device (a compute instance) of a GPU: served through MIG device handles; `d` holds what calls on the
+ * handle answer (uuid, name, memory, processes, overrides); everything left unset there answers NOT_SUPPORTED. */
+typedef struct smig {
+    sdev d;
+    unsigned int index; /* nvmlDeviceGetMigDeviceHandleByIndex index under the GPU */
+} smig;
+
+/* A device handle: GPUs are standin.c's handles[slot]; MIG devices are standin_mig.c's, with slot = MIG index. */
+struct nvmlDevice_st {
+    int slot;
+    unsigned long long gen; /* state generation didx was resolved against */
+    int didx;               /* index into state->devs, -1 when the UUID is gone from the state */
+};
 
 typedef struct {
     unsigned long long seq, type, data;
@@ -157,6 +178,25 @@ int nvlink_field_value(const sdev *d, nvmlFieldValue_t *v); /* 1: the id is NVLi
 int parse_nvlink_counters(sdev *d, char *a);
 void nvlink_defaults(sdev *d);
 int standin_parse_nums(char *s, long long *out, int max);
+
+/* standin_state.c: defaults of a device block, and one `key args` line of it (also used for MIG blocks). */
+void dev_defaults(sdev *d);
+int parse_device_line(sdev *d, const char *key, char *a);
+
+/* standin_mig.c: the MIG device handles. parse_mig_line takes the lines of `mig_device ... end_mig_device` blocks
+ * inside a device block (1: consumed, 0: not a MIG line, -1: malformed); enter_mig is enter_dev's path for a MIG
+ * handle (called with mu held); mig_processes fills a GPU's aggregate process list from its instances. */
+int parse_mig_line(sdev *parent, const char *key, char *a);
+void free_migs(sdev *d);
+int is_mig_handle(nvmlDevice_t h);
+nvmlReturn_t enter_mig(int fid, nvmlDevice_t h, int args_ok, sdev **out);
+int mig_process_count(const sdev *gpu, int kind);
+void mig_processes(const sdev *gpu, int kind, void *infos, int v1);
+
+/* standin.c: with mu held, the state's GPU at enumeration slot (NULL when gone), its handle, and the slot count. */
+sdev *gpu_at(int slot);
+nvmlDevice_t gpu_handle(int slot);
+int enum_count(void);
 
 static inline void copy_str(char *dst, size_t cap, const char *src) { snprintf(dst, cap, "%s", src); }
 

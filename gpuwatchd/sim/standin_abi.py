@@ -131,6 +131,13 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         "nvmlGpmSampleGet",
         "nvmlGpmMigSampleGet",
         "nvmlGpmMetricsGet",
+        # MIG devices (nvml.h Multi Instance GPU Management; standin_mig.c)
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceIsMigDeviceHandle",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
     ]
 )
 # Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).

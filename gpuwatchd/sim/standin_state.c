@@ -21,17 +21,18 @@ void free_state(sstate *s) {
         free(d->proc[1]);
         free(d->putil.v);
         free_gpm(d);
+        free_migs(d); /* standin_mig.c */
     }
     free(s->devs);
     free(s->evs);
     free(s);
 }
 
-static void dev_defaults(sdev *d) {
+void dev_defaults(sdev *d) {
     memset(d, 0, sizeof(*d));
     long long *unset[] = {&d->minor, &d->temp, &d->power, &d->plimit, &d->energy, &d->cer, &d->scer,
                           &d->pstate, &d->rp_pending, &d->pdefault, &d->persist,
-                          &d->codec[0], &d->codec[1]};
+                          &d->codec[0], &d->codec[1], &d->mig_max, &d->gi, &d->ci};
     for (size_t i = 0; i < sizeof(unset) / sizeof(unset[0]); i++) *unset[i] = UNSET;
     long long *arrs[] = {d->pci, d->mem, d->util, d->tthr, d->pcons, d->clk, d->maxclk, d->viol, d->ecc_mode,
                          d->ecc, d->remap, d->pcie, d->mig, d->fv, d->encstats};
@@ -147,7 +148,7 @@ static int parse_override(char *s, sdev *d, int is_delay) {
     return 0;
 }
 
-static int parse_device_line(sdev *d, const char *key, char *a) {
+int parse_device_line(sdev *d, const char *key, char *a) {
     if (!strcmp(key, "uuid")) copy_str(d->uuid, sizeof d->uuid, a);
     else if (!strcmp(key, "name")) copy_str(d->name, sizeof d->name, a);
     else if (!strcmp(key, "serial")) { copy_str(d->serial, sizeof d->serial, a); d->has_serial = 1; }
@@ -269,10 +270,11 @@ sstate *parse_state(int fd) {
             dev_defaults(&s->devs[s->ndev++]);
             in_dev = 1;
         } else if (!strcmp(line, "end_device")) {
-            if (!in_dev || !s->devs[s->ndev - 1].uuid[0]) goto out;
+            if (!in_dev || !s->devs[s->ndev - 1].uuid[0] || s->devs[s->ndev - 1].mig_open) goto out;
             in_dev = 0;
         } else if (in_dev) {
-            if (parse_device_line(&s->devs[s->ndev - 1], line, a)) goto out;
+            int m = parse_mig_line(&s->devs[s->ndev - 1], line, a); /* standin_mig.c: mig_device blocks */
+            if (m < 0 || (m == 0 && parse_device_line(&s->devs[s->ndev - 1], line, a))) goto out;
         } else if (!strcmp(line, "driver_version")) copy_str(s->driver, sizeof s->driver, a);
         else if (!strcmp(line, "nvml_version")) copy_str(s->nvml, sizeof s->nvml, a);
         else if (!strcmp(line, "cuda_driver_version")) { if (parse_fixed(a, &s->cuda, 1)) goto out; }

@@ -215,7 +215,48 @@ _DEVICE_KEYS = {
     "errors",
     "delays_ms",
     "gpm",
+    "mig_max_devices",  # MIG (sim/state_mig.py)
+    "mig_devices",
 }
+
+
+def _encode_memory(e: _Enc, p: str, d: dict[str, Any]) -> None:
+    if d.get("memory") is not None:
+        m = _dict(f"{p}.memory", d["memory"], {"total", "reserved", "used"}, required=("total", "used"))
+        total, used = _int(f"{p}.memory.total", m["total"]), _int(f"{p}.memory.used", m["used"])
+        reserved = _int(f"{p}.memory.reserved", m.get("reserved", 0))
+        assert total is not None and used is not None and reserved is not None
+        if reserved + used > total:
+            raise _fail(f"{p}.memory.used", f"reserved + used ({reserved + used}) exceeds total ({total})")
+        e.put("memory", total, reserved, used)
+
+
+def _encode_processes(e: _Enc, p: str, d: dict[str, Any]) -> None:
+    if d.get("processes") is not None:
+        procs = _dict(f"{p}.processes", d["processes"], {"compute", "graphics"})
+        for kind in ("compute", "graphics"):
+            if procs.get(kind) is None:
+                continue
+            args: list[object] = []
+            for i, pr in enumerate(_list(f"{p}.processes.{kind}", procs[kind])):
+                q = f"{p}.processes.{kind}[{i}]"
+                _dict(q, pr, {"pid", "used_memory", "name", "user", "host_rss"}, required=("pid",))
+                for k in ("name", "user"):
+                    if pr.get(k) is not None:
+                        _str(f"{q}.{k}", pr[k])
+                _int(f"{q}.host_rss", pr.get("host_rss"), nullable=True)
+                args += [
+                    _int(f"{q}.pid", pr["pid"], 1, _U32),
+                    _int(f"{q}.used_memory", pr.get("used_memory"), nullable=True),
+                ]
+            e.put(f"processes_{kind}", *args)
+
+
+def _encode_overrides(e: _Enc, p: str, d: dict[str, Any]) -> None:
+    for key, line in (("errors", "error"), ("delays_ms", "delay")):
+        for sym, val in _dict(f"{p}.{key}", d.get(key) or {}, OVERRIDABLE_SYMBOLS | {"*"}).items():
+            q = f"{p}.{key}.{sym}"
+            e.put(line, sym, _error_code(q, val) if key == "errors" else _int(q, val, -1, 2**31 - 1))
 
 
 def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
@@ -264,14 +305,7 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
             _int(f"{p}.pci.pci_device_id", pci.get("pci_device_id", 0), 0, _U32),
             _int(f"{p}.pci.pci_subsystem_id", pci.get("pci_subsystem_id", 0), 0, _U32),
         )
-    if d.get("memory") is not None:
-        m = _dict(f"{p}.memory", d["memory"], {"total", "reserved", "used"}, required=("total", "used"))
-        total, used = _int(f"{p}.memory.total", m["total"]), _int(f"{p}.memory.used", m["used"])
-        reserved = _int(f"{p}.memory.reserved", m.get("reserved", 0))
-        assert total is not None and used is not None and reserved is not None
-        if reserved + used > total:
-            raise _fail(f"{p}.memory.used", f"reserved + used ({reserved + used}) exceeds total ({total})")
-        e.put("memory", total, reserved, used)
+    _encode_memory(e, p, d)
     if d.get("utilization") is not None:
         u = _dict(f"{p}.utilization", d["utilization"], {"gpu", "memory"}, required=("gpu", "memory"))
         e.put(
@@ -330,24 +364,7 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
         )
     if "supported_event_types" in d:  # absent: C default (every event bit); null: NOT_SUPPORTED
         e.put("supported_event_types", _int(f"{p}.supported_event_types", d["supported_event_types"], nullable=True))
-    if d.get("processes") is not None:
-        procs = _dict(f"{p}.processes", d["processes"], {"compute", "graphics"})
-        for kind in ("compute", "graphics"):
-            if procs.get(kind) is None:
-                continue
-            args: list[object] = []
-            for i, pr in enumerate(_list(f"{p}.processes.{kind}", procs[kind])):
-                q = f"{p}.processes.{kind}[{i}]"
-                _dict(q, pr, {"pid", "used_memory", "name", "user", "host_rss"}, required=("pid",))
-                for k in ("name", "user"):
-                    if pr.get(k) is not None:
-                        _str(f"{q}.{k}", pr[k])
-                _int(f"{q}.host_rss", pr.get("host_rss"), nullable=True)
-                args += [
-                    _int(f"{q}.pid", pr["pid"], 1, _U32),
-                    _int(f"{q}.used_memory", pr.get("used_memory"), nullable=True),
-                ]
-            e.put(f"processes_{kind}", *args)
+    _encode_processes(e, p, d)
     if d.get("process_utilization") is not None:  # absent/null: NOT_SUPPORTED; []: supported, no samples
         _encode_process_utilization(e, f"{p}.process_utilization", d["process_utilization"])
     if d.get("gpm") is not None:
@@ -356,10 +373,11 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
         encode_gpm(e.put, f"{p}.gpm", d["gpm"])
     if d.get("lost") is not None:
         e.put("lost", _flag(f"{p}.lost", d["lost"]))
-    for key, line in (("errors", "error"), ("delays_ms", "delay")):
-        for sym, val in _dict(f"{p}.{key}", d.get(key) or {}, OVERRIDABLE_SYMBOLS | {"*"}).items():
-            q = f"{p}.{key}.{sym}"
-            e.put(line, sym, _error_code(q, val) if key == "errors" else _int(q, val, -1, 2**31 - 1))
+    _encode_overrides(e, p, d)
+    if d.get("mig_devices") is not None or d.get("mig_max_devices") is not None:
+        from gpuwatchd.sim.state_mig import encode_mig_devices
+
+        encode_mig_devices(e, p, d)
     e.put("end_device")
 
 

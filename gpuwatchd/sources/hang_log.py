@@ -53,7 +53,7 @@ class HangLog:
         if not self.episodes:
             return
         hung = {x.index for x in snap.lost if x.reason in (HANG_SUSPECTED, HUNG)}
-        answering = {g.index: g.uuid for g in snap.gpus}
+        answering = {g.index: g.uuid for g in snap.gpus if g.parent_uuid is None}
         other = {x.index: x.reason for x in snap.lost if x.index not in hung}
         for index, ep in list(self.episodes.items()):
             if index in hung:

@@ -33,7 +33,8 @@ class SnapshotIntake:
         if snap.nvml_ok:
             # Merge, not replace: a GPU lost at enumeration keeps the identity its index had before.
             for g in snap.gpus:
-                self.known[g.index] = (g.uuid, g.pci_bus_id)
+                if g.parent_uuid is None:  # a MIG device shares its GPU's index
+                    self.known[g.index] = (g.uuid, g.pci_bus_id)
         return snap
 
     def _identify(self, lost: LostGpu) -> LostGpu:

@@ -486,9 +486,10 @@ class _Slot:
 class DeviceReadings:
     """The readings of one device and what has been learned about them (the capability cache)."""
 
-    def __init__(self, handle: Handle) -> None:
+    def __init__(self, handle: Handle, only: frozenset[str] | None = None) -> None:
+        """``only``: the names of the readings to take (a MIG device: sources/nvml_mig.py); None: all."""
         self.handle = handle
-        self._slots = [_Slot(n, i) for n, i in readings()]
+        self._slots = [_Slot(n, i) for n, i in readings() if only is None or n in only]
         self.absent: list[str] = []  # names learned absent, in the order learned (logged once)
         self.fallbacks: dict[str, int] = {}  # name -> index of the fallback in use (0 = preferred)
         self.process_listers = (

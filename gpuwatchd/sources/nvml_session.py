@@ -18,6 +18,7 @@ from typing import Any
 import pynvml as N
 
 from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, TIMEOUT, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml_mig import MigDevice, MigSet, gone
 from gpuwatchd.sources.nvml_process_util import Utilization, attach
 from gpuwatchd.sources.nvml_readings import DeviceReadings, worker_log
 from gpuwatchd.sources.processes import Resolver, merge_processes, pid_max, process_dicts_per_gpu, top_processes
@@ -42,7 +43,7 @@ def _addr(handle: Any) -> int | None:
 
 
 class _Device:
-    __slots__ = ("addr", "handle", "index", "name", "pci_bus_id", "readings", "serial", "uuid")
+    __slots__ = ("addr", "handle", "index", "mig", "name", "pci_bus_id", "readings", "serial", "uuid")
 
     def __init__(self, index: int, handle: Any) -> None:
         self.index = index
@@ -54,6 +55,7 @@ class _Device:
         self.pci_bus_id: str | None = pci.busId if pci is not None else None
         self.serial: str | None = _optional(N.nvmlDeviceGetSerial, handle)
         self.readings = DeviceReadings(handle)
+        self.mig = MigSet.open(handle)  # its MIG devices (sources/nvml_mig.py); None: not MIG-capable
 
 
 def _optional(fn: Any, handle: Any) -> Any:
@@ -235,13 +237,17 @@ class Worker:
             out: dict[str, Any] = {"uuid": dev.uuid, "index": dev.index, "name": dev.name,
                                    "pci_bus_id": dev.pci_bus_id, "serial": dev.serial}
             errors: dict[str, str] = {}
+            migs: list[tuple[dict[str, Any], list[tuple[int, str, int | None]], Utilization | None]] = []
             try:
                 dev.readings.poll(out, errors)
-                top = self._processes(dev, out, errors)
-                if top:  # bounded by the top-N: read only where processes are kept
-                    util = self._process_util(dev, errors)
-                    if util is not None:
-                        utils[id(out)] = util
+                if dev.mig is not None and dev.mig.enabled:  # processes are its MIG devices'
+                    top, migs = [], self._poll_mig(dev, out)
+                else:
+                    top = self._processes(dev, out, errors)
+                    if top:  # bounded by the top-N: read only where processes are kept
+                        util = self._process_util(dev, errors)
+                        if util is not None:
+                            utils[id(out)] = util
             except NvmlGpuLost as e:
                 newly_lost.append((dev, e.reason))
                 top = []
@@ -257,6 +263,12 @@ class Worker:
             if top:
                 kept.append((out, top))
             gpus.append(out)
+            for mig_out, mig_top, mig_util in migs:
+                if mig_top:
+                    kept.append((mig_out, mig_top))
+                if mig_util is not None:
+                    utils[id(mig_out)] = mig_util
+                gpus.append(mig_out)
         if kept:
             for (out, _), procs in zip(kept, process_dicts_per_gpu([t for _, t in kept], self.resolver), strict=True):
                 out["processes"] = procs
@@ -290,8 +302,30 @@ class Worker:
                 # the same, so keep polling the others instead of respawning in a loop.
                 self.reenumerate = "gpu_lost: " + ",".join(d.uuid for d, _ in newly_lost)
 
+    def _poll_mig(self, dev: _Device, gpu_out: dict[str, Any]
+                  ) -> list[tuple[dict[str, Any], list[tuple[int, str, int | None]], Utilization | None]]:
+        """The snapshot entries of a GPU's MIG devices (with their kept processes); notices a changed MIG
+        configuration and asks for re-enumeration (sources/nvml_mig.py)."""
+        assert dev.mig is not None
+        why = dev.mig.changed(gpu_out)
+        entries = []
+        for m in dev.mig.devices:
+            out = m.identity(dev.uuid, dev.index)
+            errors: dict[str, str] = {}
+            m.readings.poll(out, errors)
+            top = self._processes(m, out, errors)
+            util = self._process_util(m, errors) if top else None
+            if errors:
+                out["errors"] = errors
+                if why is None and gone(errors):
+                    why = f"MIG device {m.uuid} no longer answers"
+            entries.append((out, top, util))
+        if why is not None and self.reenumerate is None:
+            self.reenumerate = f"mig_config_changed: {dev.uuid}: {why}"
+        return entries
+
     def _processes(
-        self, dev: _Device, out: dict[str, Any], errors: dict[str, str]
+        self, dev: _Device | MigDevice, out: dict[str, Any], errors: dict[str, str]
     ) -> list[tuple[int, str, int | None]]:
         """Sets ``processes_total``; returns the top N (host facts are added for all GPUs at once)."""
         lists: list[list[tuple[int, int | None]] | None] = []
@@ -315,7 +349,7 @@ class Worker:
         out["processes_total"] = len(merged)
         return top_processes(merged, self.top_n) if self.top_n and merged else []
 
-    def _process_util(self, dev: _Device, errors: dict[str, str]) -> Utilization | None:
+    def _process_util(self, dev: _Device | MigDevice, errors: dict[str, str]) -> Utilization | None:
         """Per-process utilization since the previous read (None: absent or failed this poll)."""
         pu = dev.readings.process_util
         if pu.absent:

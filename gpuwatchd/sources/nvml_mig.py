@@ -1,0 +1,138 @@
+"""MIG devices as devices of their own, inside the NVML worker (imports pynvml; only the worker loads it).
+
+A GPU in MIG mode is split into MIG devices (one per compute instance). Each is read through its MIG device
+handle (nvml.h ``nvmlDeviceGetMigDeviceHandleByIndex``) and reported as a ``GpuSample`` of its own, keyed by its
+``MIG-...`` UUID, with ``parent_uuid``, ``gpu_instance_id``, ``compute_instance_id`` and ``profile``, right after
+its GPU in the snapshot. What a MIG handle answers is per instance: memory and the processes running in it
+(nvml.h: "per-instance information can be queried by using specific MIG device handles"). Everything physical
+(temperature, power, clocks, PCIe, ECC, fans) stays on the GPU, which in MIG mode lists no processes of its own:
+its process list is the aggregate of its instances', which are attributed to the instances instead.
+
+The profile (``1g.10gb``) is taken from the MIG device's name: drivers name MIG devices
+``"<GPU name> MIG <profile>"`` (nvml.h ``nvmlDeviceGetName``: "MIG device names which can be used to identify
+devices based on their attributes"); that is one call at enumeration, where the GPU-instance profile tables
+(``nvmlDeviceGetGpuInstanceById`` + ``nvmlGpuInstanceGetInfo`` + ``nvmlDeviceGetGpuInstanceProfileInfoV``) would
+be three, on a privileged handle type.
+
+MIG devices are enumerated when their GPU is opened. A changed MIG configuration is noticed per poll at little
+cost -- MIG mode switched (the GPU's own ``mig_mode_current`` reading), a device appearing in a slot that was
+empty, or a MIG handle the driver no longer accepts (a destroyed instance: INVALID_ARGUMENT / NOT_FOUND) -- and
+answered with the worker's re-enumeration (a fresh worker opens everything again).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml as N
+
+from gpuwatchd.sources.errors import LOST_CODES, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml_readings import DeviceReadings, worker_log
+
+Out = dict[str, Any]
+# The readings a MIG device has (nvml_readings.readings() names); the rest are the GPU's.
+MIG_READINGS = frozenset({"memory_used_bytes"})
+# A MIG handle the driver no longer accepts: its instance was destroyed (nvml.h nvmlDeviceGetMigDeviceHandleByIndex).
+_GONE = frozenset({N.NVML_ERROR_INVALID_ARGUMENT, N.NVML_ERROR_NOT_FOUND})
+
+
+def profile_of(name: str | None) -> str | None:
+    """``"NVIDIA A100-SXM4-80GB MIG 1g.10gb"`` -> ``"1g.10gb"`` (also ``"MIG 1g.10gb"``); None when not named so."""
+    if not name:
+        return None
+    head, sep, tail = name.rpartition("MIG ")
+    if not sep or (head and not head.endswith(" ")) or not tail or " " in tail:
+        return None
+    return tail
+
+
+def _lost(e: N.NVMLError, call: str) -> None:
+    if e.value in LOST_CODES:
+        raise NvmlGpuLost(e.value, call) from None
+
+
+class MigDevice:
+    """One MIG device: its handle, identity and readings (memory; processes through the worker's listers)."""
+
+    __slots__ = ("compute_instance_id", "gpu_instance_id", "handle", "index", "name", "profile", "readings", "uuid")
+
+    def __init__(self, index: int, handle: Any) -> None:
+        self.index = index
+        self.handle = handle
+        self.uuid: str = N.nvmlDeviceGetUUID(handle)
+        try:
+            self.name: str | None = N.nvmlDeviceGetName(handle)
+        except N.NVMLError as e:
+            _lost(e, "nvmlDeviceGetName")
+            self.name = None
+        self.profile = profile_of(self.name)
+        self.gpu_instance_id: int = N.nvmlDeviceGetGpuInstanceId(handle)
+        self.compute_instance_id: int = N.nvmlDeviceGetComputeInstanceId(handle)
+        self.readings = DeviceReadings(handle, MIG_READINGS)
+
+    def identity(self, parent_uuid: str, parent_index: int) -> Out:
+        """The start of its snapshot entry (``GpuSample`` fields); its GPU's index, no PCI id of its own."""
+        return {"uuid": self.uuid, "index": parent_index, "name": self.name, "parent_uuid": parent_uuid,
+                "gpu_instance_id": self.gpu_instance_id, "compute_instance_id": self.compute_instance_id,
+                "profile": self.profile}
+
+
+class MigSet:
+    """The MIG devices of one MIG-capable GPU, as enumerated when the GPU was opened."""
+
+    __slots__ = ("devices", "empty", "enabled", "handle", "max_count")
+
+    def __init__(self, handle: Any, enabled: bool) -> None:
+        self.handle = handle
+        self.enabled = enabled
+        self.devices: list[MigDevice] = []
+        self.empty: list[int] = []  # slots without a MIG device: probed each poll for a new one
+        self.max_count = 0
+        if not enabled:
+            return
+        try:
+            self.max_count = N.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except N.NVMLError as e:
+            _lost(e, "nvmlDeviceGetMaxMigDeviceCount")
+            worker_log(f"MIG mode is on but its devices cannot be counted: {reason(e.value)}", "WARNING")
+            return
+        for i in range(self.max_count):
+            try:
+                self.devices.append(MigDevice(i, N.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)))
+            except N.NVMLError as e:
+                _lost(e, "nvmlDeviceGetMigDeviceHandleByIndex")
+                if e.value != N.NVML_ERROR_NOT_FOUND:
+                    worker_log(f"MIG device {i}: not opened: {reason(e.value)}", "WARNING")
+                self.empty.append(i)
+
+    @classmethod
+    def open(cls, handle: Any) -> MigSet | None:
+        """The GPU's MIG devices; None for a GPU without MIG (NOT_SUPPORTED, or a driver without the calls)."""
+        try:
+            current = N.nvmlDeviceGetMigMode(handle)[0]
+        except N.NVMLError as e:
+            _lost(e, "nvmlDeviceGetMigMode")
+            return None
+        return cls(handle, current == N.NVML_DEVICE_MIG_ENABLE)
+
+    def changed(self, gpu_out: Out) -> str | None:
+        """Why the MIG configuration differs from the one enumerated (None: same); after the GPU's readings."""
+        mode = gpu_out.get("mig_mode_current")
+        if mode is not None and mode != self.enabled:
+            return f"MIG mode turned {'on' if mode else 'off'}"
+        for i in self.empty:
+            try:
+                N.nvmlDeviceGetMigDeviceHandleByIndex(self.handle, i)
+            except N.NVMLError as e:
+                _lost(e, "nvmlDeviceGetMigDeviceHandleByIndex")
+                continue
+            return f"MIG device created at index {i}"
+        return None
+
+
+def gone(errors: dict[str, str]) -> bool:
+    """A MIG device's readings failed the way a destroyed instance's handle does."""
+    return any(r in (reason(c) for c in _GONE) for r in errors.values())
+
+
+__all__ = ["MIG_READINGS", "MigDevice", "MigSet", "gone", "profile_of"]
