@@ -240,8 +240,10 @@ class Worker:
             migs: list[tuple[dict[str, Any], list[tuple[int, str, int | None]], Utilization | None]] = []
             try:
                 dev.readings.poll(out, errors)
-                if dev.mig is not None and dev.mig.enabled:  # processes are its MIG devices'
-                    top, migs = [], self._poll_mig(dev, out)
+                if dev.mig is not None:  # MIG-capable: its MIG devices, and whether its MIG configuration changed
+                    migs = self._poll_mig(dev, out)
+                if migs:  # the GPU's process list is their aggregate: processes are attributed to them
+                    top = []
                 else:
                     top = self._processes(dev, out, errors)
                     if top:  # bounded by the top-N: read only where processes are kept

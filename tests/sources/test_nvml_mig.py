@@ -127,3 +127,18 @@ def test_instance_reading_failure_is_per_poll(standin_libdir: Path, write_sim_st
 ])
 def test_profile_from_the_mig_device_name(name: str | None, profile: str | None) -> None:
     assert profile_of(name) == profile
+
+
+def test_mig_mode_turned_on_reenumerates(standin_libdir: Path, write_sim_state: StateWriter) -> None:
+    off = make_state(0, devices=[a100(mig_mode=[0, 1], mig_devices=[])])
+    path = write_sim_state(off)
+    w = LiveWorker(standin_libdir, path, interval=0.05)
+    try:
+        (gpu,) = snap(w.next()).gpus
+        assert (gpu.mig_mode_current, gpu.processes_total) == (False, 1)  # MIG off: the GPU's own processes
+        write_sim_state(make_state(0, devices=[a100()]))  # after the reset that applies the pending mode
+        assert w.wait() == 3
+        assert w.proc.stderr is not None
+        assert f"mig_config_changed: {PARENT}: MIG mode turned on" in w.proc.stderr.read()
+    finally:
+        w.close()
