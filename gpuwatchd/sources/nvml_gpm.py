@@ -172,10 +172,12 @@ class GpmReading:
     first poll and costs nothing after; transient failures of the support query are retried on the next poll.
     """
 
-    __slots__ = ("absent", "handle", "sampler")
+    __slots__ = ("absent", "gpu_instance_id", "handle", "sampler")
 
-    def __init__(self, handle: Handle) -> None:
+    def __init__(self, handle: Handle, gpu_instance_id: int | None = None) -> None:
+        """``gpu_instance_id``: read that GPU instance of device ``handle`` (a MIG device's, sources/nvml_mig.py)."""
         self.handle = handle
+        self.gpu_instance_id = gpu_instance_id
         self.absent = False
         self.sampler: GpmSampler | None = None
 
@@ -186,7 +188,7 @@ class GpmReading:
             try:
                 supported = N.nvmlGpmQueryDeviceSupport(self.handle).isSupportedDevice
                 if supported:
-                    self.sampler = GpmSampler(self.handle)
+                    self.sampler = GpmSampler(self.handle, self.gpu_instance_id)
             except N.NVMLError as e:
                 if e.value in LOST_CODES:
                     raise NvmlGpuLost(e.value, ERROR_KEY) from None

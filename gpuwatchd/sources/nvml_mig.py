@@ -6,7 +6,9 @@ handle (nvml.h ``nvmlDeviceGetMigDeviceHandleByIndex``) and reported as a ``GpuS
 its GPU in the snapshot. What a MIG handle answers is per instance: memory and the processes running in it
 (nvml.h: "per-instance information can be queried by using specific MIG device handles"). Everything physical
 (temperature, power, clocks, PCIe, ECC, fans) stays on the GPU, which in MIG mode lists no processes of its own:
-its process list is the aggregate of its instances', which are attributed to the instances instead.
+its process list is the aggregate of its instances', which are attributed to the instances instead. GPM activity
+(Hopper and newer) is per GPU instance: a MIG device has its GPU instance's, sampled on the GPU with
+``nvmlGpmMigSampleGet`` (:class:`~gpuwatchd.sources.nvml_gpm.GpmReading`), where the GPU supports GPM.
 
 The profile (``1g.10gb``) is taken from the MIG device's name: drivers name MIG devices
 ``"<GPU name> MIG <profile>"`` (nvml.h ``nvmlDeviceGetName``: "MIG device names which can be used to identify
@@ -27,6 +29,7 @@ from typing import Any
 import pynvml as N
 
 from gpuwatchd.sources.errors import LOST_CODES, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml_gpm import GpmReading
 from gpuwatchd.sources.nvml_readings import DeviceReadings, worker_log
 
 Out = dict[str, Any]
@@ -56,7 +59,8 @@ class MigDevice:
 
     __slots__ = ("compute_instance_id", "gpu_instance_id", "handle", "index", "name", "profile", "readings", "uuid")
 
-    def __init__(self, index: int, handle: Any) -> None:
+    def __init__(self, index: int, handle: Any, gpu: Any) -> None:
+        """``gpu``: its GPU's handle, for the GPU-instance GPM samples."""
         self.index = index
         self.handle = handle
         self.uuid: str = N.nvmlDeviceGetUUID(handle)
@@ -69,6 +73,8 @@ class MigDevice:
         self.gpu_instance_id: int = N.nvmlDeviceGetGpuInstanceId(handle)
         self.compute_instance_id: int = N.nvmlDeviceGetComputeInstanceId(handle)
         self.readings = DeviceReadings(handle, MIG_READINGS)
+        # GPM activity of its GPU instance, sampled on the GPU (nvmlGpmMigSampleGet) where the GPU supports GPM.
+        self.readings.gpm = GpmReading(gpu, self.gpu_instance_id)
 
     def identity(self, parent_uuid: str, parent_index: int) -> Out:
         """The start of its snapshot entry (``GpuSample`` fields); its GPU's index, no PCI id of its own."""
@@ -98,7 +104,7 @@ class MigSet:
             return
         for i in range(self.max_count):
             try:
-                self.devices.append(MigDevice(i, N.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)))
+                self.devices.append(MigDevice(i, N.nvmlDeviceGetMigDeviceHandleByIndex(handle, i), handle))
             except N.NVMLError as e:
                 _lost(e, "nvmlDeviceGetMigDeviceHandleByIndex")
                 if e.value != N.NVML_ERROR_NOT_FOUND:
@@ -114,6 +120,11 @@ class MigSet:
             _lost(e, "nvmlDeviceGetMigMode")
             return None
         return cls(handle, current == N.NVML_DEVICE_MIG_ENABLE)
+
+    def close(self) -> None:
+        """Free what the driver holds for the MIG devices' readings (GPM sample buffers)."""
+        for m in self.devices:
+            m.readings.close()
 
     def changed(self, gpu_out: Out) -> str | None:
         """Why the MIG configuration differs from the one enumerated (None: same); after the GPU's readings."""

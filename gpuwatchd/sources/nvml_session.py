@@ -296,6 +296,8 @@ class Worker:
             gone = {id(d) for d, _ in newly_lost}
             for d, _ in newly_lost:
                 d.readings.close()
+                if d.mig is not None:
+                    d.mig.close()
             self.devices = [d for d in self.devices if id(d) not in gone]
             self.lost.extend({"index": d.index, "uuid": d.uuid, "pci_bus_id": d.pci_bus_id, "reason": why}
                              for d, why in newly_lost)
@@ -395,6 +397,8 @@ class Worker:
         for dev in self.devices:
             if dev.index not in self.stuck:  # a call blocked on it may still use its buffers
                 dev.readings.close()
+                if dev.mig is not None:
+                    dev.mig.close()
         with contextlib.suppress(N.NVMLError):
             if self.event_set is not None:
                 N.nvmlEventSetFree(self.event_set)

@@ -142,3 +142,27 @@ def test_mig_mode_turned_on_reenumerates(standin_libdir: Path, write_sim_state: 
         assert f"mig_config_changed: {PARENT}: MIG mode turned on" in w.proc.stderr.read()
     finally:
         w.close()
+
+
+def test_gpm_activity_per_instance(standin_libdir: Path, write_sim_state: StateWriter) -> None:
+    """GPM on a Hopper in MIG mode: each MIG device has its GPU instance's activity (nvmlGpmMigSampleGet on the GPU),
+    from the second poll on; the GPU keeps its own."""
+    gpm = {"sm_util": 80.0, "dram_bw_util": 40.0,
+           "instances": {"2": {"sm_util": 60.0, "dram_bw_util": 30.0}, "9": {"sm_util": 12.5}}}
+    dev = a100(name="NVIDIA H100 80GB HBM3", gpm=gpm)
+    code, lines, err = run_worker(standin_libdir, write_sim_state(make_state(0, devices=[dev])), max_polls=3)
+    assert code == 0, err
+    first = snap(lines[0]).gpus
+    assert [g.gpm_sm_activity_ratio for g in first] == [None, None, None]  # one sample: no metrics yet
+    gpu, m0, m2 = snap(lines[-1]).gpus
+    assert (gpu.gpm_sm_activity_ratio, m0.gpm_sm_activity_ratio, m2.gpm_sm_activity_ratio) == pytest.approx(
+        (0.8, 0.6, 0.125))
+    assert (m0.gpm_dram_activity_ratio, m2.gpm_dram_activity_ratio, m2.errors) == (pytest.approx(0.3), None, {})
+
+
+def test_no_gpm_on_instances_of_a_gpu_without_it(standin_libdir: Path, write_sim_state: StateWriter) -> None:
+    code, lines, err = run_worker(standin_libdir, write_sim_state(make_state(0, devices=[a100()])), max_polls=3,
+                                  trace_calls=True)
+    assert code == 0, err
+    assert all(g.gpm_sm_activity_ratio is None for g in snap(lines[-1]).gpus)
+    assert not any(c.startswith("nvmlGpm") for c in lines[-1]["calls"])  # learned absent: nothing per poll
