@@ -30,6 +30,7 @@ from gpuwatchd.sim.scenario import (
     Step,
     WaveSpec,
 )
+from gpuwatchd.sim.scenario_mig import derive_mig_memory
 from gpuwatchd.sim.series_step import SeriesSpec, series_value
 from gpuwatchd.sim.tb_tree import hide_untunnelled
 
@@ -68,6 +69,7 @@ def state_at(scenario: Scenario, t: float, *, start: float = SCENARIO_EPOCH) -> 
         for slot in order:
             devices[slot]["processes"]["compute"].extend(_population(scenario.population, scenario.gpus, slot, t))
     for slot, dev in enumerate(devices):
+        derive_mig_memory(dev)  # sim/scenario_mig.py: MIG devices' memory, added to their GPU's
         _derive_memory(dev)
         if "energy_mj" in dev and dev["energy_mj"] is not None:
             dev["energy_mj"] = int(dev["energy_mj"] + _energy_mj(scenario, slot, dev, cycle, te))

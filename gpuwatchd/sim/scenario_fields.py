@@ -118,6 +118,8 @@ def device_schema() -> dict[str, Any]:
     schema.setdefault("processes", {"compute": [], "graphics": []})
     schema.setdefault("supported_event_types", 0)
     schema.setdefault("power_default_limit_mw", 0)
+    schema.setdefault("mig_max_devices", 0)  # MIG devices: sim/scenario_mig.py
+    schema.setdefault("mig_devices", [])
     if schema.get("nvlink_counters") is None:  # per link: devices[N].nvlink_counters[L].crc_flit
         from gpuwatchd.sim.state import NVLINK_COUNTER_KEYS
 
@@ -165,6 +167,10 @@ def check_field(path: FieldPath, value: Any, schema: dict[str, Any], *, numeric:
         if keys[0] not in _TOP_LEVEL:
             raise ValueError(f"unknown field {path.text!r}")
         expected = _TOP_LEVEL[str(keys[0])]
+    elif keys[0] == "mig_devices" and len(keys) > 2 and isinstance(keys[1], int):
+        from gpuwatchd.sim.scenario_mig import MIG_SCHEMA  # devices[N].mig_devices[M].<a MIG device's field>
+
+        return check_field(FieldPath(path.text, path.slot, keys[2:]), value, MIG_SCHEMA, numeric=numeric)
     elif keys[0] == PROBE_FAULTS:
         return _check_probe_faults(path, value)
     elif keys[0] in OPEN_MAPS:

@@ -39,6 +39,7 @@ SCENARIOS: dict[str, tuple[set[str], float]] = {
     "xid-storm": ({"GpuXidError"}, 100.0),
     "ecc": ({"GpuEccError"}, 100.0),
     "link-degraded": ({"GpuPcieLinkDegraded"}, 150.0),
+    "mig": ({"GpuMemoryLeak"}, 300.0),
 }
 TAIL = 60.0  # scenario seconds after the end, for resolutions and the last group_interval
 
@@ -98,3 +99,18 @@ async def test_scenario_messages(name: str, tmp_path: Path) -> None:
     assert expected_names <= names
     if name == "egpu-unplug":
         check_unplug(hooks)
+    if name == "mig":
+        check_mig(hooks)
+
+
+MIG_LEAKING = "MIG-c4d19f3e-7b28-5a61-9e0f-5d3a8b6c2e70"  # the 1g.10gb MIG device of the mig scenario
+
+
+def check_mig(hooks: list[Any]) -> None:
+    """Every alert of the mig scenario is the 1g.10gb MIG device's leak, named by that MIG device's uuid."""
+    alerts = [a for h in hooks for a in h["alerts"]]
+    assert alerts
+    for a in alerts:
+        labels = a["labels"]
+        assert (labels["alertname"], labels["uuid"], labels["pid"]) == ("GpuMemoryLeak", MIG_LEAKING, "4303"), labels
+        assert labels["parent_uuid"].startswith("GPU-") and labels["model"] == "NVIDIA A100-SXM4-80GB MIG 1g.10gb"

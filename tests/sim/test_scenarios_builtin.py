@@ -14,7 +14,8 @@ from gpuwatchd.sim.state import encode_state
 MIB = 2**20
 CONTRACT_NAMES = {"idle", "leak", "plateau", "throttle-thermal", "power-brake", "sw-power-cap-idle", "egpu-unplug",
                   "xid-storm", "ecc", "link-degraded", "nvml-hang", "no-driver", "fleet", "dock-unauthorized",
-                  "tb-link-degraded", "driver-mismatch", "cuda-too-old", "probe-sdc", "egpu-slow-link", "probe-hang"}
+                  "tb-link-degraded", "driver-mismatch", "cuda-too-old", "probe-sdc", "egpu-slow-link", "probe-hang",
+                  "mig"}
 SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
 
 
@@ -276,3 +277,18 @@ def test_egpu_unplug_detaches_the_enclosure_with_the_gpu() -> None:
     assert [d["gpus"] for d in state_at(scen, 74)["thunderbolt"]["devices"]] == [[egpu]]
     assert state_at(scen, 76)["thunderbolt"]["devices"] == []
     assert len(state_at(scen, 121)["thunderbolt"]["devices"]) == 1
+
+
+def test_mig_instances_hold_their_processes_and_one_leaks() -> None:
+    scen = load_scenario("mig")
+    gib = 1 << 30
+    early, late, end = (state_at(scen, t)["devices"][0] for t in (60, 700, 1500))
+    assert [m["profile"] for m in early["mig_devices"]] == ["3g.40gb", "2g.20gb", "1g.10gb"]
+    leaking = [m["mig_devices"][2]["processes"]["compute"][0]["used_memory"] for m in (early, late, end)]
+    assert leaking[0] < 2 * gib < 5 * gib < leaking[1] < leaking[2] <= end["mig_devices"][2]["memory"]["total"]
+    for dev in (early, late, end):
+        steady = [m["processes"]["compute"][0]["used_memory"] for m in dev["mig_devices"][:2]]
+        assert steady == [18 * gib, 11 * gib]
+        # the GPU's used memory is the aggregate of its MIG devices' (a driver's answer for a GPU in MIG mode)
+        assert dev["memory"]["used"] == sum(m["memory"]["used"] for m in dev["mig_devices"])
+        assert dev["processes"]["compute"] == []
