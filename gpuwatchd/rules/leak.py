@@ -15,7 +15,8 @@ from gpuwatchd.model import GpuSample, ProcessSample
 from gpuwatchd.rules.condition import Condition, Level, RuleView, fmt_bytes, fmt_duration, gpu_labels, gpu_title
 from gpuwatchd.rules.config import LeakRule, RulesConfig
 from gpuwatchd.rules.leak_ended import gone_processes, gpu_gone, stopped
-from gpuwatchd.rules.onset import ONSET_BUCKET, find_onset, fit
+from gpuwatchd.rules.onset import ONSET_BUCKET, candidates, find_onset, fit
+from gpuwatchd.rules.steps import MIN_STEPS, staircase
 from gpuwatchd.rules.trend import Trend, Verdict, assess, measure, sparkline
 from gpuwatchd.store import ProcessPoint
 
@@ -118,9 +119,11 @@ def _urgent(
 ) -> Judged | None:
     """The shortest short window on which the series is a leak fast enough for that window to be evidence."""
     # No short window can show more growth than the raw values span; most series are flat, skip them cheaply.
-    latest = [v for t, v in points if t >= now - URGENT_WINDOWS[-1]]
-    if not latest or max(latest) - min(latest) < max(floor_growth, 1.0):
+    latest = [(t, v) for t, v in points if t >= now - URGENT_WINDOWS[-1]]
+    if not latest or max(v for _, v in latest) - min(v for _, v in latest) < max(floor_growth, 1.0):
         return None
+    # A regular staircase (rules/steps.py) is as good evidence as a clean straight rise, however rough its line.
+    stair = staircase(latest, now)
     for window in URGENT_WINDOWS:
         if window >= cfg.min_span:
             break
@@ -135,9 +138,13 @@ def _urgent(
         # A clean straight rise is evidence sooner and needs a shorter hold than a rough one (a staircase, a
         # noisy ramp): a long warm-up stepping every minute looks like a fast staircase leak for a while.
         f = fit(points, now - window, bucket=window / URGENT_BUCKETS)
-        if f is None or f.straightness < (cfg.onset_min_straightness if seen else cfg.unseen_min_straightness):
+        if stair is not None and (stair.steps > MIN_STEPS or now - stair.last < hold_for(cfg, v.eta_decision)):
+            # A run of MIN_STEPS steps is evidence for one hold: its next step on schedule must confirm it.
+            clean = True
+        elif f is None or f.straightness < (cfg.onset_min_straightness if seen else cfg.unseen_min_straightness):
             continue
-        clean = f.rate * f.span >= cfg.onset_min_snr * max(f.scatter, MIN_SCATTER)
+        else:
+            clean = f.rate * f.span >= cfg.onset_min_snr * max(f.scatter, MIN_SCATTER)
         share = cfg.urgent_evidence_share if clean else cfg.urgent_rough_share
         if share * v.eta_decision <= window:
             hold = hold_for(cfg, v.eta_decision, share=None if clean else cfg.urgent_rough_share)
@@ -209,10 +216,11 @@ def _judge(
     seen = appeared is not None or (on is not None and on.seen)
     if seen and on is not None and cfg.onset:
         # A clean straight rise needs less growth than a rough one before it counts (onset_floor_share).
-        judged = _from_onset(points, now, cfg, on.t, free=free, min_growth=min_growth,
-                             floor_growth=cfg.onset_floor_share * floor_growth)
-        if judged is not None:
-            return judged
+        for start in candidates(on, now, cfg.onset_min_span):
+            judged = _from_onset(points, now, cfg, start, free=free, min_growth=min_growth,
+                                 floor_growth=cfg.onset_floor_share * floor_growth)
+            if judged is not None:
+                return judged
     # The long window, from the onset when it was seen (a late leak is not diluted by the plateau before it).
     window = cfg.window
     if seen and on is not None:

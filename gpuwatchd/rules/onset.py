@@ -45,6 +45,9 @@ class Onset:
 
     t: float
     seen: bool
+    # When the split at ``t`` is where a seen start's warm-up stopped slowing (a settling split), the split before
+    # it: the leak may have begun anywhere in between, under the warm-up's tail (see ``candidates``).
+    earliest: float | None = None
 
 
 class _Sums:
@@ -92,7 +95,7 @@ def find_onset(
     sums = _Sums(xs, ys)
     gain_floor = (MIN_GAIN_SIGMA / GIB) ** 2
     flat_rate = FLAT_RATE * 60 / GIB
-    start, seen = 0, False
+    start, seen, earliest = 0, False, None
     for _ in range(MAX_SPLITS):
         hi = n
         _, whole = sums.line(start, hi)
@@ -110,10 +113,30 @@ def find_onset(
             break
         flat = left_slope <= flat_rate
         settling = settle is not None and env[k][0] <= settle
-        if not flat and not settling and right_slope < SPEEDUP * left_slope:
+        speedup = right_slope >= SPEEDUP * left_slope
+        if not flat and not settling and not speedup:
             break
+        earliest = None if flat or speedup else env[start][0]
         start, seen = k, seen or flat
-    return Onset(env[start][0], seen)
+    return Onset(env[start][0], seen, earliest)
+
+
+def candidates(on: Onset, now: float, min_span: float, step: float = 5.0) -> list[float]:
+    """Onsets to judge a series from, earliest first: ``on.t``, preceded, after a settling split, by the times
+    between the split before it and ``on.t`` that already hold ``min_span`` of evidence at ``now``.
+
+    Why: a leak that begins while the warm-up still settles (a fresh job) shows up as one more slowing of the
+    warm-up, so the split lands after the warm-up's tail, tens of seconds after the leak began; the first of
+    these onsets whose rise since is straight and clean (the tail has died out) is judged as soon as it holds
+    the evidence, as a leak after a flat plateau is (bench/detect.py, late_onset_extra_s)."""
+    if on.earliest is None or now - on.t >= min_span:
+        return [on.t]
+    out: list[float] = []
+    t = on.earliest
+    while t < on.t and now - t >= min_span:
+        out.append(t)
+        t += step
+    return [*out, on.t]
 
 
 @dataclass(frozen=True, slots=True)

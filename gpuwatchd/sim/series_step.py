@@ -29,7 +29,13 @@ MAX_FILE_BYTES = 32 * 1024 * 1024
 
 
 def series_number(value: Any, where: str) -> float:
-    v = parse_quantity(value.strip() if isinstance(value, str) else value)
+    if isinstance(value, str):  # a file's lines are text: "1048576" is bytes, as 1048576 is in a list
+        value = value.strip()
+        try:
+            value = float(value)
+        except ValueError:
+            value = parse_quantity(value)
+    v = parse_quantity(value)
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise ValueError(f"{where}: expected a number or a size like 4GiB, got {value!r}")
     return float(v)

@@ -25,12 +25,12 @@ CAPACITY = 24 * GIB - 300 * MIB  # what the process can use: conftest's GPU minu
 
 
 def simulate(
-    make: Callable[[float], Snapshot], minutes: float, config: RulesConfig | None = None
+    make: Callable[[float], Snapshot], minutes: float, config: RulesConfig | None = None, every: float = 30.0
 ) -> list[tuple[float, list[Alert]]]:
-    """5 s snapshots, evaluations every 30 s like the daemon's leak interval."""
+    """5 s snapshots, evaluations every 30 s (``every``; the daemon's leak interval is 15 s)."""
     store = Store(retention_seconds=3600.0, step_seconds=5.0)
     engine = RulesEngine(config or RulesConfig(), host="node1")
-    return run(store, engine, make, start=T0, end=T0 + minutes * 60, every=30.0)
+    return run(store, engine, make, start=T0, end=T0 + minutes * 60, every=every)
 
 
 def first_firing(hist: list[tuple[float, list[Alert]]], kind: str = "gpu") -> tuple[float, Alert] | None:
@@ -280,3 +280,42 @@ def test_pending_leak_vanishes_when_the_condition_is_gone() -> None:
     eng.evaluate(Store(), T0)
     fam.level = None
     assert eng.evaluate(Store(), T0 + 90) == []
+
+
+# -- staircases and leaks under a warm-up's tail -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("rate_mib_min", "base"), [(1024.0, 6 * GIB), (2048.0, 5 * GIB), (3072.0, 4 * GIB)])
+def test_fast_staircase_from_the_job_start_fires_with_most_of_its_time_left(rate_mib_min: float, base: float) -> None:
+    # 1 GiB steps every 20-60 s from the job's first second, under its warm-up: a rough line, but a regular
+    # staircase (rules/steps.py), so judged like a clean rise instead of waiting for the long window.
+    period = GIB / (rate_mib_min * MIB / 60)
+
+    def make(t: float) -> Snapshot:
+        s = t - T0
+        used = min(CAPACITY, warm(s, base) + (s // period) * GIB)
+        return snap(t, with_processes(gpu(), [proc(4242, used)]))
+
+    to_full = oom_after(rate_mib_min, 0.0, base)
+    fired = first_firing(simulate(make, to_full / 60 + 1, every=15.0))  # the leak rule's default interval
+    assert fired is not None
+    assert to_full - fired[0] >= 0.6 * to_full, f"fired {fired[0]:.0f}s into a {to_full:.0f}s leak"
+
+
+def test_regular_steps_that_shrink_are_a_saturating_warm_up_and_stay_silent() -> None:
+    def make(t: float) -> Snapshot:
+        s = t - T0
+        used = warm(s, 3 * GIB) + sum(GIB * 0.75**i for i in range(int(s // 40)))
+        return snap(t, with_processes(gpu(), [proc(4242, used)]))
+
+    hist = simulate(make, 30)
+    assert not any_leak_alert(hist)
+
+
+def test_leak_right_after_the_warm_up_fires_within_a_minute_of_the_same_leak_after_a_long_plateau() -> None:
+    # A fresh job's leak begins under its warm-up's tail; the onset after the last slowing of the warm-up lands
+    # late, and the earliest onset before it with a straight clean rise since is judged instead (onset.py).
+    fresh = first_firing(simulate(leak_after_plateau(48.0, 180.0), 20))
+    late = first_firing(simulate(leak_after_plateau(48.0, 2100.0), 50))
+    assert fresh is not None and late is not None
+    assert abs((fresh[0] - 180.0) - (late[0] - 2100.0)) <= 60, (fresh[0] - 180.0, late[0] - 2100.0)

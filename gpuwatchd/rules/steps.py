@@ -1,0 +1,96 @@
+"""Regular staircases: growth in steps of about the same size at about the same period, that never come back.
+
+Why: a staircase leak (a cache that adds an entry per epoch, per N iterations, per new sequence length) rises in
+jumps with flat stretches between them, so a line through it is rough (its growth is few times its scatter) and
+the leak rule used to wait for the long window before trusting it; a fast one (1-3 GiB/min in 1 GiB steps) then
+fired with well under half of its time to full left. What tells it from the allocator warm-up that also steps
+(first evaluation pass, first checkpoint, new shapes) is the steps themselves: a leak's keep coming at a steady
+period with a steady size, while a warm-up's come at irregular times with irregular sizes and stop, and a
+saturating job's shrink or spread out. So a run of ``MIN_STEPS`` or more steps, each within ``TOLERANCE`` of
+the run's median size and period and the last one no more than ``LATE_PERIODS`` periods ago, is evidence of a
+leak as good as a clean straight rise (gpuwatchd/rules/leak.py, ``_urgent``), once one more step confirms it.
+
+The series is read as its suffix minimum (``lower_envelope``): a spike that returns leaves no step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import median
+
+from gpuwatchd.rules.trend import lower_envelope
+
+MIB = float(1024**2)
+# No rise between two readings smaller than this is a step (noise, the allocator's 2 MiB rounding).
+MIN_STEP = 8 * MIB
+# Fewest steps of a regular run: three intervals. A run this short is only a candidate: the leak rule takes it as
+# evidence for one hold, and the next step on schedule (MIN_STEPS + 1) must confirm it (gpuwatchd/rules/leak.py);
+# a warm-up of four steps at a steady pace by chance then never fires.
+MIN_STEPS = 4
+# Each step's size and each interval must lie within this share of the run's median.
+TOLERANCE = 0.25
+# A step is a rise of at least this share of the typical big rise of the series.
+STEP_SHARE = 0.3
+# The run is current only while the next step is due: no step for this many periods and it has stopped.
+LATE_PERIODS = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class Staircase:
+    """A regular run of steps at the end of a series."""
+
+    steps: int
+    size: float  # median step, bytes
+    period: float  # median interval, seconds
+    last: float  # time of the last step
+
+    @property
+    def rate(self) -> float:
+        return self.size / self.period
+
+
+def _steps(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(time, size) of each step of the envelope: a rise between two readings of at least ``STEP_SHARE`` of the
+    typical big rise (the median of the ``MIN_STEPS`` largest), so a warm-up's creep between a fast leak's steps
+    is not taken for steps of its own. A step spread over consecutive readings counts once."""
+    env = lower_envelope(points)
+    diffs = [(t, b - a) for (_, a), (t, b) in zip(env, env[1:], strict=False)]
+    if len(diffs) < MIN_STEPS:
+        return []
+    threshold = max(MIN_STEP, STEP_SHARE * median(sorted(d for _, d in diffs)[-MIN_STEPS:]))
+    steps: list[tuple[float, float]] = []
+    prev_step = False
+    for t, d in diffs:
+        if d >= threshold:
+            if prev_step:
+                steps[-1] = (steps[-1][0], steps[-1][1] + d)
+            else:
+                steps.append((t, d))
+        prev_step = d >= threshold
+    return steps
+
+
+def _near(x: float, mid: float, slack: float = 0.0) -> bool:
+    return abs(x - mid) <= TOLERANCE * mid + slack
+
+
+def staircase(points: Sequence[tuple[float, float]], now: float, *, sample: float = 5.0) -> Staircase | None:
+    """The regular run of steps ending the series, when there is one that is still stepping at ``now``.
+    ``sample``: the series' spacing (a step's time is known to within it)."""
+    steps = _steps(points)
+    if len(steps) < MIN_STEPS:
+        return None
+    # Grow the run backwards from the last step while sizes and intervals stay consistent with it.
+    best: Staircase | None = None
+    for first in range(len(steps) - MIN_STEPS, -1, -1):
+        run = steps[first:]
+        sizes = [s for _, s in run]
+        gaps = [b[0] - a[0] for a, b in zip(run, run[1:], strict=False)]
+        size, period = median(sizes), median(gaps)
+        if not (all(_near(s, size) for s in sizes) and all(_near(g, period, sample) for g in gaps)):
+            break
+        best = Staircase(len(run), size, period, run[-1][0])
+    if best is None or now - best.last > LATE_PERIODS * best.period + sample:
+        return None
+    return best

@@ -1,0 +1,67 @@
+"""Regular staircases: steps of a steady size at a steady period, still coming, are found (also after a warm-up
+that overlapped their start); irregular, shrinking, stopped or returning steps are not."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from gpuwatchd.rules.steps import MIN_STEPS, staircase
+
+MIB = 1024**2
+GIB = 1024**3
+
+
+def series(f: object, seconds: float, start: float = 0.0) -> list[tuple[float, float]]:
+    return [(float(s), float(f(s))) for s in range(int(start), int(seconds) + 1, 5)]  # type: ignore[operator]
+
+
+def warm(s: float, level: float) -> float:
+    return level * (1 - math.exp(-3 * s / 120))
+
+
+def test_fast_staircase_is_found_with_its_size_period_and_rate() -> None:
+    pts = series(lambda s: 4 * GIB + (s // 30) * GIB, 240)
+    st = staircase(pts, 240.0)
+    assert st is not None and st.steps >= MIN_STEPS
+    assert st.period == 30.0 and st.size == GIB
+    assert st.rate == GIB / 30
+
+
+def test_staircase_starting_under_a_warm_up_is_found_once_enough_steps_stand_clear_of_it() -> None:
+    pts = series(lambda s: warm(s, 5 * GIB) + (s // 30) * GIB, 210)
+    st = staircase(pts, 210.0)
+    assert st is not None and st.period == 30.0 and abs(st.size - GIB) < 0.1 * GIB
+
+
+def test_fewer_than_min_steps_is_no_staircase() -> None:
+    pts = series(lambda s: 4 * GIB + min(MIN_STEPS - 1, s // 60) * GIB, 400)
+    assert staircase(pts, 230.0) is None
+
+
+def test_irregular_warm_up_steps_are_no_staircase() -> None:
+    rng = random.Random(3)
+    times = sorted(rng.uniform(0, 600) for _ in range(7))
+    sizes = [rng.uniform(0.25, 1.0) * GIB for _ in times]
+    pts = series(lambda s: 2 * GIB + sum(z for x, z in zip(times, sizes, strict=True) if s >= x), 600)
+    assert staircase(pts, 600.0) is None
+
+
+def test_shrinking_steps_of_a_saturating_job_are_no_staircase() -> None:
+    pts = series(lambda s: 4 * GIB + sum(GIB * 0.7**i for i in range(int(s // 60))), 600)
+    assert staircase(pts, 600.0) is None
+
+
+def test_a_staircase_that_stopped_is_no_longer_one() -> None:
+    def f(s: float) -> float:
+        return 4 * GIB + min(s // 30, 8) * GIB
+
+    assert staircase(series(f, 260), 260.0) is not None
+    assert staircase(series(f, 400), 400.0) is None  # last step at 240 s, 5 periods ago
+
+
+def test_spikes_that_return_make_no_steps() -> None:
+    def f(s: float) -> float:
+        return 6 * GIB + (GIB if s % 60 < 10 else 0.0)
+
+    assert staircase(series(f, 600), 600.0) is None
