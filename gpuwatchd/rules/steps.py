@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from statistics import median
 
 from gpuwatchd.rules.trend import lower_envelope
@@ -55,7 +56,7 @@ def _steps(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     typical big rise (the median of the ``MIN_STEPS`` largest), so a warm-up's creep between a fast leak's steps
     is not taken for steps of its own. A step spread over consecutive readings counts once."""
     env = lower_envelope(points)
-    diffs = [(t, b - a) for (_, a), (t, b) in zip(env, env[1:], strict=False)]
+    diffs = [(t, b - a) for (_, a), (t, b) in pairwise(env)]
     if len(diffs) < MIN_STEPS:
         return []
     threshold = max(MIN_STEP, STEP_SHARE * median(sorted(d for _, d in diffs)[-MIN_STEPS:]))
@@ -86,7 +87,7 @@ def staircase(points: Sequence[tuple[float, float]], now: float, *, sample: floa
     for first in range(len(steps) - MIN_STEPS, -1, -1):
         run = steps[first:]
         sizes = [s for _, s in run]
-        gaps = [b[0] - a[0] for a, b in zip(run, run[1:], strict=False)]
+        gaps = [b[0] - a[0] for a, b in pairwise(run)]
         size, period = median(sizes), median(gaps)
         if not (all(_near(s, size) for s in sizes) and all(_near(g, period, sample) for g in gaps)):
             break
