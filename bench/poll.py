@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuwatchd.sim.build import build_standin  # noqa: E402
+from gpuwatchd.sim.gpm_state import GPM_METRICS  # noqa: E402
 from gpuwatchd.sim.standin_abi import STATE_ENV  # noqa: E402
 from gpuwatchd.sim.state import make_state, write_state  # noqa: E402
 from gpuwatchd.sim.worker import WORKER_MODULE  # noqa: E402  (process names from the sim state: pids are fictitious)
@@ -117,6 +118,29 @@ def supported(calls):
         keep.append((fn, a))
     return keep
 calls = [supported(device_calls(h)) for h in hs]
+GPM_IDS = [getattr(N, "NVML_GPM_METRIC_" + k) for k in (
+    "GRAPHICS_UTIL", "SM_UTIL", "SM_OCCUPANCY", "ANY_TENSOR_UTIL", "HMMA_TENSOR_UTIL", "IMMA_TENSOR_UTIL",
+    "DFMA_TENSOR_UTIL", "DMMA_TENSOR_UTIL", "DRAM_BW_UTIL", "FP64_UTIL", "FP32_UTIL", "FP16_UTIL", "INTEGER_UTIL",
+    "PCIE_TX_PER_SEC", "PCIE_RX_PER_SEC", "NVLINK_TOTAL_TX_PER_SEC", "NVLINK_TOTAL_RX_PER_SEC")]
+class Gpm:
+    # GPM as nvml.h prescribes: two sample buffers, a sample per poll, the metrics from the last two samples
+    def __init__(self, h):
+        self.h, self.buf, self.cur, self.paired = h, [N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()], 0, False
+        self.get = N.c_nvmlGpmMetricsGet_t()
+        self.get.version, self.get.numMetrics = N.NVML_GPM_METRICS_GET_VERSION, len(GPM_IDS)
+        for i, m in enumerate(GPM_IDS):
+            self.get.metrics[i].metricId = m
+    def __call__(self):
+        sample, previous = self.buf[self.cur], self.buf[self.cur ^ 1]
+        N.nvmlGpmSampleGet(self.h, sample)
+        self.cur ^= 1
+        if self.paired:
+            self.get.sample1, self.get.sample2 = previous, sample
+            N.nvmlGpmMetricsGet(self.get)
+            ms = self.get.metrics
+            [ms[i].value for i in range(len(GPM_IDS)) if ms[i].nvmlReturn == 0]
+        self.paired = True
+gpms = [Gpm(h) for h in hs if N.nvmlGpmQueryDeviceSupport(h).isSupportedDevice]
 cpu0 = 0.0
 for poll in range(opts["max_polls"]):
     if poll == opts["measure_after"]:
@@ -128,6 +152,8 @@ for poll in range(opts["max_polls"]):
                 fn(*a)
             except E:
                 pass
+    for g in gpms:
+        g()
     try:
         N.nvmlEventSetWait_v2(es, 0)
     except E:
@@ -154,6 +180,9 @@ def bench_state(gpus: int, procs: int) -> dict[str, Any]:
                    # per-process utilization: a sample per process (each had some SM time in the period)
                    process_utilization=[{"pid": p["pid"], "timestamp_us": 1_700_000_000_000_000, "sm": 5 + i % 90,
                                          "memory": 1 + i % 50} for i, p in enumerate(dev["processes"]["compute"])])
+        # GPM (a Hopper board): every metric the worker asks for is served, so both sides compute all of them
+        dev["gpm"] = {**{k: 10.0 + g for k, _ in GPM_METRICS if not k.endswith("_per_sec")},
+                      **{k: 1000.0 * (g + 1) for k, _ in GPM_METRICS if k.endswith("_per_sec")}}
     return state
 
 

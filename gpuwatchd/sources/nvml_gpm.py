@@ -67,8 +67,8 @@ class GpmSampler:
     ARGUMENT_VERSION_MISMATCH before any sample or metrics call has worked (the buffers are then freed).
     """
 
-    __slots__ = ("_buffers", "_computed", "_current", "_get", "_ids", "_prev_ok", "_sampled", "absent", "gpu_instance",
-                 "handle")
+    __slots__ = ("_buffers", "_computed", "_current", "_get", "_ids", "_plan", "_prev_ok", "_sampled", "absent",
+                 "gpu_instance", "handle")
 
     def __init__(self, handle: Handle, gpu_instance_id: int | None = None) -> None:
         self.handle = handle
@@ -92,6 +92,7 @@ class GpmSampler:
 
     def _set_ids(self, ids: list[int]) -> None:
         self._ids = ids
+        self._plan = [(i, m, *GPM_METRICS[m]) for i, m in enumerate(ids)]  # the per-poll loop's lookups, done once
         self._get.numMetrics = len(ids)
         for i, metric in enumerate(ids):
             self._get.metrics[i].metricId = metric
@@ -132,26 +133,23 @@ class GpmSampler:
         except N.NVMLError as e:
             self._failed(e, self._computed, errors)
             return
-        ids = self._ids
         metrics = get.metrics
         unsupported = []
-        for i, metric in enumerate(ids):
+        for i, metric, field, key, factor in self._plan:
             m = metrics[i]
-            if m.nvmlReturn != N.NVML_SUCCESS:
+            if m.nvmlReturn:
                 if m.nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED and not self._computed:
                     unsupported.append(metric)
                 else:  # only this metric has no sample this poll
                     errors[_error_key(metric)] = reason(m.nvmlReturn)
-                continue
-            field, key, factor = GPM_METRICS[metric]
-            if key is None:
+            elif key is None:
                 out[field] = m.value * factor
             else:
                 out.setdefault(field, {})[key] = m.value * factor
         if not self._computed:
             self._computed = True
             if unsupported:  # learned once, like the field values: not asked again
-                self._set_ids([m for m in ids if m not in unsupported])
+                self._set_ids([m for m in self._ids if m not in unsupported])
                 if not self._ids:
                     self.close()
                     self.absent = True

@@ -15,7 +15,7 @@ MIB = 2**20
 CONTRACT_NAMES = {"idle", "leak", "plateau", "throttle-thermal", "power-brake", "sw-power-cap-idle", "egpu-unplug",
                   "xid-storm", "ecc", "link-degraded", "nvml-hang", "no-driver", "fleet", "dock-unauthorized",
                   "tb-link-degraded", "driver-mismatch", "cuda-too-old", "probe-sdc", "egpu-slow-link", "probe-hang",
-                  "mig"}
+                  "mig", "gpm-training"}
 SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
 
 
