@@ -12,6 +12,7 @@ import itertools
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from gpuwatchd.sim.capture_mig import mig_devices_from_gpu
 from gpuwatchd.sim.capture_values import (
     MIB,
     CaptureError,
@@ -67,6 +68,10 @@ def device_from_gpu(gpu: ET.Element) -> dict[str, Any]:
     if uuid is None or name is None:
         raise CaptureError(f"{where(gpu, 'uuid' if uuid is None else 'product_name')}: required, but absent or N/A")
     reasons, supported = _clock_event_reasons(gpu)
+    processes = _processes(gpu)
+    mig_mode = enable_pair(gpu, "mig_mode/current_mig", "mig_mode/pending_mig", gpu=gpu)
+    # MIG devices (sim/capture_mig.py), while MIG is on: they take the processes that run in them
+    migs = mig_devices_from_gpu(gpu, uuid, processes) if mig_mode and mig_mode[0] else None
     return {
         "uuid": uuid,
         "name": name,
@@ -96,8 +101,9 @@ def device_from_gpu(gpu: ET.Element) -> dict[str, Any]:
         "retired_pages": _retired_pages(gpu),
         "remapped_rows": _remapped_rows(gpu),
         "pcie": _pcie(gpu),
-        "mig_mode": enable_pair(gpu, "mig_mode/current_mig", "mig_mode/pending_mig", gpu=gpu),
-        "processes": _processes(gpu),
+        "mig_mode": mig_mode,
+        "processes": processes,
+        **({"mig_devices": migs} if migs is not None else {}),
     }
 
 

@@ -41,9 +41,10 @@ __all__ = ["DEFAULT_MIG_MAX_DEVICES", "ERROR_CODES", "MAX_MIG_DEVICES", "MIG_DEV
            "mig_name"]
 
 
-def mig_name(gpu_name: str, profile: str) -> str:
-    """The name a driver gives a MIG device: ``NVIDIA A100-SXM4-80GB MIG 1g.10gb``."""
-    return f"{gpu_name} MIG {profile}"
+def mig_name(gpu_name: str, profile: str | None) -> str:
+    """The name a driver gives a MIG device: ``NVIDIA A100-SXM4-80GB MIG 1g.10gb`` (a replayed capture's MIG device
+    of unknown profile: ``NVIDIA A100-SXM4-80GB MIG``)."""
+    return f"{gpu_name} MIG" if profile is None else f"{gpu_name} MIG {profile}"
 
 
 def encode_mig_devices(e: _Enc, p: str, d: dict[str, Any]) -> None:
@@ -58,7 +59,7 @@ def encode_mig_devices(e: _Enc, p: str, d: dict[str, Any]) -> None:
     seen_ids: dict[tuple[int, int], int] = {}
     for i, m in enumerate(migs):
         q = f"{p}.mig_devices[{i}]"
-        _dict(q, m, MIG_DEVICE_KEYS, required=("uuid", "profile", "gpu_instance_id"))
+        _dict(q, m, MIG_DEVICE_KEYS, required=("uuid", "gpu_instance_id"))
         index = _int(f"{q}.index", m.get("index", i), 0, MAX_MIG_DEVICES - 1)
         assert index is not None and max_devices is not None
         if index >= max_devices:
@@ -75,8 +76,8 @@ def encode_mig_devices(e: _Enc, p: str, d: dict[str, Any]) -> None:
         uuid = _str(f"{q}.uuid", m["uuid"], _STR_MAX["uuid"])
         if not uuid.startswith("MIG-") or " " in uuid:
             raise _fail(f"{q}.uuid", "expected MIG-... without spaces (drivers name MIG devices MIG-<uuid>)")
-        profile = _str(f"{q}.profile", m["profile"], 40)
-        if not _PROFILE.match(profile):
+        profile = None if m.get("profile") is None else _str(f"{q}.profile", m["profile"], 40)
+        if profile is not None and not _PROFILE.match(profile):
             raise _fail(f"{q}.profile", f"expected a MIG profile name like 1g.10gb, got {profile!r}")
         e.put("mig_device", index, gi, ci)
         e.put("uuid", uuid)
