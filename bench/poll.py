@@ -117,22 +117,56 @@ def supported(calls):
                 continue
         keep.append((fn, a))
     return keep
-calls = [supported(device_calls(h)) for h in hs]
+mig_gis = {}  # id(GPU handle) -> GPU instance ids of its MIG devices
+GPU_PROCESS_CALLS = (N.nvmlDeviceGetComputeRunningProcesses_v3, N.nvmlDeviceGetGraphicsRunningProcesses_v3,
+                     process_utilization)
+def mig_calls(h):
+    # MIG devices as the worker reads them (sources/nvml_mig.py): opened once; per poll each one's memory and
+    # processes (the GPU's own process lists are their aggregate, so not read), and each empty slot probed
+    try:
+        if N.nvmlDeviceGetMigMode(h)[0] != N.NVML_DEVICE_MIG_ENABLE:
+            return [], 0
+    except E:
+        return [], 0
+    c, n = [], 0
+    for i in range(N.nvmlDeviceGetMaxMigDeviceCount(h)):
+        try:
+            m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+        except E:
+            c.append((N.nvmlDeviceGetMigDeviceHandleByIndex, (h, i)))
+            continue
+        N.nvmlDeviceGetUUID(m); N.nvmlDeviceGetName(m)
+        mig_gis.setdefault(id(h), []).append(N.nvmlDeviceGetGpuInstanceId(m)); N.nvmlDeviceGetComputeInstanceId(m)
+        n += 1
+        c += supported([(N.nvmlDeviceGetMemoryInfo, (m, N.nvmlMemory_v2)),
+                        (N.nvmlDeviceGetComputeRunningProcesses_v3, (m,)),
+                        (N.nvmlDeviceGetGraphicsRunningProcesses_v3, (m,)), (process_utilization, (m,))])
+    return c, n
+calls = []
+for h in hs:
+    mc, n_mig = mig_calls(h)
+    dc = [x for x in device_calls(h) if not n_mig or x[0] not in GPU_PROCESS_CALLS]
+    calls.append(supported(dc) + mc)
 GPM_IDS = [getattr(N, "NVML_GPM_METRIC_" + k) for k in (
     "GRAPHICS_UTIL", "SM_UTIL", "SM_OCCUPANCY", "ANY_TENSOR_UTIL", "HMMA_TENSOR_UTIL", "IMMA_TENSOR_UTIL",
     "DFMA_TENSOR_UTIL", "DMMA_TENSOR_UTIL", "DRAM_BW_UTIL", "FP64_UTIL", "FP32_UTIL", "FP16_UTIL", "INTEGER_UTIL",
     "PCIE_TX_PER_SEC", "PCIE_RX_PER_SEC", "NVLINK_TOTAL_TX_PER_SEC", "NVLINK_TOTAL_RX_PER_SEC")]
 class Gpm:
     # GPM as nvml.h prescribes: two sample buffers, a sample per poll, the metrics from the last two samples
-    def __init__(self, h):
+    def __init__(self, h, gi=None):
+        # gi: a GPU instance of h (a MIG device's GPM, nvmlGpmMigSampleGet, as sources/nvml_mig.py reads it)
         self.h, self.buf, self.cur, self.paired = h, [N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()], 0, False
+        self.gi = gi
         self.get = N.c_nvmlGpmMetricsGet_t()
         self.get.version, self.get.numMetrics = N.NVML_GPM_METRICS_GET_VERSION, len(GPM_IDS)
         for i, m in enumerate(GPM_IDS):
             self.get.metrics[i].metricId = m
     def __call__(self):
         sample, previous = self.buf[self.cur], self.buf[self.cur ^ 1]
-        N.nvmlGpmSampleGet(self.h, sample)
+        if self.gi is None:
+            N.nvmlGpmSampleGet(self.h, sample)
+        else:
+            N.nvmlGpmMigSampleGet(self.h, self.gi, sample)
         self.cur ^= 1
         if self.paired:
             self.get.sample1, self.get.sample2 = previous, sample
@@ -141,6 +175,7 @@ class Gpm:
             [ms[i].value for i in range(len(GPM_IDS)) if ms[i].nvmlReturn == 0]
         self.paired = True
 gpms = [Gpm(h) for h in hs if N.nvmlGpmQueryDeviceSupport(h).isSupportedDevice]
+gpms += [Gpm(h, gi) for h in hs if N.nvmlGpmQueryDeviceSupport(h).isSupportedDevice for gi in mig_gis.get(id(h), ())]
 cpu0 = 0.0
 for poll in range(opts["max_polls"]):
     if poll == opts["measure_after"]:
@@ -183,6 +218,22 @@ def bench_state(gpus: int, procs: int) -> dict[str, Any]:
         # GPM (a Hopper board): every metric the worker asks for is served, so both sides compute all of them
         dev["gpm"] = {**{k: 10.0 + g for k, _ in GPM_METRICS if not k.endswith("_per_sec")},
                       **{k: 1000.0 * (g + 1) for k, _ in GPM_METRICS if k.endswith("_per_sec")}}
+    # GPU 0 in MIG mode (sources/nvml_mig.py): its processes run in two MIG devices, read per MIG device
+    gpu0 = state["devices"][0]
+    half = len(gpu0["processes"]["compute"]) // 2
+    gpu0.update(name="NVIDIA A100-SXM4-80GB", mig_mode=[1, 1],
+                memory={"total": 80 << 30, "reserved": 0, "used": 1 << 30},
+                mig_devices=[
+                    {"index": 0, "uuid": "MIG-00000000-0000-5000-8000-000000000000", "profile": "3g.40gb",
+                     "gpu_instance_id": 2, "memory": {"total": 40 << 30, "used": 1 << 30},
+                     "processes": {"compute": gpu0["processes"]["compute"][:half]}},
+                    {"index": 2, "uuid": "MIG-00000000-0000-5000-8000-000000000002", "profile": "1g.10gb",
+                     "gpu_instance_id": 9, "memory": {"total": 10 << 30, "used": 1 << 30},
+                     "processes": {"compute": gpu0["processes"]["compute"][half:]}}],
+                processes={"compute": [], "graphics": []})
+    # and GPM per GPU instance: every metric served, so both sides compute all of them for each MIG device too
+    gpu0["gpm"]["instances"] = {str(gi): dict.fromkeys((k for k, _ in GPM_METRICS), value)
+                                for gi, value in ((2, 5.0), (9, 2.0))}
     return state
 
 

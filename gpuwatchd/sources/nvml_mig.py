@@ -57,12 +57,14 @@ def _lost(e: N.NVMLError, call: str) -> None:
 class MigDevice:
     """One MIG device: its handle, identity and readings (memory; processes through the worker's listers)."""
 
-    __slots__ = ("compute_instance_id", "gpu_instance_id", "handle", "index", "name", "profile", "readings", "uuid")
+    __slots__ = ("_identity", "compute_instance_id", "gpu_instance_id", "handle", "index", "name", "profile",
+                 "readings", "uuid")
 
     def __init__(self, index: int, handle: Any, gpu: Any) -> None:
         """``gpu``: its GPU's handle, for the GPU-instance GPM samples."""
         self.index = index
         self.handle = handle
+        self._identity: Out | None = None
         self.uuid: str = N.nvmlDeviceGetUUID(handle)
         try:
             self.name: str | None = N.nvmlDeviceGetName(handle)
@@ -78,9 +80,13 @@ class MigDevice:
 
     def identity(self, parent_uuid: str, parent_index: int) -> Out:
         """The start of its snapshot entry (``GpuSample`` fields); its GPU's index, no PCI id of its own."""
-        return {"uuid": self.uuid, "index": parent_index, "name": self.name, "parent_uuid": parent_uuid,
+        ident = self._identity
+        if ident is None:  # static for the life of the worker: built once, copied per poll
+            ident = self._identity = {
+                "uuid": self.uuid, "index": parent_index, "name": self.name, "parent_uuid": parent_uuid,
                 "gpu_instance_id": self.gpu_instance_id, "compute_instance_id": self.compute_instance_id,
                 "profile": self.profile}
+        return dict(ident)
 
 
 class MigSet:
