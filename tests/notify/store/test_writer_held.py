@@ -94,7 +94,9 @@ async def test_held_writes_are_stored_in_order_once_the_disk_has_room(
             assert box.depths() == {"r": 5} and box.next_pending("r") == box.get(kept.id)
             await asyncio.sleep(0.3)  # several failed retries: still one error line for the episode
             disk[0].full = False
-            await wait_for(lambda: stats.held == 0, "the held writes to be stored")
+            # The writer thread stores the held writes, then marks the episode over and logs it: wait for all.
+            await wait_for(lambda: stats.held == 0 and stats.writable and "writable again" in caplog.text,
+                           "the held writes to be stored and the episode logged as over")
         assert stats.writable and stats.held_notifications == 0
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and FULL in errors[0] and "no transaction" not in caplog.text
