@@ -14,7 +14,9 @@ no value is ever made up.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import pynvml as N
 
@@ -67,8 +69,14 @@ class GpmSampler:
     ARGUMENT_VERSION_MISMATCH before any sample or metrics call has worked (the buffers are then freed).
     """
 
-    __slots__ = ("_buffers", "_computed", "_current", "_get", "_ids", "_plan", "_prev_ok", "_sampled", "absent",
-                 "gpu_instance", "handle")
+    __slots__ = ("_buffers", "_computed", "_current", "_get", "_ids", "_last", "_plan", "_prev_ok", "_sampled",
+                 "_taken", "absent", "gpu_instance", "handle")
+
+    # Polls closer than this to the last sample take none and repeat the last metrics (0: sample every poll, as
+    # tests and bench/poll.py do against the stand-in, whose counters have no refresh rate). Process-wide: the
+    # worker sets it from its gpm_min_interval option; clock is injectable for tests.
+    min_interval: ClassVar[float] = 0.0
+    clock: ClassVar[Callable[[], float]] = time.monotonic
 
     def __init__(self, handle: Handle, gpu_instance_id: int | None = None) -> None:
         self.handle = handle
@@ -84,6 +92,8 @@ class GpmSampler:
             raise
         self._current = 0
         self._prev_ok = False
+        self._taken = 0.0  # clock() at the last good sample
+        self._last: dict[str, Any] = {}  # the metrics of the last pair, repeated on polls that take no sample
         self._sampled = self._computed = False  # a call has worked: a later refusal is an error, not a fact
         # One request struct for the life of the device: only the sample pointers alternate.
         self._get = N.c_nvmlGpmMetricsGet_t()
@@ -110,6 +120,13 @@ class GpmSampler:
         """Take a sample; from the second good one on, write the metrics since the previous into ``out``."""
         if self.absent:
             return
+        if self.min_interval:
+            now = GpmSampler.clock()
+            if self._prev_ok and now - self._taken < self.min_interval:
+                for field, v in self._last.items():
+                    out[field] = dict(v) if isinstance(v, dict) else v
+                return
+            self._taken = now
         sample = self._buffers[self._current]
         try:
             if self.gpu_instance is None:
@@ -125,6 +142,7 @@ class GpmSampler:
         self._current ^= 1
         if not self._prev_ok:
             self._prev_ok = True
+            self._last = {}
             return
         get = self._get
         get.sample1, get.sample2 = previous, sample
@@ -135,6 +153,7 @@ class GpmSampler:
             return
         metrics = get.metrics
         unsupported = []
+        got: dict[str, Any] = {}
         for i, metric, field, key, factor in self._plan:
             m = metrics[i]
             if m.nvmlReturn:
@@ -143,9 +162,11 @@ class GpmSampler:
                 else:  # only this metric has no sample this poll
                     errors[_error_key(metric)] = reason(m.nvmlReturn)
             elif key is None:
-                out[field] = m.value * factor
+                got[field] = m.value * factor
             else:
-                out.setdefault(field, {})[key] = m.value * factor
+                got.setdefault(field, {})[key] = m.value * factor
+        out.update(got)
+        self._last = got
         if not self._computed:
             self._computed = True
             if unsupported:  # learned once, like the field values: not asked again

@@ -24,7 +24,9 @@ per GPU), ``library_path`` (the library the supervisor pointed ``LD_LIBRARY_PATH
 can say where a worker that missed its deadline was), ``stall_after`` and ``hang_after`` (real seconds: a GPU
 whose calls block this long is set aside, reported lost as ``hang_suspected`` and then as ``timeout``, while the
 other GPUs keep their schedule; :mod:`gpuwatchd.sources.stall_watch`), ``only`` (GPU indices: open just these,
-for the supervisor's retry of GPUs that hung). Commands come on stdin (``worker_protocol``).
+for the supervisor's retry of GPUs that hung), ``gpm_min_interval`` (real seconds: GPM samples are taken at
+least this far apart, nvml.h's 100 ms refresh rate under the daemon; polls in between repeat the last GPM metrics;
+default 0, every poll). Commands come on stdin (``worker_protocol``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import Any
 import pynvml as N
 
 from gpuwatchd.sources.errors import reason
+from gpuwatchd.sources.nvml_gpm import GpmSampler
 from gpuwatchd.sources.nvml_readings import worker_log
 from gpuwatchd.sources.nvml_session import DEFAULT_HANG_AFTER_SECONDS, Worker
 from gpuwatchd.sources.processes import PsutilResolver, Resolver
@@ -172,6 +175,7 @@ def run(opts: dict[str, Any], resolver: Resolver) -> int:
     hang_after = float(opts.get("hang_after", DEFAULT_HANG_AFTER_SECONDS))
     stall_after = min(float(opts.get("stall_after", DEFAULT_STALL_AFTER_SECONDS)), hang_after)
     only = {int(i) for i in opts["only"]} if opts.get("only") is not None else None
+    GpmSampler.min_interval = float(opts.get("gpm_min_interval", 0.0))
     worker = Worker(int(opts.get("top_n", 10)), resolver, progress_fd=opts.get("progress_fd"), hang_after=hang_after,
                     only=only)
     library = opts.get("library_path")

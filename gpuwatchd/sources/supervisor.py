@@ -50,6 +50,7 @@ from gpuwatchd.sources.intake import SnapshotIntake
 from gpuwatchd.sources.stderr_relay import StderrRelay
 from gpuwatchd.sources.worker_protocol import (
     EXIT_REENUMERATE,
+    GPM_MIN_SAMPLE_INTERVAL,
     HELLO,
     NOT_IN_A_GPU_CALL,
     PROGRESS_BYTES,
@@ -245,7 +246,8 @@ class NvmlSupervisor:
         hang_after = self._hang_after()
         opts: dict[str, Any] = {"interval": self._real(self.nvml.poll_interval), "top_n": self.processes.top_n,
                                 "progress_fd": progress_fd, "hang_after": hang_after,
-                                "stall_after": min(STALL_AFTER_SECONDS, hang_after)}
+                                "stall_after": min(STALL_AFTER_SECONDS, hang_after),
+                                "gpm_min_interval": GPM_MIN_SAMPLE_INTERVAL}
         lib = worker_process.library_file(self.nvml.library_path)
         if lib is not None:
             opts["library_path"] = str(lib)

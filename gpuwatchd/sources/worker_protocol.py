@@ -73,3 +73,7 @@ def encode_progress(index: int) -> bytes:
 
 def decode_progress(raw: bytes) -> int:
     return int.from_bytes(raw[:PROGRESS_BYTES], "little", signed=True)
+
+# nvml.h (nvmlGpmSampleGet): "The interval between two nvmlGpmSampleGet() calls should be greater than 100ms due to
+# the internal sample refresh rate." The supervisor passes it as the worker's gpm_min_interval (sources/nvml_gpm.py).
+GPM_MIN_SAMPLE_INTERVAL = 0.1

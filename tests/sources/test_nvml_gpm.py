@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,31 @@ def test_a_gpu_instance_is_sampled_on_its_own(nvml: Any) -> None:
     for s in (whole, instance, missing):
         s.close()
     assert nvml.live_gpm_samples == set()
+
+
+def test_samples_are_kept_nvmls_100ms_apart(nvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the daemon (gpm_min_interval 0.1 s, nvml.h's refresh rate) a poll closer than that to the last sample
+    takes none and repeats the last metrics: a 10 ms poll interval never computes GPM from counters that have not
+    refreshed."""
+    from gpuwatchd.sources.nvml_gpm import GpmSampler
+    from gpuwatchd.sources.worker_protocol import GPM_MIN_SAMPLE_INTERVAL
+
+    now = [1000.0]
+    monkeypatch.setattr(GpmSampler, "min_interval", GPM_MIN_SAMPLE_INTERVAL)
+    monkeypatch.setattr(GpmSampler, "clock", lambda: now[0])
+    taken = []
+    sample_get = nvml.nvmlGpmSampleGet
+    monkeypatch.setattr(nvml, "nvmlGpmSampleGet", lambda h, s: taken.append(now[0]) or sample_get(h, s))
+    nvml.nvmlInit()
+    s = GpmSampler(nvml.nvmlDeviceGetHandleByIndex(0))
+    seen = []
+    for t in (0.0, 0.05, 0.099, 0.1, 0.15, 0.25, 0.3):
+        now[0] = 1000.0 + t
+        out: dict[str, Any] = {}
+        s.read(out, {})
+        seen.append(out.get("gpm_sm_activity_ratio"))
+        time.sleep(0.001)  # the stand-in's own timestamps must move between its samples
+    assert [round(t - 1000.0, 3) for t in taken] == [0.0, 0.1, 0.25]
+    assert seen[:3] == [None, None, None]  # one sample, then nothing to pair it with yet
+    assert seen[3:] == pytest.approx([0.825] * 4)  # computed at 0.1 and 0.25, repeated in between
+    s.close()
