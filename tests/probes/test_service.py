@@ -207,3 +207,21 @@ async def test_a_missing_probe_interpreter_is_torch_not_installed(tmp_path: Path
     svc = ProbeService(config(tmp_path, python=str(tmp_path / "no-such-python")), Store(), ManualClock(), None)
     assert await svc.ensure_available() is False
     assert svc.ledger.unavailable_reason == "torch_not_installed"
+
+
+def test_mig_devices_are_never_probed() -> None:
+    """A MIG device shares its GPU's index; the scheduler and the probe API pick GPUs only."""
+    from gpuwatchd.model import GpuSample, Snapshot
+    from gpuwatchd.probes.api import select_gpus
+    from gpuwatchd.store import Store
+
+    gpu = "GPU-5a3c1b2e-0000-4000-8000-000000000000"
+    mig = GpuSample(uuid="MIG-2f6c1d57-9a4e-5b3c-8d21-7e5f0a4b9c13", index=0, parent_uuid=gpu, processes_total=0,
+                    utilization_gpu_ratio=0.0)
+    store = Store()
+    store.apply(Snapshot(timestamp=1_700_000_000.0, nvml_ok=True,
+                         gpus=(GpuSample(uuid=gpu, index=0, processes_total=0, utilization_gpu_ratio=0.0), mig)))
+    due, _ = Scheduler(ProbesConfig(interval=3600, idle_for=0)).decide(store, 1_700_000_000.0, ())
+    assert due == [gpu]
+    assert [u for u, _, _ in select_gpus(store, [])] == [gpu]
+    assert [u for u, _, _ in select_gpus(store, ["0"])] == [gpu]
