@@ -49,12 +49,12 @@ GPM_METRICS: dict[int, tuple[str, str | None, float]] = {
     N.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: ("gpm_nvlink_bytes_per_second", "tx", MIB),
     N.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: ("gpm_nvlink_bytes_per_second", "rx", MIB),
 }
-ERROR_KEY = "gpm"  # GpuSample.errors key of a failed sample or metrics call; per metric: "gpm.<field>[.<key>]"
+ERROR_KEY = "gpm"  # GpuSample.errors key of a failed sample or metrics call; one metric's is its field[.key]
 
 
 def _error_key(metric_id: int) -> str:
     field, key, _ = GPM_METRICS[metric_id]
-    return f"{ERROR_KEY}.{field}" + (f".{key}" if key else "")
+    return f"{field}.{key}" if key else field  # like "clocks_hz.graphics": the GpuSample field it leaves empty
 
 
 class GpmSampler:
