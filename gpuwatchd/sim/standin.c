@@ -1003,6 +1003,24 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cur,
 
 /* ------------------------------------------------------------------------------------------------ processes */
 
+/* Entry i of a process array: nvmlProcessInfo_v1_t (v1) or nvmlProcessInfo_v2_t, whose instance ids are the
+ * owner's (a MIG device's own; 0xFFFFFFFF, "no MIG attribution", on a GPU). */
+void put_process(void *infos, unsigned int i, const sproc *p, const sdev *owner, int v1) {
+    unsigned long long used = p->used == UNSET ? (unsigned long long)NVML_VALUE_NOT_AVAILABLE
+                                               : (unsigned long long)p->used;
+    if (v1) {
+        nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + i;
+        o->pid = p->pid;
+        o->usedGpuMemory = used;
+    } else {
+        nvmlProcessInfo_v2_t *o = (nvmlProcessInfo_v2_t *)infos + i;
+        o->pid = p->pid;
+        o->usedGpuMemory = used;
+        o->gpuInstanceId = owner->gi == UNSET ? 0xFFFFFFFFu : (unsigned int)owner->gi;
+        o->computeInstanceId = owner->ci == UNSET ? 0xFFFFFFFFu : (unsigned int)owner->ci;
+    }
+}
+
 /* Two-pass protocol (nvml.h): a count smaller than needed (0 with NULL to ask) -> INSUFFICIENT_SIZE + count.
  * Every version serves the same lists; v1 (the unversioned symbols; drivers before R450) fills the 16-byte
  * nvmlProcessInfo_v1_t {pid, usedGpuMemory}, _v2 (R450 to 510) and _v3 the 24-byte nvmlProcessInfo_v2_t.
@@ -1021,22 +1039,7 @@ __attribute__((unused)) static nvmlReturn_t processes(int fid, int kind, nvmlDev
         return leave(NVML_ERROR_INSUFFICIENT_SIZE);
     }
     if (n && !infos) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    for (unsigned int i = 0; i < (unsigned int)own; i++) {
-        const sproc *p = &d->proc[kind][i];
-        unsigned long long used = p->used == UNSET ? (unsigned long long)NVML_VALUE_NOT_AVAILABLE
-                                                   : (unsigned long long)p->used;
-        if (v1) {
-            nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + i;
-            o->pid = p->pid;
-            o->usedGpuMemory = used;
-        } else {
-            nvmlProcessInfo_v2_t *o = (nvmlProcessInfo_v2_t *)infos + i;
-            o->pid = p->pid;
-            o->usedGpuMemory = used;
-            o->gpuInstanceId = d->gi == UNSET ? 0xFFFFFFFFu : (unsigned int)d->gi; /* a MIG device's own ids */
-            o->computeInstanceId = d->ci == UNSET ? 0xFFFFFFFFu : (unsigned int)d->ci;
-        }
-    }
+    for (unsigned int i = 0; i < (unsigned int)own; i++) put_process(infos, i, &d->proc[kind][i], d, v1);
     if (d->nmig && n > (unsigned int)own) {
         size_t size = v1 ? sizeof(nvmlProcessInfo_v1_t) : sizeof(nvmlProcessInfo_v2_t);
         mig_processes(d, kind, (char *)infos + size * (size_t)own, v1);

@@ -182,6 +182,9 @@ int standin_parse_nums(char *s, long long *out, int max);
 /* standin_state.c: defaults of a device block, and one `key args` line of it (also used for MIG blocks). */
 void dev_defaults(sdev *d);
 int parse_device_line(sdev *d, const char *key, char *a);
+void free_dev(sdev *d); /* what a device block allocated (its MIG devices' too) */
+/* standin.c: entry i of an nvmlProcessInfo_v1_t / _v2_t array, with the owner's GPU / compute instance ids. */
+void put_process(void *infos, unsigned int i, const sproc *p, const sdev *owner, int v1);
 
 /* standin_mig.c: the MIG device handles. parse_mig_line takes the lines of `mig_device ... end_mig_device` blocks
  * inside a device block (1: consumed, 0: not a MIG line, -1: malformed); enter_mig is enter_dev's path for a MIG

@@ -46,19 +46,8 @@ nvmlReturn_t enter_mig(int fid, nvmlDevice_t h, int args_ok, sdev **out) {
 
 /* ------------------------------------------------------------------------------------------------ state */
 
-static void free_dev_lists(sdev *d) {
-    free(d->fans.v);
-    free(d->nvlink.v);
-    free(d->rp[0].v);
-    free(d->rp[1].v);
-    free(d->proc[0]);
-    free(d->proc[1]);
-    free(d->putil.v);
-    free_gpm(d);
-}
-
 void free_migs(sdev *d) {
-    for (int i = 0; i < d->nmig; i++) free_dev_lists(&d->migs[i].d);
+    for (int i = 0; i < d->nmig; i++) free_dev(&d->migs[i].d);
     free(d->migs);
     d->migs = NULL;
     d->nmig = 0;
@@ -112,26 +101,11 @@ int mig_process_count(const sdev *gpu, int kind) {
 }
 
 void mig_processes(const sdev *gpu, int kind, void *infos, int v1) {
-    size_t k = 0;
+    unsigned int k = 0;
     if (gpu->mig[0] != NVML_DEVICE_MIG_ENABLE) return;
     for (int i = 0; i < gpu->nmig; i++) {
         const sdev *m = &gpu->migs[i].d;
-        for (int j = 0; j < m->nproc[kind]; j++, k++) {
-            const sproc *p = &m->proc[kind][j];
-            unsigned long long used = p->used == UNSET ? (unsigned long long)NVML_VALUE_NOT_AVAILABLE
-                                                       : (unsigned long long)p->used;
-            if (v1) {
-                nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + k;
-                o->pid = p->pid;
-                o->usedGpuMemory = used;
-            } else {
-                nvmlProcessInfo_v2_t *o = (nvmlProcessInfo_v2_t *)infos + k;
-                o->pid = p->pid;
-                o->usedGpuMemory = used;
-                o->gpuInstanceId = (unsigned int)m->gi;
-                o->computeInstanceId = (unsigned int)m->ci;
-            }
-        }
+        for (int j = 0; j < m->nproc[kind]; j++) put_process(infos, k++, &m->proc[kind][j], m, v1);
     }
 }
 

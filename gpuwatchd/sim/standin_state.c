@@ -9,20 +9,21 @@
 
 const char *const func_names[NFUNCS] = {FUNCS(AS_NAME)};
 
+void free_dev(sdev *d) {
+    free(d->fans.v);
+    free(d->nvlink.v);
+    free(d->rp[0].v);
+    free(d->rp[1].v);
+    free(d->proc[0]);
+    free(d->proc[1]);
+    free(d->putil.v);
+    free_gpm(d);
+    free_migs(d); /* standin_mig.c */
+}
+
 void free_state(sstate *s) {
     if (!s) return;
-    for (int i = 0; i < s->ndev; i++) {
-        sdev *d = &s->devs[i];
-        free(d->fans.v);
-        free(d->nvlink.v);
-        free(d->rp[0].v);
-        free(d->rp[1].v);
-        free(d->proc[0]);
-        free(d->proc[1]);
-        free(d->putil.v);
-        free_gpm(d);
-        free_migs(d); /* standin_mig.c */
-    }
+    for (int i = 0; i < s->ndev; i++) free_dev(&s->devs[i]);
     free(s->devs);
     free(s->evs);
     free(s);
