@@ -1,12 +1,13 @@
 """Outside traces through `gpuwatchd sim --speed 10`, with a daemon restart in the middle of the jobs: three
-per-second-style memory traces (``series`` steps reading files, one value per 5 s) on one 80 GiB GPU:
+memory traces as ``series`` steps reading files (one value per 5 s) on one 80 GiB GPU:
 - a leak hidden under periodic evaluation spikes (384 MiB/min from 420 s, +3 GiB spikes that return),
 - a saturating dynamic-shapes job (the pool grows ever more slowly towards 10 GiB, in 20 MiB segments),
 - a job whose evaluation passes free their memory again (``empty_cache``).
-The daemon is stopped at 600 s (the leak three minutes old, the dynamic job mid-growth) and started again with
-``--resume`` on the same state dir. The leak must fire for its pid within the issue's limits (>= 60 % of its
-time to full left; judged from its onset, not re-learned after the restart); nothing else may fire, of any kind,
-through 1500 s. All waits are on conditions with generous wall-clock bounds; the scenario itself is the clock."""
+The jobs start 120 s in; the daemon is stopped 600 s later (the leak three minutes old, the dynamic job
+mid-growth) and started again with ``--resume`` on the same state dir. The leak must fire for its pid within the
+issue's limits (>= 60 % of its time to full left, within 8 minutes: judged from its onset, not re-learned after
+the restart); nothing else may fire, of any kind, through the jobs' first 1500 s. All waits are on conditions
+with generous wall-clock bounds; the scenario itself is the clock."""
 
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ __all__ = ["sim"]  # the fixture, used by name
 MIB = 1024**2
 GIB = 1024**3
 STEP = 5
-END = 1500  # scenario seconds watched (the dynamic job is saturated by ~1200 s)
-RESTART_AT = 600.0
-LEAK_START = 420.0
+# The jobs start at JOB (scenario seconds): the daemon is watching the GPU by then (start_sim waits until it
+# serves), so it sees them start, as a daemon running on the host would.
+JOB = 120.0
+END = JOB + 1500  # scenario seconds watched (the dynamic job is saturated ~1200 s after it started)
+RESTART_AT = JOB + 600
+LEAK_START = JOB + 420
 LEAK_RATE = 384 * MIB / 60
 CAPACITY = 80 * GIB
 
@@ -38,7 +42,7 @@ def warm(s: float, level: float) -> float:
 
 def leak(s: float, r: random.Random) -> float:
     spike = 3 * GIB if s % 300 > 260 else 0.0
-    return warm(s, 6 * GIB) + LEAK_RATE * max(0.0, s - LEAK_START) + spike + r.gauss(0, 20 * MIB)
+    return warm(s, 6 * GIB) + LEAK_RATE * max(0.0, s - (LEAK_START - JOB)) + spike + r.gauss(0, 20 * MIB)
 
 
 def dynamic(s: float, r: random.Random) -> float:
@@ -60,8 +64,8 @@ def scenario(tmp: Path) -> str:
         trace = tmp / f"{name}.txt"
         trace.write_text("".join(f"{max(0, int(f(s, r)))}\n" for s in range(0, 3 * END, STEP)))
         path = f"devices[0].processes.compute[pid={pid}].used_memory"
-        steps.append(f"  - at: 0\n    add_process: {{gpu: 0, pid: {pid}, name: {name}, used_memory: 0}}\n"
-                     f"  - at: 0\n    series: {{path: \"{path}\", every: {STEP}, file: \"{trace}\"}}\n")
+        steps.append(f"  - at: {JOB:.0f}\n    add_process: {{gpu: 0, pid: {pid}, name: {name}, used_memory: 0}}\n"
+                     f"  - at: {JOB:.0f}\n    series: {{path: \"{path}\", every: {STEP}, file: \"{trace}\"}}\n")
     return ("name: restart-outside-traces\n"
             "description: a leak under evaluation spikes, a saturating job and an evaluating job; one 80 GiB GPU.\n"
             "gpus: 1\n"
@@ -118,5 +122,8 @@ def test_outside_traces_across_a_restart_leak_fires_in_time_and_nothing_else(
     full_at = LEAK_START + (CAPACITY - 6 * GIB - 10 * GIB - 16 * GIB - 3 * GIB) / LEAK_RATE
     left = 1 - (fired_at - LEAK_START) / (full_at - LEAK_START)
     print(f"leak fired {fired_at - LEAK_START:.0f}s after it began, {left:.0%} of its time to full left")
+    # The issue's limits: >= 60 % of its time to full left, and (a leak >= 1 h from full) within 8 minutes; fed
+    # the same traces offline (bench/detect.py's way, any evaluation phase) it fires 346-360 s after it began.
     assert fired_at > LEAK_START and left >= 0.6
+    assert fired_at - LEAK_START <= 480
     assert interrupt(second) == 0
