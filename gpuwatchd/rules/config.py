@@ -85,9 +85,10 @@ class LeakRule(RuleSection):
     # The for: hold of a leak: this share of its projected time to full, between urgent_min_hold and for. The
     # hold is the proof that the growth goes on (pending fires only while the floor still rises).
     urgent_hold_share: float = Field(default=0.1, ge=0, le=1)
-    # The evidence share and hold share of a rough rise on a short window (a staircase, a noisy ramp: its growth
-    # under onset_min_snr times its scatter): a long warm-up stepping every minute for 8-12 min looks like a
-    # fast staircase leak until it stops, so a rough rise waits 0.3 x its time to full twice, as before onsets.
+    # The evidence share and hold share of a rough rise on a short window (an irregular staircase, a noisy ramp:
+    # its growth under onset_min_snr times its scatter): a long warm-up stepping at random for 8-12 min looks like
+    # a fast staircase leak until it stops, so a rough rise waits 0.3 x its time to full twice, as before onsets.
+    # A regular staircase (steps of a steady size at a steady period, rules/steps.py) counts as clean.
     urgent_rough_share: float = Field(default=0.3, gt=0, le=1)
     # The shortest hold: two leak evaluations (interval 15 s), so one trend computation never fires on its own.
     urgent_min_hold: Duration = 30.0
@@ -98,7 +99,8 @@ class LeakRule(RuleSection):
     # with a time constant under ~15 min bends its quadratic fit below onset_min_straightness within that).
     onset_min_span: Duration = 240.0
     # Growth since the onset must be this many times the scatter around its line: the cleaner the fit, the
-    # fewer minutes it takes (a noisy leak reaches it later; a staircase does not, and waits for min_span).
+    # fewer minutes it takes (a noisy leak reaches it later; a staircase does not, and is judged by its steps on
+    # the short windows or waits for min_span).
     onset_min_snr: float = Field(default=15.0, gt=0)
     # ... and it needs this share of floor_growth_ratio of growth (a clean straight rise of 120 MiB on a 24 GiB GPU
     # is a trend; csv04's noisy 60 MiB creep fails onset_min_snr, not this).

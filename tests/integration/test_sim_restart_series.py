@@ -62,7 +62,7 @@ def scenario(tmp: Path) -> str:
     for pid, (name, f) in TRACES.items():
         r = random.Random(pid)
         trace = tmp / f"{name}.txt"
-        trace.write_text("".join(f"{max(0, int(f(s, r)))}\n" for s in range(0, 3 * END, STEP)))
+        trace.write_text("".join(f"{max(0, int(f(s, r)))}\n" for s in range(0, int(3 * END), STEP)))
         path = f"devices[0].processes.compute[pid={pid}].used_memory"
         steps.append(f"  - at: {JOB:.0f}\n    add_process: {{gpu: 0, pid: {pid}, name: {name}, used_memory: 0}}\n"
                      f"  - at: {JOB:.0f}\n    series: {{path: \"{path}\", every: {STEP}, file: \"{trace}\"}}\n")
