@@ -25,6 +25,7 @@ from gpuwatchd import __version__
 from gpuwatchd.config.loader import Config, ConfigError, load_config, parse_listen
 from gpuwatchd.exporter.auth import BasicAuth
 from gpuwatchd.exporter.collector import StoreCollector
+from gpuwatchd.exporter.dcgm_compat import DcgmCompatCollector
 from gpuwatchd.exporter.http import make_app
 from gpuwatchd.exporter.server import start_server
 from gpuwatchd.exporter.status import status_from_store
@@ -164,6 +165,8 @@ class Daemon:
         self._dispatcher = Dispatcher(cfg.notify, state_dir=self.state_dir, clock=self.clock, host=cfg.host)
         self.probes = ProbeService(cfg, self.store, self.clock, self.state_dir, sim=self._probe_sim)
         self.registry.register(StoreCollector(self.store, now=self.clock.now))
+        if cfg.exporter.compat == "dcgm":
+            self.registry.register(DcgmCompatCollector(self.store, cfg.host))
         self._alerts_collector = AlertsCollector(self._engine)
         self.registry.register(self._alerts_collector)
         self.registry.register(self._dispatcher.collector())

@@ -28,7 +28,7 @@ from gpuwatchd.config.types import (
     problem_lines,
     yaml_error_message,
 )
-from gpuwatchd.exporter.config import HttpConfig
+from gpuwatchd.exporter.config import ExporterConfig, HttpConfig
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.probes.config import ProbesConfig
 from gpuwatchd.rules.config import RulesConfig
@@ -123,6 +123,7 @@ class Config(Section):
     kernel_log: KernelLogConfig = KernelLogConfig()
     probes: ProbesConfig = ProbesConfig()
     http: HttpConfig = HttpConfig()
+    exporter: ExporterConfig = ExporterConfig()
     # TLS and basic auth for every endpoint: a web config file in the Prometheus exporter-toolkit format (the one
     # node_exporter reads with --web.config.file; docs/security.md). Unset: plain HTTP, no auth. `run
     # --web.config.file` overrides it. Read at start; changing it or the files it names takes a restart.

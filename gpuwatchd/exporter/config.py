@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -27,3 +27,13 @@ class HttpConfig(Section):
         if self.header_timeout > self.idle_timeout:
             raise ValueError("header_timeout must be <= idle_timeout")
         return self
+
+
+class ExporterConfig(Section):
+    """What /metrics exports besides gpuwatchd's own families; changing it takes a restart."""
+
+    # `dcgm`: also export dcgm-exporter's default counters under their DCGM_FI_* names, units and labels (gpu, UUID,
+    # device, modelName, Hostname, pci_bus_id; GPU_I_ID / GPU_I_PROFILE on MIG instances), so dashboards and alert
+    # rules written for dcgm-exporter work unchanged (docs/dcgm-compat.md: which counters map and which cannot).
+    # Unset: gpuwatchd's own names only.
+    compat: Literal["dcgm"] | None = None

@@ -270,6 +270,29 @@ class RecoveryRule(RuleSection):
     """``GpuRecoveryActionRequired``: the driver's GPU recovery action (nvmlDeviceGpuRecoveryAction_t) is not none."""
 
 
+class UnderutilizedRule(RuleSection):
+    """``GpuUnderutilized`` (info): GPU memory held while the SMs sit idle, on a shared host."""
+
+    # Off by default: on a single-user box an idle GPU is its owner's business; on a shared host it is worth
+    # telling the owner of the process that holds it.
+    enabled: bool = False
+    # "For a long time": 30 min idles past a checkpoint, an evaluation pass or a coffee break; a data loader
+    # starving the GPU for that long is the job's normal state, not a pause.
+    for_: Duration = Field(default=1800.0, alias="for")
+    # Busy by memory: at least this share of the GPU's memory is in use ...
+    min_memory_ratio: float = Field(default=0.25, gt=0, le=1)
+    # ... while SM activity (GPM; else utilization.gpu) is at most this: starts the alert.
+    max_activity_ratio: float = Field(default=0.05, ge=0, lt=1)
+    # A pending or firing alert holds while activity stays at most this (a stalled job's short bursts).
+    clear_activity_ratio: float = Field(default=0.15, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _clear_above_raise(self) -> UnderutilizedRule:
+        if self.clear_activity_ratio < self.max_activity_ratio:
+            raise ValueError("clear_activity_ratio must be >= max_activity_ratio")
+        return self
+
+
 class RulesConfig(Section):
     """``rules:``: the built-in alert rules."""
 
@@ -292,3 +315,4 @@ class RulesConfig(Section):
     rule_failing: RuleFailingRule = RuleFailingRule()
     nvlink: NvlinkRule = NvlinkRule()
     recovery: RecoveryRule = RecoveryRule()
+    underutilized: UnderutilizedRule = UnderutilizedRule()

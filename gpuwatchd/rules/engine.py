@@ -23,6 +23,7 @@ from gpuwatchd.model import Alert, AlertState, fingerprint
 from gpuwatchd.rules import dock, ecc, failing, leak, link, presence, probe, temperature, throttle, xid
 from gpuwatchd.rules.condition import Condition, RuleView
 from gpuwatchd.rules.config import RulesConfig, RuleSection
+from gpuwatchd.rules.underutilized import conditions as underutilized_conditions
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
     ),
     FamilySpec("nvlink", nvlink_rule.conditions, {"GpuNvlinkErrors": lambda c: c.nvlink}),
     FamilySpec("recovery", recovery_rule.conditions, {"GpuRecoveryActionRequired": lambda c: c.recovery}),
+    FamilySpec("underutilized", underutilized_conditions, {"GpuUnderutilized": lambda c: c.underutilized}),
 )
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
 # The engine's own family: a family that keeps raising (rules/failing.py).

@@ -29,6 +29,8 @@ from .conftest import Sink, start_sink
 # Wall seconds the daemon may take to get its first NVML result (a loaded 2-core machine starts Python slowly).
 READY_WALL_S = 120.0
 SERVICES = ("slack", "discord", "teams", "mattermost", "webhook")
+# Rules a scenario needs that are off by default (the scenario's description says so), by scenario name.
+SCENARIO_RULES: dict[str, dict[str, Any]] = {"underutilized": {"underutilized": {"enabled": True}}}
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,8 @@ class ScenarioRun:
     end: float  # scenario time at the end of the run
 
 
-def sim_config(sinks: dict[str, Sink], state_dir: Path, libdir: Path, sysfs_root: Path | None = None) -> Config:
+def sim_config(sinks: dict[str, Sink], state_dir: Path, libdir: Path, sysfs_root: Path | None = None,
+               rules: dict[str, Any] | None = None) -> Config:
     receivers = [
         {"name": f"{s}-1", "type": s, "url": sinks[s].url, "rate_limit_per_minute": 6000, "timeout": "5s"}
         for s in SERVICES
@@ -64,6 +67,7 @@ def sim_config(sinks: dict[str, Sink], state_dir: Path, libdir: Path, sysfs_root
             # through its sysfs watch, the way a dock detach does on a real host. Without it only the worker's own
             # re-enumeration after a loss could notice a removal, at whatever moment its respawn happened to land.
             **({"sysfs": {"root": str(sysfs_root)}} if sysfs_root is not None else {}),
+            **({"rules": rules} if rules else {}),
             "notify": {
                 "receivers": receivers,
                 # Every alert to every service; group_wait short so a message is never held past the run's end.
@@ -77,7 +81,7 @@ def sim_config(sinks: dict[str, Sink], state_dir: Path, libdir: Path, sysfs_root
     )
 
 
-async def play(name: str, tmp: Path, *, speed: float, tail: float) -> ScenarioRun:
+async def play(name: str, tmp: Path, *, speed: float, tail: float, rules: dict[str, Any] | None = None) -> ScenarioRun:
     """Run scenario ``name`` to its end plus ``tail`` scenario seconds; returns what each sink received."""
     from gpuwatchd.daemon import Daemon
     from gpuwatchd.sim.build import build_standin
@@ -93,7 +97,8 @@ async def play(name: str, tmp: Path, *, speed: float, tail: float) -> ScenarioRu
     state_path = tmp / "state"
     player = Player(scen, state_path, clock, sysfs_root=tmp / "sysfs")
     player.write_initial()
-    config = sim_config(sinks, tmp / "state-dir", build_standin(), tmp / "sysfs")
+    config = sim_config(sinks, tmp / "state-dir", build_standin(), tmp / "sysfs",
+                        SCENARIO_RULES.get(name) if rules is None else rules)
     daemon = Daemon(config, clock=clock, worker_env={**os.environ, STATE_ENV: str(state_path)},
                     worker_module=SIM_WORKER_MODULE)
     seen: list[Seen] = []

@@ -47,7 +47,7 @@ from gpuwatchd.sources.thunderbolt import read_docks
 from gpuwatchd.store import Store
 
 from .conftest import Sink, start_sink
-from .scenario_harness import SERVICES, sim_config
+from .scenario_harness import SCENARIO_RULES, SERVICES, sim_config
 
 CHILD = Path(__file__).with_name("nvml_child.py")
 # How long a deliverable notification may take to reach its sink once due: a liveness bound, not a timing check.
@@ -93,11 +93,13 @@ class Replay:
     workers: int  # NVML sessions started (1 + re-enumerations)
 
 
-async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: float, probes: bool = False) -> Replay:
+async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: float, probes: bool = False,
+                 rules: dict[str, Any] | None = None) -> Replay:
     """Run scenario ``name`` from 0 to its end plus ``tail``, one poll and one evaluation every ``step`` seconds.
 
     With ``probes``, the torch health probes run as under ``gpuwatchd sim`` (CPU device, the sim's schedule and
     fault source), one scheduling step after each poll; a run takes real seconds while the clock stands still.
+    ``rules``: the rules config (None: the scenario's own, ``SCENARIO_RULES``; {}: the defaults).
     """
     scen = load_scenario(name)
     clock = ManualClock(SCENARIO_EPOCH)
@@ -107,7 +109,7 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
         sink, runner = await start_sink(f"/{s}/SECRET{s}")
         sinks[s] = sink
         runners.append(runner)
-    config = sim_config(sinks, tmp / "state-dir", tmp)
+    config = sim_config(sinks, tmp / "state-dir", tmp, rules=SCENARIO_RULES.get(name) if rules is None else rules)
     store = Store(retention_seconds=config.history.retention, step_seconds=config.history.step)
     engine = RulesEngine(config.rules, host=config.host)
     # The supervisor's snapshot intake (stamping, naming GPUs lost at enumeration); no worker is spawned here.

@@ -43,6 +43,7 @@ SCENARIOS: dict[str, tuple[set[str], float]] = {
     "dock-unauthorized": ({"GpuDockUnauthorized"}, 5.0),
     "tb-link-degraded": ({"GpuDockLinkDegraded"}, 5.0),
 }
+SCENARIOS["underutilized"] = ({"GpuUnderutilized"}, 10.0)  # with rules.underutilized.enabled (SCENARIO_RULES)
 
 PROBE_SCENARIOS = {"probe-sdc", "egpu-slow-link", "probe-hang"}
 
@@ -95,3 +96,9 @@ async def test_exact_messages(name: str, child: NvmlChild, tmp_path: Path) -> No
     if name == "egpu-unplug":
         check_unplug(hooks)
         assert run.workers == 4  # NVML sessions: the first, after the loss, after the removal, after the replug
+
+
+async def test_underutilized_is_off_by_default(child: NvmlChild, tmp_path: Path) -> None:
+    # The same run with the default rules config: the idle-but-held GPU is nobody's business by default.
+    run = await replay("underutilized", child, tmp_path, step=30.0, tail=TAIL_S, rules={})
+    assert {s: run.sinks[s].bodies() for s in SERVICES} == {s: [] for s in SERVICES}

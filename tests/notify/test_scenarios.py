@@ -41,6 +41,7 @@ SCENARIOS: dict[str, tuple[set[str], float]] = {
     "link-degraded": ({"GpuPcieLinkDegraded"}, 150.0),
     "mig": ({"GpuMemoryLeak"}, 300.0),
 }
+SCENARIOS["underutilized"] = ({"GpuUnderutilized"}, 300.0)  # with rules.underutilized.enabled (SCENARIO_RULES)
 TAIL = 60.0  # scenario seconds after the end, for resolutions and the last group_interval
 
 

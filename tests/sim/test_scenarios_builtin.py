@@ -16,6 +16,7 @@ CONTRACT_NAMES = {"idle", "leak", "plateau", "throttle-thermal", "power-brake", 
                   "xid-storm", "ecc", "link-degraded", "nvml-hang", "no-driver", "fleet", "dock-unauthorized",
                   "tb-link-degraded", "driver-mismatch", "cuda-too-old", "probe-sdc", "egpu-slow-link", "probe-hang",
                   "mig", "gpm-training"}
+CONTRACT_NAMES |= {"underutilized"}  # issue 10
 SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
 
 
@@ -292,3 +293,14 @@ def test_mig_instances_hold_their_processes_and_one_leaks() -> None:
         # the GPU's used memory is the aggregate of its MIG devices' (a driver's answer for a GPU in MIG mode)
         assert dev["memory"]["used"] == sum(m["memory"]["used"] for m in dev["mig_devices"])
         assert dev["processes"]["compute"] == []
+
+
+def test_underutilized_holds_memory_idle_then_computes() -> None:
+    scen = load_scenario("underutilized")
+    for t in (60, 900, 2300):
+        idle, busy = state_at(scen, t)["devices"]
+        assert idle["utilization"]["gpu"] <= 6 and busy["utilization"]["gpu"] >= 89
+        assert proc(state_at(scen, t), 0, 4242)["used_memory"] == 52 * 1024 * MIB
+        assert idle["process_utilization"][0]["pid"] == 4242 and idle["process_utilization"][0]["sm"] == 3
+    idle, _ = state_at(scen, 2500)["devices"]
+    assert idle["utilization"]["gpu"] >= 85 and idle["process_utilization"][0]["sm"] == 88
