@@ -1,7 +1,7 @@
 """/metrics latency with 10 concurrent scrapers against the real daemon under ``gpuwatchd sim``, normally and while
 one GPU's NVML calls hang.
 
-    python bench/scrape.py [--seconds 15] [--rounds 2] [--scrapers 10] [--in-process]
+    python bench/scrape.py [--seconds 15] [--rounds 2] [--scrapers 10] [--in-process] [--compat dcgm]
 
 Normal: ``gpuwatchd sim`` on the built-in ``fleet`` scenario cut to 8 GPUs x 32 processes (``processes.top_n: 32``,
 so all 32 are exported: 8 x 32 per-process series on every page), polling every second as configured by default.
@@ -12,6 +12,9 @@ inside the hang window, which the bench checks. The comparison is the same page 
 Each scraper is a closed loop (next request when the last answered) sending what Prometheus sends (its Accept
 header, gzip); the client does not gunzip (that is the scraper's CPU, not the exporter's latency). Rounds of both
 modes are interleaved and pooled, so other load on a small machine hits both alike.
+
+``--compat dcgm`` runs the daemon with ``exporter.compat: dcgm`` (docs/dcgm-compat.md): the same page plus the
+``DCGM_FI_*`` families, against the same target.
 
 ``--in-process`` instead serves the exporter app alone (no NVML worker, no rules, no dispatcher) over a store fed a
 synthetic 8 x 32 snapshot every second, as the first-round bench did: it isolates the exporter from the daemon.
@@ -96,12 +99,16 @@ _SIM = (
 )
 
 
+OPTIONS: dict[str, str | None] = {"compat": None}  # --compat: exporter.compat of the daemon under test
+
+
 class Sim:
     """``gpuwatchd sim`` (its runner) as a subprocess on a free loopback port."""
 
     def __init__(self, tmp: Path, hung: bool) -> None:
         cfg = tmp / "config.yml"
-        cfg.write_text(yaml.safe_dump({"processes": {"top_n": PROCESSES}}))
+        cfg.write_text(yaml.safe_dump({"processes": {"top_n": PROCESSES},
+                                       **({"exporter": {"compat": OPTIONS["compat"]}} if OPTIONS["compat"] else {})}))
         self.url = f"http://127.0.0.1:{free_port()}"
         self.log = (tmp / f"sim-{'hung' if hung else 'normal'}.log").open("wb")
         self.proc = subprocess.Popen(
@@ -242,6 +249,10 @@ def _store_registry() -> Any:
     store.apply(_snapshot(time.time()))
     registry = CollectorRegistry()
     registry.register(StoreCollector(store))
+    if OPTIONS["compat"] == "dcgm":
+        from gpuwatchd.exporter.dcgm_compat import DcgmCompatCollector
+
+        registry.register(DcgmCompatCollector(store, "bench-host"))
     return store, registry
 
 
@@ -328,8 +339,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--scrapers", type=int, default=10)
     ap.add_argument("--in-process", action="store_true", help="the exporter app alone over a synthetic store")
+    ap.add_argument("--compat", choices=["dcgm"], help="exporter.compat for the daemon (not with --in-process)")
     ap.add_argument("--serve", choices=["normal", "hung"], help=argparse.SUPPRESS)
     a = ap.parse_args()
+    OPTIONS["compat"] = a.compat
     if a.serve:
         asyncio.run(_serve(a.serve))
         return

@@ -64,22 +64,11 @@ def _flag(v: bool | None) -> float | None:
     return None if v is None else float(v)
 
 
-def _gpm(name: str) -> Read:
-    """A GPM activity ratio (sources/nvml_gpm.py): only Hopper and newer GPUs (and their MIG instances) have it."""
-
-    def read(g: GpuSample) -> float | None:
-        v: float | None = getattr(g, name, None)
-        return v
-
-    return read
-
-
 def _pcie(direction: str, nvml: Callable[[GpuSample], float | None]) -> Read:
     """PCIe bytes/s: GPM's rate between two polls where the GPU has GPM, else NVML's 20 ms throughput sample."""
 
     def read(g: GpuSample) -> float | None:
-        rates: dict[str, float] = getattr(g, "gpm_pcie_bytes_per_second", None) or {}
-        v = rates.get(direction)
+        v = g.gpm_pcie_bytes_per_second.get(direction)
         return v if v is not None else nvml(g)
 
     return read
@@ -121,12 +110,12 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
             lambda g: _flag(g.remapped_rows_failure)),
     Counter("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
-            _gpm("gpm_graphics_activity_ratio")),
+            lambda g: g.gpm_graphics_activity_ratio),
     Counter("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
-            _gpm("gpm_tensor_activity_ratio")),
+            lambda g: g.gpm_tensor_activity_ratio),
     Counter("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
             "Ratio of cycles the device memory interface is active sending or receiving data.",
-            _gpm("gpm_dram_activity_ratio")),
+            lambda g: g.gpm_dram_activity_ratio),
     Counter("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge",
             "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in "
             "bytes per second.", _pcie("tx", lambda g: g.pcie_tx_bytes_per_second)),

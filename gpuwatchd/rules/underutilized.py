@@ -29,9 +29,8 @@ DESCRIPTION = (
 
 def activity(g: GpuSample) -> tuple[float, str] | None:
     """(SM activity 0..1, what it is) of a GPU: GPM SM activity where present, else NVML utilization.gpu."""
-    sm: float | None = getattr(g, "gpm_sm_activity_ratio", None)
-    if sm is not None:
-        return sm, "SM activity"
+    if g.gpm_sm_activity_ratio is not None:
+        return g.gpm_sm_activity_ratio, "SM activity"
     if g.utilization_gpu_ratio is not None:
         return g.utilization_gpu_ratio, "GPU utilization"
     return None

@@ -21,7 +21,8 @@ from support import ROOT, DaemonProcess, free_port, wait_until
 from test_prometheus import PROMETHEUS, prometheus, query  # noqa: F401  (the fixture is used by name)
 
 DASHBOARD = Path(__file__).parent / "fixtures" / "dcgm-exporter" / "dcgm-exporter-dashboard.json"
-SCENARIO = "gpm-training"  # 8 H100s with GPM activity: DCGM_FI_PROF_PIPE_TENSOR_ACTIVE has a source
+# 8 H100s with GPM activity, so DCGM_FI_PROF_PIPE_TENSOR_ACTIVE has a source (a scenario file, as users write them)
+SCENARIO = Path(__file__).parent / "fixtures" / "dcgm-exporter" / "h100-training.yml"
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="Prometheus server not installed (Debian package `prometheus`; .ci/run installs it)"
 )
@@ -63,8 +64,8 @@ def sim_with_compat(tmp_path: Path) -> Iterator[DaemonProcess]:
     log_path = tmp_path / "sim.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuwatchd", "sim", "--scenario", SCENARIO, "--speed", "4", "--config", str(cfg),
-             "--listen", f"127.0.0.1:{port}"],
+            [sys.executable, "-m", "gpuwatchd", "sim", "--scenario", str(SCENARIO), "--speed", "4",
+             "--config", str(cfg), "--listen", f"127.0.0.1:{port}"],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         )  # fmt: skip
     d = DaemonProcess(proc, f"http://127.0.0.1:{port}", cfg, log_path)

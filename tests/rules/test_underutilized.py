@@ -78,9 +78,7 @@ def test_gpm_sm_activity_is_preferred(store: Store) -> None:
 
     g = held(0.8)
     assert activity(g) == (0.8, "GPU utilization")
-    if "gpm_sm_activity_ratio" in GpuSample.__dataclass_fields__:
-        g = replace(g, gpm_sm_activity_ratio=0.03)  # type: ignore[call-arg]
-        assert activity(g) == (0.03, "SM activity")
+    assert activity(replace(g, gpm_sm_activity_ratio=0.03)) == (0.03, "SM activity")
 
 
 def test_clear_threshold_must_not_be_below_raise() -> None:
