@@ -130,13 +130,13 @@ NAMES = (*(c.name for c in COUNTERS), XID.name)
 def gpu_labels(g: GpuSample, by_uuid: dict[str, GpuSample], host: str, driver: str | None) -> dict[str, str]:
     """dcgm-exporter's labels of one device: a MIG instance carries its GPU's index, UUID and PCI address plus
     GPU_I_PROFILE / GPU_I_ID, as DCGM labels instance entities (render_metrics.go, gpu_collector.go toMetric)."""
-    parent_uuid: str | None = getattr(g, "parent_uuid", None)
+    parent_uuid = g.parent_uuid
     gpu = by_uuid.get(parent_uuid, g) if parent_uuid else g
     labels = {"gpu": str(g.index), "UUID": parent_uuid or g.uuid, "pci_bus_id": label(g.pci_bus_id or gpu.pci_bus_id),
               "device": f"nvidia{g.index}", "modelName": label(gpu.name)}
     if parent_uuid:
-        labels["GPU_I_PROFILE"] = label(getattr(g, "profile", None))
-        labels["GPU_I_ID"] = label(getattr(g, "gpu_instance_id", None))
+        labels["GPU_I_PROFILE"] = label(g.profile)
+        labels["GPU_I_ID"] = label(g.gpu_instance_id)
     labels["Hostname"] = host
     if driver:
         labels["DCGM_FI_DRIVER_VERSION"] = driver  # default-counters.csv: a "label" counter, on every metric

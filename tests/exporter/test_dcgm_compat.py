@@ -106,3 +106,23 @@ def test_a_failing_build_leaves_the_families_out_and_is_logged(caplog: pytest.Lo
         assert list(c.collect()) == []
     assert c.errors == 2
     assert caplog.text.count("dcgm-compatible families failed") == 1  # rate-limited
+
+
+def test_mig_instances_carry_their_gpus_labels_and_gpu_i_labels() -> None:
+    gib = 1 << 30
+    parent = GpuSample(uuid="GPU-p", index=3, name="NVIDIA A100-SXM4-80GB", pci_bus_id="00000000:4E:00.0",
+                       memory_used_bytes=30 * gib, temperature_celsius=55.0)
+    inst = GpuSample(uuid="MIG-1", index=3, name="NVIDIA A100-SXM4-80GB MIG 3g.40gb", memory_used_bytes=20 * gib,
+                     parent_uuid="GPU-p", gpu_instance_id=2, compute_instance_id=0, profile="3g.40gb")
+    store = Store()
+    store.apply(Snapshot(timestamp=1.0, nvml_ok=True, driver_version="550.54.15", gpus=(parent, inst)))
+    reg = CollectorRegistry()
+    reg.register(DcgmCompatCollector(store, HOST))
+    fb = [s for s in samples(generate_latest(reg).decode()) if s.name == "DCGM_FI_DEV_FB_USED"]
+    by_instance = {s.labels.get("GPU_I_ID"): (s.labels, s.value) for s in fb}
+    assert by_instance[None][1] == 30 * 1024.0 and "GPU_I_PROFILE" not in by_instance[None][0]
+    labels, value = by_instance["2"]
+    assert value == 20 * 1024.0
+    assert labels == {"gpu": "3", "UUID": "GPU-p", "pci_bus_id": "00000000:4E:00.0", "device": "nvidia3",
+                      "modelName": "NVIDIA A100-SXM4-80GB", "GPU_I_PROFILE": "3g.40gb", "GPU_I_ID": "2",
+                      "Hostname": HOST, "DCGM_FI_DRIVER_VERSION": "550.54.15"}
