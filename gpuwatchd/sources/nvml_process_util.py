@@ -121,12 +121,7 @@ class ProcessUtilization:
             if ret != N.NVML_ERROR_INSUFFICIENT_SIZE:
                 break
             self._grow(info.processSamplesCount, _INFO_V1.size)
-        if ret == N.NVML_ERROR_NOT_FOUND:
-            return []
-        if ret != N.NVML_SUCCESS:
-            raise N.NVMLError(ret)
-        raw = ctypes.string_at(self._buf, min(info.processSamplesCount, self._cap) * _INFO_V1.size)
-        return list(_INFO_V1.iter_unpack(raw))
+        return self._rows(ret, info.processSamplesCount, _INFO_V1)
 
     def _samples(self, fn: Any, handle: Handle) -> list[tuple[int, ...]]:
         for _ in range(2):
@@ -135,12 +130,15 @@ class ProcessUtilization:
             if ret != N.NVML_ERROR_INSUFFICIENT_SIZE:
                 break
             self._grow(count.value, _INFO_V1.size)  # sized for the larger struct: either call can use it
+        return self._rows(ret, count.value, _SAMPLE)
+
+    def _rows(self, ret: int, count: int, layout: struct.Struct) -> list[tuple[int, ...]]:
+        """The ``count`` structs the driver wrote; none for NOT_FOUND (no sample since the last seen one)."""
         if ret == N.NVML_ERROR_NOT_FOUND:
             return []
         if ret != N.NVML_SUCCESS:
             raise N.NVMLError(ret)
-        raw = ctypes.string_at(self._buf, min(count.value, self._cap) * _SAMPLE.size)
-        return list(_SAMPLE.iter_unpack(raw))
+        return list(layout.iter_unpack(ctypes.string_at(self._buf, min(count, self._cap) * layout.size)))
 
 
 def attach(processes: list[dict[str, Any]], util: Utilization) -> None:
