@@ -298,9 +298,10 @@ def test_mig_instances_hold_their_processes_and_one_leaks() -> None:
 def test_underutilized_holds_memory_idle_then_computes() -> None:
     scen = load_scenario("underutilized")
     for t in (60, 900, 2300):
-        idle, busy = state_at(scen, t)["devices"]
+        idle, busy, h100 = state_at(scen, t)["devices"]
         assert idle["utilization"]["gpu"] <= 6 and busy["utilization"]["gpu"] >= 89
+        assert h100["utilization"]["gpu"] == 35 and h100["gpm"]["sm_util"] == 2  # busy by NVML, idle by GPM
         assert proc(state_at(scen, t), 0, 4242)["used_memory"] == 52 * 1024 * MIB
         assert idle["process_utilization"][0]["pid"] == 4242 and idle["process_utilization"][0]["sm"] == 3
-    idle, _ = state_at(scen, 2500)["devices"]
+    idle, _, _ = state_at(scen, 2500)["devices"]
     assert idle["utilization"]["gpu"] >= 85 and idle["process_utilization"][0]["sm"] == 88
