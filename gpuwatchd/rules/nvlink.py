@@ -17,6 +17,7 @@ from gpuwatchd.store import GpuPoint
 
 NAME = "GpuNvlinkErrors"
 KINDS = ("crc_flit", "crc_data", "replay", "recovery")
+_SEVERITIES: tuple[Severity, ...] = ("warning", "critical")
 _WORDS = {"crc_flit": "CRC flit", "crc_data": "CRC data", "replay": "replay", "recovery": "recovery"}
 
 DESCRIPTION = (
@@ -55,8 +56,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
     for g in snap.gpus:
         if not g.nvlink_errors_total:
             continue
-        window = [p for p in view.gpu_history(g.uuid)
-                  if now - cfg.window <= p.t <= now and p.nvlink_errors_total is not None]
+        history = [p for p in view.gpu_history(g.uuid) if p.nvlink_errors_total is not None and p.t <= now]
+        window = [p for p in history if now - cfg.window <= p.t]
         if len(window) < 2:
             continue
         span = window[-1].t - window[0].t
@@ -68,6 +69,15 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
             crc = d.get("crc_flit", 0) + d.get("crc_data", 0)
             retrain = d.get("replay", 0) + d.get("recovery", 0)
             if crc <= 0 and retrain <= 0:
+                if not any(_deltas(history, link).values()):
+                    continue  # quiet for the whole history: no alert of this link can be resolving
+                # the message of a resolution, for either severity the link's alert had
+                totals = g.nvlink_errors_total[link]
+                quiet = (f"{gpu_title(base)}: NVLink {link}: no new errors in the last {fmt_duration(span)} ("
+                         + ", ".join(f"{_WORDS[k]} {totals[k]}" for k in KINDS if k in totals) + " in all)")
+                for sev in _SEVERITIES:
+                    out.append(Condition(NAME, sev, {**base, "link": link}, quiet, DESCRIPTION.replace(
+                        "<index>", base.get("gpu") or "<index>"), level="clear"))
                 continue
             rate = crc / span
             severity: Severity = "critical" if retrain > 0 or rate >= cfg.crc_critical_per_second else "warning"
@@ -79,7 +89,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                 NAME, severity, {**base, "link": link},
                 f"{gpu_title(base)}: NVLink {link}: {', '.join(parts)} errors in the last {fmt_duration(span)} "
                 f"({rate:.1f} CRC errors/s; {why})",
-                DESCRIPTION,
+                DESCRIPTION.replace("<index>", base.get("gpu") or "<index>"),
                 value=float(crc + retrain),
             ))
     return out

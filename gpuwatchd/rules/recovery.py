@@ -20,10 +20,15 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         return []
     out: list[Condition] = []
     for g in snap.gpus:
-        if not g.recovery_action:
+        if g.recovery_action is None:
+            continue
+        base = gpu_labels(view, g.uuid)
+        if g.recovery_action == 0:  # the resolution's message (matched by uuid: the alert carries its action)
+            out.append(Condition(NAME, "critical", {**base, "action": "none"},
+                                 f"{gpu_title(base)}: the driver asks for no recovery action any more",
+                                 "The GPU was recovered (reset, reboot or drain done).", value=0.0, level="clear"))
             continue
         a = recovery_action(g.recovery_action)
-        base = gpu_labels(view, g.uuid)
         out.append(Condition(
             NAME, a.severity, {**base, "action": a.label},
             f"{gpu_title(base)}: the driver asks for {a.what} (NVML recovery action {a.value}, {a.label})",

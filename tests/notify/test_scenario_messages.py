@@ -42,6 +42,8 @@ SCENARIOS: dict[str, tuple[set[str], float]] = {
     "probe-hang": ({"GpuProbeFailed"}, 10.0),
     "dock-unauthorized": ({"GpuDockUnauthorized"}, 5.0),
     "tb-link-degraded": ({"GpuDockLinkDegraded"}, 5.0),
+    "nvlink-errors": ({"GpuNvlinkErrors"}, 5.0),
+    "recovery-action": ({"GpuRecoveryActionRequired"}, 5.0),
 }
 SCENARIOS["underutilized"] = ({"GpuUnderutilized"}, 10.0)  # with rules.underutilized.enabled (SCENARIO_RULES)
 

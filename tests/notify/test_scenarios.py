@@ -40,6 +40,8 @@ SCENARIOS: dict[str, tuple[set[str], float]] = {
     "ecc": ({"GpuEccError"}, 100.0),
     "link-degraded": ({"GpuPcieLinkDegraded"}, 150.0),
     "mig": ({"GpuMemoryLeak"}, 300.0),
+    "nvlink-errors": ({"GpuNvlinkErrors"}, 100.0),
+    "recovery-action": ({"GpuRecoveryActionRequired"}, 50.0),
 }
 SCENARIOS["underutilized"] = ({"GpuUnderutilized"}, 300.0)  # with rules.underutilized.enabled (SCENARIO_RULES)
 TAIL = 60.0  # scenario seconds after the end, for resolutions and the last group_interval

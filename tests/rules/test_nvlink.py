@@ -48,3 +48,19 @@ def test_steady_counters_and_a_reset_alone_do_not_fire() -> None:
     hist = run(store, eng, lambda t: snap(t, gpu(nvlink_errors_total={"0": {"crc_flit": 500 if t < T0 + 30 else 0}})),
                start=T0, end=T0 + 120, every=15)
     assert [a for _, alerts in hist for a in alerts if a.name == "GpuNvlinkErrors"] == []
+
+
+def test_resolution_says_the_link_is_quiet_again() -> None:
+    store = Store(retention_seconds=3600.0, step_seconds=5.0)
+    eng = RulesEngine(RulesConfig(), host="node1")
+
+    def make(t: float) -> object:
+        flit = int(min(t - T0, 60.0) * 2)  # 2/s for a minute, then nothing
+        return snap(t, gpu(nvlink_errors_total={"2": {"crc_flit": flit, "replay": 0}, "5": {"crc_flit": 9}}))
+
+    hist = run(store, eng, make, start=T0, end=T0 + 800, every=15)  # type: ignore[arg-type]
+    notified = [a for _, alerts in hist for a in alerts if a.name == "GpuNvlinkErrors"]
+    assert {a.labels["link"] for a in notified} == {"2"}
+    (last,) = [a for a in hist[-1][1] if a.name == "GpuNvlinkErrors"]
+    assert last.state == "resolved"  # 10 min of keep_firing_for after the last rise
+    assert last.summary == "GPU 0 (NVIDIA A10G): NVLink 2: no new errors in the last 1m (CRC flit 120, replay 0 in all)"

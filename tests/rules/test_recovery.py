@@ -30,7 +30,7 @@ def test_an_action_fires_at_once_saying_which(value: int, severity: str, words: 
         assert "nvidia-smi -r -i 2" in a.description
     store.apply(snap(T0 + 5, gpu(index=2, recovery_action=0)))
     (r,) = [a for a in eng.evaluate(store, T0 + 5) if a.name == "GpuRecoveryActionRequired"]
-    assert r.state == "resolved"
+    assert (r.state, r.summary) == ("resolved", "GPU 2 (NVIDIA A10G): the driver asks for no recovery action any more")
 
 
 def test_none_and_unknown_to_the_driver_are_quiet() -> None:
