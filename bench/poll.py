@@ -37,7 +37,9 @@ SIZES = [(8, 32, 1000), (16, 256, 150)]  # GPUs, processes per GPU, polls measur
 WARMUP = 20  # polls before measuring: imports, first-poll capability learning, buffers grown, caches warm
 PAIRS = 7  # worker/bare children run interleaved (ABAB...) so machine-load drift hits both alike
 TOP_N = 10  # the daemon's default processes.top_n
-NVLINKS = 0  # make_state's devices have no NVLink (its "nvlink" is None), so neither loop reads links
+# An H100 SXM's 18 NVLinks, all up with counters: both loops read every link's state and put the per-link field
+# ids (throughput tx/rx, and the four error counters on links 0-11) in the one field-values call.
+NVLINKS = 18
 MEASURED = re.compile(r"measured cpu_seconds=(?P<cpu>[0-9.]+) polls=(?P<polls>\d+)")
 
 # The bare loop: exactly the pynvml calls the worker makes per poll (static facts once, at start), no bookkeeping.
@@ -75,7 +77,7 @@ def device_calls(h):
     c += [(fans, (h,)), (N.nvmlDeviceGetPowerUsage, (h,)), (N.nvmlDeviceGetEnforcedPowerLimit, (h,)),
           (N.nvmlDeviceGetPowerManagementLimitConstraints, (h,)), (N.nvmlDeviceGetPowerManagementDefaultLimit, (h,)),
           (N.nvmlDeviceGetEncoderUtilization, (h,)), (N.nvmlDeviceGetDecoderUtilization, (h,)),
-          (N.nvmlDeviceGetEncoderStats, (h,)), (N.nvmlDeviceGetFieldValues, (h, [82, 95, 173, 179, 180])),
+          (N.nvmlDeviceGetEncoderStats, (h,)), (N.nvmlDeviceGetFieldValues, (h, field_ids(opts["nvlinks"]))),
           (N.nvmlDeviceGetTotalEnergyConsumption, (h,))]
     for k in CLK:
         c += [(N.nvmlDeviceGetClockInfo, (h, k)), (N.nvmlDeviceGetMaxClockInfo, (h, k))]
@@ -105,6 +107,16 @@ def process_utilization(h):
         return
     if samples:
         last_seen[key] = max(s.timeStamp for s in samples)
+def field_ids(links):
+    # memory temp, PCIe rollover/correctable/non-fatal/fatal, recovery action; per link: NVLink data tx/rx
+    # (scopeId = link) and the CRC flit/CRC data/replay/recovery _L<n> ids (links 0-11): nvml.h's numbers
+    ids = [82, 95, 173, 179, 180, 230]
+    for link in range(links):
+        ids += [(138, link), (139, link)]
+        if link < 12:
+            for l0, l6 in ((32, 96), (39, 102), (46, 108), (53, 114)):
+                ids.append((l0 + link if link < 6 else l6 + link - 6, link))
+    return ids
 ABSENT = (N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_FUNCTION_NOT_FOUND)
 def supported(calls):
     # what a hand-written loop for this device would call: drop what the device answers absent (as the worker does)
@@ -212,6 +224,9 @@ def bench_state(gpus: int, procs: int) -> dict[str, Any]:
                    field_values={"memory_temp": 60, "pcie_replay_rollover": 0, "pcie_correctable_errors": 3,
                                  "pcie_non_fatal_errors": 0, "pcie_fatal_errors": 0},
                    encoder_stats={"session_count": 1, "average_fps": 30, "average_latency_us": 800},
+                   nvlink=[1] * NVLINKS, recovery_action=0,
+                   nvlink_counters=[{"tx_kib": 10**9 + i, "rx_kib": 10**9 + 2 * i, "crc_flit": i, "crc_data": 0,
+                                     "replay": 0, "recovery": 0} for i in range(NVLINKS)],
                    # per-process utilization: a sample per process (each had some SM time in the period)
                    process_utilization=[{"pid": p["pid"], "timestamp_us": 1_700_000_000_000_000, "sm": 5 + i % 90,
                                          "memory": 1 + i % 50} for i, p in enumerate(dev["processes"]["compute"])])

@@ -19,6 +19,7 @@ from typing import Any
 import pynvml as N
 
 from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml_field_values import FieldId, FieldValues
 from gpuwatchd.sources.nvml_gpm import GpmReading
 from gpuwatchd.sources.nvml_nvlink import NvLink, Sink
 from gpuwatchd.sources.nvml_process_util import CALLS as PROCESS_UTIL_CALLS
@@ -133,10 +134,6 @@ FIELD_VALUES: dict[int, tuple[str, str | None]] = {
     N.NVML_FI_DEV_PCIE_COUNT_FATAL_ERROR: ("pcie_errors_total", "fatal"),
     N.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: ("recovery_action", None),  # nvmlDeviceGpuRecoveryAction_t
 }
-_VALUE_MEMBER = {N.NVML_VALUE_TYPE_DOUBLE: "dVal", N.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-                 N.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-                 N.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", N.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-                 N.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal"}
 
 
 def _field_values(nvlink: NvLink | None = None) -> Reader:
@@ -144,20 +141,22 @@ def _field_values(nvlink: NvLink | None = None) -> Reader:
     its own return code: the values a device answers NOT_SUPPORTED the first time they are asked are not asked
     again, and with none left the reading is dropped. The per-link ids join once the links are known (learning
     them can fail for a poll like any call; the device-wide values are read meanwhile)."""
-    request: list[int | tuple[int, int]] = []
+    request: list[FieldId] = []
     sinks: list[Sink] = []
+    call = FieldValues(request)
     fresh = 0  # the last ``fresh`` entries have not been asked yet
     started = False
     links_pending = nvlink is not None
 
     def read(h: Handle, out: Out) -> None:
-        nonlocal request, sinks, fresh, started, links_pending
+        nonlocal request, sinks, call, fresh, started, links_pending
         if not started:
             started = True
             for fid, (field, key) in FIELD_VALUES.items():
                 request.append(fid)
                 sinks.append(_field_sink(field, key))
             fresh = len(request)
+            call = FieldValues(request)
         if links_pending and nvlink is not None:
             try:
                 extra = nvlink.field_requests(h)
@@ -167,24 +166,24 @@ def _field_values(nvlink: NvLink | None = None) -> Reader:
                 extra = None  # the NVLink reading reports this poll's error; asked again next poll
             if extra is not None:
                 links_pending = False
-                request += [e[0] for e in extra]
-                sinks += [e[1] for e in extra]
+                request = request + [e[0] for e in extra]
+                sinks = sinks + [e[1] for e in extra]
                 fresh += len(extra)
-        values = N.nvmlDeviceGetFieldValues(h, request)
+                call = FieldValues(request)
+        values = list(call.call(h))
         if fresh:
             first = len(request) - fresh
-            keep = [i for i, v in enumerate(values) if i < first or v.nvmlReturn != N.NVML_ERROR_NOT_SUPPORTED]
+            keep = [i for i, (code, _) in enumerate(values) if i < first or code != N.NVML_ERROR_NOT_SUPPORTED]
             request = [request[i] for i in keep]
             sinks = [sinks[i] for i in keep]
             values = [values[i] for i in keep]
+            call = FieldValues(request)
             fresh = 0
             if not request and not links_pending:
                 raise N.NVMLError(N.NVML_ERROR_NOT_SUPPORTED)
-        for v, sink in zip(values, sinks, strict=True):
-            member = _VALUE_MEMBER.get(v.valueType)
-            if v.nvmlReturn != N.NVML_SUCCESS or member is None:
-                continue  # a value's transient error leaves only that value without a sample this poll
-            sink(out, getattr(v.value, member))
+        for (_, number), sink in zip(values, sinks, strict=True):
+            if number is not None:  # None: this value's own error (or an unknown type); the others still count
+                sink(out, number)
 
     return read
 
