@@ -139,5 +139,6 @@ async def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
 def test_list_scenarios_says_what_to_expect() -> None:
     listed = list_scenarios()
     assert [name for name, _ in listed] == sorted(name for name, _ in listed)
-    assert len(listed) == 23  # + probe-sdc, egpu-slow-link, probe-hang; + mig, gpm-training, underutilized
+    # + probe-sdc, egpu-slow-link, probe-hang; + mig, gpm-training, underutilized; + nvlink-errors, recovery-action
+    assert len(listed) == 25
     assert all("Expect" in description for _, description in listed)
