@@ -116,12 +116,16 @@ def _urgent(
     min_growth: float,
     floor_growth: float,
     seen: bool,
-) -> Judged | None:
-    """The shortest short window on which the series is a leak fast enough for that window to be evidence."""
+) -> tuple[Judged | None, Judged | None]:
+    """The shortest short window on which the series is a leak fast enough for that window to be evidence; and
+    else the shortest on which it passes the tests but is not evidence yet (too rough or too short for its time
+    to full), as a verdict that it still grows: it keeps a pending alert of a young series alive instead of
+    dropping it (a noisy fast leak wavers between the two from one evaluation to the next)."""
     # No short window can show more growth than the raw values span; most series are flat, skip them cheaply.
     latest = [(t, v) for t, v in points if t >= now - URGENT_WINDOWS[-1]]
     if not latest or max(v for _, v in latest) - min(v for _, v in latest) < max(floor_growth, 1.0):
-        return None
+        return None, None
+    rising: Judged | None = None
     # A regular staircase (rules/steps.py) is as good evidence as a clean straight rise, however rough its line.
     stair = staircase(latest, now)
     for window in URGENT_WINDOWS:
@@ -135,6 +139,8 @@ def _urgent(
                     min_growth=min_growth, floor_growth=floor_growth, seen=seen)
         if not v.leak or v.eta_decision is None:
             continue
+        if rising is None:
+            rising = Judged(trend, Verdict(False, True, v.eta_seconds, v.eta_decision), cfg.for_)
         # A clean straight rise is evidence sooner and needs a shorter hold than a rough one (a staircase, a
         # noisy ramp): a long warm-up stepping every minute looks like a fast staircase leak for a while.
         f = fit(points, now - window, bucket=window / URGENT_BUCKETS)
@@ -148,8 +154,8 @@ def _urgent(
         share = cfg.urgent_evidence_share if clean else cfg.urgent_rough_share
         if share * v.eta_decision <= window:
             hold = hold_for(cfg, v.eta_decision, share=None if clean else cfg.urgent_rough_share)
-            return Judged(trend, v, hold)
-    return None
+            return Judged(trend, v, hold), None
+    return None, rising
 
 
 def _straight(points: list[tuple[float, float]], since: float, cfg: LeakRule, seen: bool, *,
@@ -232,12 +238,14 @@ def _judge(
                           min_growth=min_growth, floor_growth=floor_growth, seen=seen)
     # A fast leak that started after a long plateau is diluted in the long window (its slope, hence its rate and
     # time to full, lag behind for many minutes): the short window's verdict, when there is one, is the truer.
+    rising = None
     if cfg.urgent and free is not None:
-        urgent = _urgent(points, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth, seen=seen)
+        urgent, rising = _urgent(points, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth,
+                                 seen=seen)
         if urgent is not None:
             return urgent
     if trend is None or verdict is None:
-        return None
+        return rising  # a series too young for the long window: still growing on a short one, or nothing
     if verdict.leak and not _straight(points, now - trend.span, cfg, seen, long=True):
         verdict = Verdict(False, verdict.growing, verdict.eta_seconds, verdict.eta_decision)
     hold = hold_for(cfg, verdict.eta_decision, share=cfg.urgent_rough_share) if seen else cfg.for_

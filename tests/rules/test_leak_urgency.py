@@ -319,3 +319,25 @@ def test_leak_right_after_the_warm_up_fires_within_a_minute_of_the_same_leak_aft
     late = first_firing(simulate(leak_after_plateau(48.0, 2100.0), 50))
     assert fresh is not None and late is not None
     assert abs((fresh[0] - 180.0) - (late[0] - 2100.0)) <= 60, (fresh[0] - 180.0, late[0] - 2100.0)
+
+
+@pytest.mark.parametrize(("base_gib", "noise_mib", "seed"), [(5, 50, 1), (7, 70, 2)])
+def test_noisy_fast_leak_from_the_job_start_keeps_its_pending_alert_and_fires_in_time(
+    base_gib: float, noise_mib: float, seed: int
+) -> None:
+    # 2 GiB/min from the job's first second, under its warm-up, with Gaussian noise. A noisy ramp wavers between
+    # "a leak, evidence enough" and "a leak, too rough yet" from one evaluation to the next; the second keeps the
+    # pending alert going (hold level) instead of dropping it and starting the hold over (which left it 55 % of
+    # its time to full), so it fires within 40 % of its time to full.
+    rng = random.Random(seed)
+    base, noise, rate = base_gib * GIB, noise_mib * MIB, 2048 * MIB / 60
+
+    def make(t: float) -> Snapshot:
+        s = t - T0
+        used = min(CAPACITY, warm(s, base) + rate * s + rng.gauss(0, noise))
+        return snap(t, with_processes(gpu(), [proc(4242, used)]))
+
+    to_full = (CAPACITY - base) / rate
+    fired = first_firing(simulate(make, to_full / 60 + 1, every=15.0))
+    assert fired is not None
+    assert to_full - fired[0] >= 0.6 * to_full, f"fired {fired[0]:.0f}s into a {to_full:.0f}s leak"
