@@ -4,7 +4,9 @@ A scenario gives a process ``sm_util`` / ``memory_util`` / ``encoder_util`` / ``
 ``nvidia-smi pmon``); the stand-in serves NVML's raw form, a list of timestamped samples per device
 (``process_utilization`` in docs/sim-state.md). Each state the player writes is one driver sample period ending at
 the state's clock: a sample per process with non-zero utilization (nvml.h returns no sample for an idle process).
-A device none of whose processes has these fields keeps answering NOT_SUPPORTED, as before.
+A device none of whose processes has these fields keeps answering NOT_SUPPORTED, as before. The player writes a
+state at most every 0.1 wall seconds (sim/player.py MIN_WALL_TICK_S): a sim fast enough that polls come more often
+than that sees polls with no new sample, which read 0, as a real driver polled faster than its sample period does.
 """
 
 from __future__ import annotations

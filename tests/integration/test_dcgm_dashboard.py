@@ -131,6 +131,22 @@ def test_compat_series_carry_dcgm_labels(sim_with_compat: DaemonProcess) -> None
         assert labels["UUID"].startswith("GPU-") and "H100" in labels["modelName"]
 
 
+def test_per_process_utilization_through_the_daemon(sim_with_compat: DaemonProcess) -> None:
+    # the scenario's torchrun processes have sm_util 90: stand-in samples -> worker -> store -> /metrics
+    d = sim_with_compat
+
+    def sm() -> list[str] | None:
+        try:
+            status, body = d.get("/metrics")
+        except OSError:
+            return None
+        lines = [ln for ln in body.splitlines() if ln.startswith("gpuwatchd_gpu_process_sm_utilization_ratio{")]
+        return lines if status == 200 and len(lines) == 8 and all(ln.endswith(" 0.9") for ln in lines) else None
+
+    lines = wait_until(sm, "8 processes' SM utilization 0.9", timeout=120)
+    assert {re.search(r'pid="(\d+)"', ln).group(1) for ln in lines} == {str(7000 + i) for i in range(8)}  # type: ignore[union-attr]
+
+
 def test_default_output_has_no_dcgm_names(
     start_daemon: Callable[..., DaemonProcess], standin_libdir: Path, write_sim_state: Callable[[dict[str, Any]], Path]
 ) -> None:
