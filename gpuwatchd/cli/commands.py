@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuwatchd import __version__
+from gpuwatchd.cli.daemon_client import ClientSetupError, DaemonClient, add_client_args, client_for, serves_tls
 from gpuwatchd.cli.probe import add_probe_parser, cmd_probe_args
 from gpuwatchd.config.files import missing, shown_path
 from gpuwatchd.config.loader import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, parse_listen
@@ -65,6 +66,7 @@ def _build_parser() -> argparse.ArgumentParser:
     status.add_argument("--config", type=Path, help=f"config file to read listen from (default: {DEFAULT_CONFIG_PATH})")
     status.add_argument("--json", action="store_true", help="print the raw status JSON instead of tables")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon (default 5)")
+    add_client_args(status)
 
     add_probe_parser(sub)
 
@@ -190,15 +192,17 @@ def default_status_url(config_path: Path | None) -> str:
         cfg = Config()
     host, port = parse_listen(cfg.listen)
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    scheme = "https" if serves_tls(cfg.web_config_file) else "http"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def cmd_status(url: str | None, config_path: Path | None, as_json: bool, timeout: float) -> int:
+def cmd_status(url: str | None, config_path: Path | None, as_json: bool, timeout: float,
+               client: DaemonClient | None = None) -> int:
     from gpuwatchd.cli.status import StatusUnavailable, fetch_status, render_status
 
     base = (url or default_status_url(config_path)).rstrip("/")
     try:
-        status, alerts = asyncio.run(fetch_status(base, timeout=timeout))
+        status, alerts = asyncio.run(fetch_status(base, timeout=timeout, client=client))
     except StatusUnavailable as e:
         _err(str(e))
         return EXIT_UNREACHABLE
@@ -285,7 +289,12 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "run":
         return cmd_run(args.config, args.listen, args.web_config_file)
     if args.command == "status":
-        return cmd_status(args.url, args.config, args.json, args.timeout)
+        try:
+            client = client_for(args, args.config)
+        except ClientSetupError as e:
+            _err(str(e))
+            return EXIT_USAGE
+        return cmd_status(args.url, args.config, args.json, args.timeout, client)
     if args.command == "doctor":
         from gpuwatchd.cli.doctor import cmd_doctor
 

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from gpuwatchd.cli.daemon_client import ClientSetupError, add_client_args, client_from_args
 from gpuwatchd.config.loader import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 from gpuwatchd.doctor.context import DEFAULT_DEADLINE, SERVICE_USER, Host
 from gpuwatchd.runtime.exitcodes import EXIT_USAGE
@@ -37,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="read recent Xids from this saved kernel log (dmesg, journalctl -k) instead of the daemon's")
     d.add_argument("--sim", type=Path, metavar="DIR",
                    help="examine a running `gpuwatchd sim` (DIR: its state dir, as its banner prints)")
+    add_client_args(d)
 
 
 def host_from_args(args: argparse.Namespace) -> Host:
@@ -52,7 +54,7 @@ def host_from_args(args: argparse.Namespace) -> Host:
             error = str(e).replace("\n", "; ")
     host = Host(root=args.root, config=config, config_path=path, config_error=error, deadline=args.deadline,
                 service_user=args.user, url=args.url or default_status_url(path),
-                kernel_log=args.kernel_log)  # fmt: skip
+                kernel_log=args.kernel_log, client=client_from_args(args, config.web_config_file))  # fmt: skip
     if args.sim is not None:
         _simulated(host, args.sim, args.url)
     return host
@@ -79,6 +81,9 @@ def _simulated(host: Host, state_dir: Path, url: str | None) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     try:
         host = host_from_args(args)
+    except ClientSetupError as e:
+        print(f"gpuwatchd doctor: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except (OSError, ValueError, KeyError) as e:
         # Not a check result: the simulation to examine is not there (not started, or another --state-dir).
         print(f"gpuwatchd doctor: --sim {args.sim}: cannot read the simulation's {MANIFEST}: {e}", file=sys.stderr)

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.cli.daemon_client import AUTH_HINT, ClientSetupError, DaemonClient, add_client_args, client_for
 from gpuwatchd.config.loader import Config
 from gpuwatchd.model import Snapshot, snapshot_from_dict
 from gpuwatchd.probes.verdict import fmt_measure
@@ -28,15 +29,23 @@ class NoDaemon(Exception):
     pass
 
 
-async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], timeout: float) -> dict[str, Any]:
-    """POST the request; :class:`NoDaemon` when nothing listens (then the caller runs the probes itself)."""
+async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], timeout: float,
+                     client: DaemonClient | None = None) -> dict[str, Any]:
+    """POST the request; :class:`NoDaemon` when nothing listens (then the caller runs the probes itself).
+    ``client``: TLS trust and basic auth for a daemon with a web config (cli/daemon_client.py)."""
     import aiohttp  # here, not at the top: every CLI start imports this module
 
     t = aiohttp.ClientTimeout(total=timeout, connect=5.0)
     try:
-        async with aiohttp.ClientSession(timeout=t) as session, session.post(
+        args = (client or DaemonClient()).session_args()
+    except ClientSetupError as e:
+        raise RuntimeError(str(e)) from None
+    try:
+        async with aiohttp.ClientSession(timeout=t, **args) as session, session.post(
             f"{base_url}/api/v1/probe", json={"gpus": list(gpus), "probes": list(probes)}
         ) as resp:
+            if resp.status == 401:
+                raise RuntimeError(f"the daemon refused: HTTP 401 ({AUTH_HINT})")
             body = await resp.json(content_type=None)
             if resp.status != 200:
                 err = body.get("error") if isinstance(body, dict) else None
@@ -123,11 +132,11 @@ def render(result: Mapping[str, Any]) -> str:
 
 
 def cmd_probe(config: Config, url: str, gpus: Sequence[str], probes: Sequence[str], *, as_json: bool,
-              timeout: float) -> int:
+              timeout: float, client: DaemonClient | None = None) -> int:
     """Exit 0 when every probe run passed or was degraded, 1 when one failed or none could run."""
     try:
         try:
-            result = asyncio.run(ask_daemon(url, gpus, probes, timeout))
+            result = asyncio.run(ask_daemon(url, gpus, probes, timeout, client))
             source = f"daemon at {url}"
         except NoDaemon:
             result = asyncio.run(run_direct(config, gpus, probes))
@@ -159,6 +168,7 @@ def add_probe_parser(sub: Any) -> None:
     p.add_argument("--url", help="daemon base URL (default: from the config's listen address)")
     p.add_argument("--config", type=Path, help="config file (listen address, probes, state dir)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the daemon's answer")
+    add_client_args(p)
 
 
 def cmd_probe_args(args: argparse.Namespace, default_url: str) -> int:
@@ -170,4 +180,9 @@ def cmd_probe_args(args: argparse.Namespace, default_url: str) -> int:
         print(str(e), file=sys.stderr)
         return 1
     url = (args.url or default_url).rstrip("/")
-    return cmd_probe(config, url, args.gpu, args.probe, as_json=args.json, timeout=args.timeout)
+    try:
+        client = client_for(args, args.config)
+    except ClientSetupError as e:
+        print(f"gpuwatchd probe: {e}", file=sys.stderr)
+        return 1
+    return cmd_probe(config, url, args.gpu, args.probe, as_json=args.json, timeout=args.timeout, client=client)

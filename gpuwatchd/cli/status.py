@@ -8,6 +8,8 @@ from typing import Any
 
 import aiohttp
 
+from gpuwatchd.cli.daemon_client import AUTH_HINT, ClientSetupError, DaemonClient
+
 GIB = 1024**3
 
 
@@ -15,11 +17,17 @@ class StatusUnavailable(Exception):
     """No daemon answered at the URL (or it answered something that is not gpuwatchd's status API)."""
 
 
-async def fetch_status(base_url: str, *, timeout: float = 5.0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """GET ``/api/v1/status`` and ``/api/v1/alerts``; raises :class:`StatusUnavailable` with a readable reason."""
+async def fetch_status(base_url: str, *, timeout: float = 5.0,
+                       client: DaemonClient | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """GET ``/api/v1/status`` and ``/api/v1/alerts``; raises :class:`StatusUnavailable` with a readable reason.
+    ``client``: TLS trust and basic auth for a daemon with a web config (cli/daemon_client.py)."""
     t = aiohttp.ClientTimeout(total=timeout)
     try:
-        async with aiohttp.ClientSession(timeout=t) as session:
+        args = (client or DaemonClient()).session_args()
+    except ClientSetupError as e:
+        raise StatusUnavailable(str(e)) from None
+    try:
+        async with aiohttp.ClientSession(timeout=t, **args) as session:
             status = await _get_json(session, f"{base_url}/api/v1/status")
             alerts_doc = await _get_json(session, f"{base_url}/api/v1/alerts")
     except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as e:
@@ -33,7 +41,8 @@ async def fetch_status(base_url: str, *, timeout: float = 5.0) -> tuple[dict[str
 async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
     async with session.get(url) as resp:
         if resp.status != 200:
-            raise StatusUnavailable(f"{url}: HTTP {resp.status}")
+            hint = f" ({AUTH_HINT})" if resp.status == 401 else ""
+            raise StatusUnavailable(f"{url}: HTTP {resp.status}{hint}")
         try:
             return await resp.json(content_type=None)
         except ValueError:

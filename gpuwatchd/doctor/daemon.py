@@ -17,7 +17,8 @@ G = "daemon"
 def fetch(host: Host) -> tuple[dict[str, Any] | None, str]:
     """The daemon's ``/api/v1/status``, or None and why not."""
     try:
-        status, _ = asyncio.run(fetch_status(host.url.rstrip("/"), timeout=min(host.deadline, 5.0)))
+        status, _ = asyncio.run(fetch_status(host.url.rstrip("/"), timeout=min(host.deadline, 5.0),
+                                             client=host.client))
     except StatusUnavailable as e:
         return None, str(e)
     return status, ""
