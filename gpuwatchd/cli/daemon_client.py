@@ -124,3 +124,25 @@ def client_for(args: argparse.Namespace, config_path: Path | None) -> DaemonClie
     except ConfigError:
         web = None
     return client_from_args(args, web)
+
+
+def tls_problem(url: str, e: BaseException) -> str | None:
+    """A TLS failure talking to ``url`` as one line saying what to do; None when ``e`` is not about TLS (nothing
+    listens, a timeout). Something that answers with a TLS failure is a daemon: ``probe`` must not run beside it."""
+    import ssl
+
+    import aiohttp
+
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        why = getattr(e.certificate_error, "verify_message", None) or str(e.certificate_error)
+        return (f"TLS: certificate verify failed ({why}): the daemon's certificate is not trusted; pass the CA that "
+                "signed it with --ca-file")
+    if isinstance(e, aiohttp.ClientSSLError | ssl.SSLError):
+        text = str(e)
+        if "WRONG_VERSION_NUMBER" in text or "wrong version number" in text:
+            return "TLS handshake failed: the daemon does not serve TLS at this address; use an http:// URL"
+        return f"TLS handshake failed: {text}"
+    if isinstance(e, aiohttp.ServerDisconnectedError) and url.startswith("http://"):
+        return ("the server closed the connection without an answer, as a daemon serving TLS does to plain HTTP; "
+                "use an https:// URL")
+    return None

@@ -17,7 +17,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.cli.daemon_client import AUTH_HINT, ClientSetupError, DaemonClient, add_client_args, client_for
+from gpuwatchd.cli.daemon_client import (
+    AUTH_HINT,
+    ClientSetupError,
+    DaemonClient,
+    add_client_args,
+    client_for,
+    tls_problem,
+)
 from gpuwatchd.config.loader import Config
 from gpuwatchd.model import Snapshot, snapshot_from_dict
 from gpuwatchd.probes.verdict import fmt_measure
@@ -54,6 +61,9 @@ async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], 
                 raise RuntimeError("the daemon answered something that is not a probe result")
             return body
     except (aiohttp.ClientConnectionError, OSError) as e:
+        problem = tls_problem(base_url, e)
+        if problem is not None:  # a daemon answers: never run the probes beside it
+            raise RuntimeError(f"{base_url}: {problem}") from None
         raise NoDaemon(str(e) or type(e).__name__) from None
 
 

@@ -8,13 +8,17 @@ from typing import Any
 
 import aiohttp
 
-from gpuwatchd.cli.daemon_client import AUTH_HINT, ClientSetupError, DaemonClient
+from gpuwatchd.cli.daemon_client import AUTH_HINT, ClientSetupError, DaemonClient, tls_problem
 
 GIB = 1024**3
 
 
 class StatusUnavailable(Exception):
     """No daemon answered at the URL (or it answered something that is not gpuwatchd's status API)."""
+
+
+class DaemonRefused(StatusUnavailable):
+    """A daemon answers at the URL but refused us: HTTP 401/403, or the TLS handshake failed."""
 
 
 async def fetch_status(base_url: str, *, timeout: float = 5.0,
@@ -31,6 +35,9 @@ async def fetch_status(base_url: str, *, timeout: float = 5.0,
             status = await _get_json(session, f"{base_url}/api/v1/status")
             alerts_doc = await _get_json(session, f"{base_url}/api/v1/alerts")
     except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as e:
+        problem = tls_problem(base_url, e)
+        if problem is not None:
+            raise DaemonRefused(f"no gpuwatchd reachable at {base_url}: {problem}") from None
         reason = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e) or type(e).__name__
         raise StatusUnavailable(f"no gpuwatchd reachable at {base_url}: {reason}") from None
     if not isinstance(status, dict):
@@ -42,7 +49,8 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
     async with session.get(url) as resp:
         if resp.status != 200:
             hint = f" ({AUTH_HINT})" if resp.status == 401 else ""
-            raise StatusUnavailable(f"{url}: HTTP {resp.status}{hint}")
+            refused = DaemonRefused if resp.status in (401, 403) else StatusUnavailable
+            raise refused(f"{url}: HTTP {resp.status}{hint}")
         try:
             return await resp.json(content_type=None)
         except ValueError:

@@ -7,7 +7,7 @@ import asyncio
 import os
 from typing import Any
 
-from gpuwatchd.cli.status import StatusUnavailable, fetch_status
+from gpuwatchd.cli.status import DaemonRefused, StatusUnavailable, fetch_status
 from gpuwatchd.doctor.context import Host
 from gpuwatchd.doctor.report import Result, fail, ok, warn
 
@@ -19,9 +19,15 @@ def fetch(host: Host) -> tuple[dict[str, Any] | None, str]:
     try:
         status, _ = asyncio.run(fetch_status(host.url.rstrip("/"), timeout=min(host.deadline, 5.0),
                                              client=host.client))
+    except DaemonRefused as e:
+        return None, REFUSED + str(e)
     except StatusUnavailable as e:
         return None, str(e)
     return status, ""
+
+
+# Prefix of ``why`` when a daemon answers but refused us (credentials, TLS): a failure with its own fix.
+REFUSED = "refused: "
 
 
 def check_daemon(host: Host, status: dict[str, Any] | None, why: str) -> list[Result]:
@@ -32,6 +38,13 @@ def check_daemon(host: Host, status: dict[str, Any] | None, why: str) -> list[Re
     else:
         out.append(ok(G, "config", f"{where}: valid"))
     out.append(_state_dir(host))
+    if status is None and why.startswith(REFUSED):
+        out.append(fail(
+            G, "running", why.removeprefix(REFUSED),
+            "it runs but refused doctor: pass its CA with --ca-file and its credentials with --auth-user (password "
+            "in $GPUWATCHD_PASSWORD or --auth-password-file), as for `gpuwatchd status` (docs/security.md)",
+        ))  # fmt: skip
+        return out
     if status is None:
         out.append(warn(
             G, "running", why, "start it: `sudo systemctl enable --now gpuwatchd`; `journalctl -u gpuwatchd` says "

@@ -114,3 +114,29 @@ def test_probe_and_doctor_carry_the_credentials(tls_sim: tuple[Path, str], tmp_p
     checks = {(c["group"], c["check"]): c for c in json.loads(r.stdout)["checks"]}
     assert checks[("daemon", "running")]["status"] == "pass", checks[("daemon", "running")]
     assert url in checks[("daemon", "running")]["detail"]
+
+
+def test_tls_failures_are_one_line_saying_what_to_do(tls_sim: tuple[Path, str]) -> None:
+    _, url = tls_sim
+    # no --config, no --ca-file: the self-signed certificate is in no trust store
+    r = cli("status", "--url", url, "--auth-user", USER, password=PASSWORD)
+    assert r.returncode == EXIT_UNREACHABLE
+    (line,) = r.stderr.strip().splitlines()
+    assert "TLS: certificate verify failed (self-signed certificate)" in line and "--ca-file" in line
+    r = cli("status", "--url", url.replace("https://", "http://"), "--auth-user", USER, password=PASSWORD)
+    (line,) = r.stderr.strip().splitlines()
+    assert r.returncode == EXIT_UNREACHABLE and line.endswith("use an https:// URL")
+
+
+def test_probe_never_runs_beside_a_daemon_that_refused_it(tls_sim: tuple[Path, str]) -> None:
+    cfg, url = tls_sim
+    # an untrusted certificate, and plain HTTP to the TLS port: a daemon answered, so no direct run
+    for target, says in ((url, "--ca-file"), (url.replace("https://", "http://"), "use an https:// URL")):
+        r = cli("probe", "--url", target, "--auth-user", USER, password=PASSWORD)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "probes run directly" not in r.stdout and says in r.stderr, r.stdout + r.stderr
+    r = cli("doctor", "--config", str(cfg), "--json", "--deadline", "10")  # no credentials
+    checks = {(c["group"], c["check"]): c for c in json.loads(r.stdout)["checks"]}
+    running = checks[("daemon", "running")]
+    assert (running["status"], r.returncode) == ("fail", 2), running
+    assert "HTTP 401" in running["detail"] and "--auth-user" in running["fix"]
