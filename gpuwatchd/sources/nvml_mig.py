@@ -37,6 +37,7 @@ Out = dict[str, Any]
 MIG_READINGS = frozenset({"memory_used_bytes"})
 # A MIG handle the driver no longer accepts: its instance was destroyed (nvml.h nvmlDeviceGetMigDeviceHandleByIndex).
 _GONE = frozenset({N.NVML_ERROR_INVALID_ARGUMENT, N.NVML_ERROR_NOT_FOUND})
+_GONE_REASONS = frozenset(reason(c) for c in _GONE)
 
 
 def profile_of(name: str | None) -> str | None:
@@ -54,29 +55,38 @@ def _lost(e: N.NVMLError, call: str) -> None:
         raise NvmlGpuLost(e.value, call) from None
 
 
+def _optional(fn: Any, handle: Any) -> Any:
+    """An identity reading a driver may refuse (an older one without the call): None; GPU loss propagates."""
+    try:
+        return fn(handle)
+    except N.NVMLError as e:
+        _lost(e, fn.__name__)
+        return None
+
+
 class MigDevice:
     """One MIG device: its handle, identity and readings (memory; processes through the worker's listers)."""
 
-    __slots__ = ("_identity", "compute_instance_id", "gpu_instance_id", "handle", "index", "name", "profile",
-                 "readings", "uuid")
+    __slots__ = ("_identity", "compute_instance_id", "gpu_instance_id", "handle", "index", "memory_total", "name",
+                 "profile", "readings", "uuid")
 
     def __init__(self, index: int, handle: Any, gpu: Any) -> None:
         """``gpu``: its GPU's handle, for the GPU-instance GPM samples."""
         self.index = index
         self.handle = handle
         self._identity: Out | None = None
+        self.memory_total: int | None = None  # as first read: a MIG device's size is fixed by its profile
         self.uuid: str = N.nvmlDeviceGetUUID(handle)
-        try:
-            self.name: str | None = N.nvmlDeviceGetName(handle)
-        except N.NVMLError as e:
-            _lost(e, "nvmlDeviceGetName")
-            self.name = None
+        self.name: str | None = _optional(N.nvmlDeviceGetName, handle)
         self.profile = profile_of(self.name)
-        self.gpu_instance_id: int = N.nvmlDeviceGetGpuInstanceId(handle)
-        self.compute_instance_id: int = N.nvmlDeviceGetComputeInstanceId(handle)
+        self.gpu_instance_id: int | None = _optional(N.nvmlDeviceGetGpuInstanceId, handle)
+        self.compute_instance_id: int | None = _optional(N.nvmlDeviceGetComputeInstanceId, handle)
         self.readings = DeviceReadings(handle, MIG_READINGS)
-        # GPM activity of its GPU instance, sampled on the GPU (nvmlGpmMigSampleGet) where the GPU supports GPM.
-        self.readings.gpm = GpmReading(gpu, self.gpu_instance_id)
+        if self.gpu_instance_id is not None:
+            # GPM of its GPU instance, sampled on the GPU (nvmlGpmMigSampleGet) where the GPU supports GPM.
+            self.readings.gpm = GpmReading(gpu, self.gpu_instance_id)
+        else:
+            self.readings.gpm.absent = True  # no instance id to ask for
 
     def identity(self, parent_uuid: str, parent_index: int) -> Out:
         """The start of its snapshot entry (``GpuSample`` fields); its GPU's index, no PCI id of its own."""
@@ -113,9 +123,11 @@ class MigSet:
                 self.devices.append(MigDevice(i, N.nvmlDeviceGetMigDeviceHandleByIndex(handle, i), handle))
             except N.NVMLError as e:
                 _lost(e, "nvmlDeviceGetMigDeviceHandleByIndex")
-                if e.value != N.NVML_ERROR_NOT_FOUND:
-                    worker_log(f"MIG device {i}: not opened: {reason(e.value)}", "WARNING")
-                self.empty.append(i)
+                if e.value == N.NVML_ERROR_NOT_FOUND:
+                    self.empty.append(i)
+                else:  # not probed again: it would look created at every poll
+                    worker_log(f"MIG device {i} of this GPU not opened (it is not reported): {reason(e.value)}",
+                               "WARNING")
 
     @classmethod
     def open(cls, handle: Any) -> MigSet | None:
@@ -146,10 +158,30 @@ class MigSet:
             return f"MIG device created at index {i}"
         return None
 
+    def device_changed(self, m: MigDevice, out: Out, errors: dict[str, str]) -> str | None:
+        """Why MIG device ``m`` (just read into ``out``) is no longer the one enumerated, or None. Drivers may hand
+        a re-created instance the old handle (nvml.h), so a changed size says so at no cost."""
+        total = out.get("memory_total_bytes")
+        if total is not None:
+            if m.memory_total is None:
+                m.memory_total = total
+            elif total != m.memory_total:
+                return f"MIG device {m.uuid} changed size ({m.memory_total} -> {total} bytes)"
+        if errors and self.destroyed(m, errors):
+            return f"MIG device {m.uuid} no longer answers"
+        return None
 
-def gone(errors: dict[str, str]) -> bool:
-    """A MIG device's readings failed the way a destroyed instance's handle does."""
-    return any(r in (reason(c) for c in _GONE) for r in errors.values())
+    def destroyed(self, m: MigDevice, errors: dict[str, str]) -> bool:
+        """Whether ``m``'s failed readings mean its instance was destroyed: they failed the way an invalid MIG handle
+        does, and its slot no longer holds it (empty, or another MIG device). A reading that fails so while the
+        instance is there is that reading's error, kept per poll like any other."""
+        if not any(r in _GONE_REASONS for r in errors.values()):
+            return False
+        try:
+            return bool(N.nvmlDeviceGetUUID(N.nvmlDeviceGetMigDeviceHandleByIndex(self.handle, m.index)) != m.uuid)
+        except N.NVMLError as e:
+            _lost(e, "nvmlDeviceGetMigDeviceHandleByIndex")
+            return e.value in _GONE
 
 
-__all__ = ["MIG_READINGS", "MigDevice", "MigSet", "gone", "profile_of"]
+__all__ = ["MIG_READINGS", "MigDevice", "MigSet", "profile_of"]

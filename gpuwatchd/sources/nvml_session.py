@@ -18,7 +18,7 @@ from typing import Any
 import pynvml as N
 
 from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, TIMEOUT, NvmlGpuLost, reason
-from gpuwatchd.sources.nvml_mig import MigDevice, MigSet, gone
+from gpuwatchd.sources.nvml_mig import MigDevice, MigSet
 from gpuwatchd.sources.nvml_process_util import Utilization, attach
 from gpuwatchd.sources.nvml_readings import DeviceReadings, worker_log
 from gpuwatchd.sources.processes import Resolver, merge_processes, pid_max, process_dicts_per_gpu, top_processes
@@ -319,10 +319,10 @@ class Worker:
             m.readings.poll(out, errors)
             top = self._processes(m, out, errors)
             util = self._process_util(m, errors) if top else None
+            if why is None:
+                why = dev.mig.device_changed(m, out, errors)
             if errors:
                 out["errors"] = errors
-                if why is None and gone(errors):
-                    why = f"MIG device {m.uuid} no longer answers"
             entries.append((out, top, util))
         if why is not None and self.reenumerate is None:
             self.reenumerate = f"mig_config_changed: {dev.uuid}: {why}"

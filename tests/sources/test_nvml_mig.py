@@ -166,3 +166,62 @@ def test_no_gpm_on_instances_of_a_gpu_without_it(standin_libdir: Path, write_sim
     assert code == 0, err
     assert all(g.gpm_sm_activity_ratio is None for g in snap(lines[-1]).gpus)
     assert not any(c.startswith("nvmlGpm") for c in lines[-1]["calls"])  # learned absent: nothing per poll
+
+
+def test_a_mig_device_that_cannot_be_opened_is_left_out_once(standin_libdir: Path,
+                                                              write_sim_state: StateWriter) -> None:
+    dev = a100()
+    dev["mig_devices"][0]["errors"] = {"nvmlDeviceGetUUID": "UNKNOWN"}
+    code, lines, err = run_worker(standin_libdir, write_sim_state(make_state(0, devices=[dev])), max_polls=4,
+                                  trace_calls=True)
+    assert code == 0, err  # no re-enumeration: the slot is not mistaken for a new MIG device at every poll
+    assert "MIG device 0 of this GPU not opened (it is not reported): unknown" in err
+    assert [g.uuid for g in snap(lines[-1]).gpus] == [PARENT, MIG2]
+    assert lines[-1]["calls"]["nvmlDeviceGetMigDeviceHandleByIndex"] == 5  # the 5 empty slots, not the failed one
+
+
+def test_an_invalid_argument_reading_of_a_live_instance_is_a_per_poll_error(standin_libdir: Path,
+                                                                             write_sim_state: StateWriter) -> None:
+    dev = a100()
+    dev["mig_devices"][1]["errors"] = {"nvmlDeviceGetMemoryInfo_v2": "INVALID_ARGUMENT"}
+    code, lines, err = run_worker(standin_libdir, write_sim_state(make_state(0, devices=[dev])), max_polls=3)
+    assert code == 0, err
+    m2 = snap(lines[-1]).gpus[2]
+    assert (m2.uuid, m2.errors, m2.memory_used_bytes) == (MIG2, {"memory_used_bytes": "invalid_argument"}, None)
+
+
+def test_an_instance_replaced_at_its_index_reenumerates(standin_libdir: Path, write_sim_state: StateWriter) -> None:
+    state = make_state(0, devices=[a100()])
+    path = write_sim_state(state)
+    w = LiveWorker(standin_libdir, path, interval=0.05)
+    try:
+        assert len(snap(w.next()).gpus) == 3
+        changed = copy.deepcopy(state)
+        changed["devices"][0]["mig_devices"][0].update(uuid="MIG-aaaaaaaa-0000-5000-8000-0000000000ff",
+                                                       gpu_instance_id=3)  # destroyed and created again
+        changed["devices"][0]["mig_devices"][0]["errors"] = {"nvmlDeviceGetMemoryInfo_v2": "INVALID_ARGUMENT"}
+        write_sim_state(changed)
+        assert w.wait() == 3
+        assert w.proc.stderr is not None
+        assert f"mig_config_changed: {PARENT}: MIG device {MIG0} no longer answers" in w.proc.stderr.read()
+    finally:
+        w.close()
+
+
+def test_an_instance_recreated_with_another_size_under_the_old_handle_reenumerates(
+        standin_libdir: Path, write_sim_state: StateWriter) -> None:
+    state = make_state(0, devices=[a100()])
+    path = write_sim_state(state)
+    w = LiveWorker(standin_libdir, path, interval=0.05)
+    try:
+        assert len(snap(w.next()).gpus) == 3
+        changed = copy.deepcopy(state)  # the 1g.10gb at index 2 destroyed, a 2g.20gb created there
+        changed["devices"][0]["mig_devices"][1].update(uuid="MIG-aaaaaaaa-0000-5000-8000-0000000000fe",
+                                                       profile="2g.20gb", memory={"total": 20 * GIB, "used": 0})
+        write_sim_state(changed)
+        assert w.wait() == 3
+        assert w.proc.stderr is not None
+        assert (f"mig_config_changed: {PARENT}: MIG device {MIG2} changed size ({10 * GIB} -> {20 * GIB} bytes)"
+                in w.proc.stderr.read())
+    finally:
+        w.close()
