@@ -46,6 +46,7 @@ SCENARIOS: dict[str, tuple[set[str], float]] = {
     "recovery-action": ({"GpuRecoveryActionRequired"}, 5.0),
 }
 SCENARIOS["underutilized"] = ({"GpuUnderutilized"}, 10.0)  # with rules.underutilized.enabled (SCENARIO_RULES)
+SCENARIOS["mig"] = ({"GpuMemoryLeak"}, 10.0)  # the 1g.10gb MIG device's leak, named by its MIG uuid
 
 PROBE_SCENARIOS = {"probe-sdc", "egpu-slow-link", "probe-hang"}
 
