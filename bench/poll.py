@@ -140,12 +140,12 @@ def mig_calls(h):
             return [], 0
     except E:
         return [], 0
-    c, n = [], 0
+    c, n, empty = [], 0, []
     for i in range(N.nvmlDeviceGetMaxMigDeviceCount(h)):
         try:
             m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
         except E:
-            c.append((N.nvmlDeviceGetMigDeviceHandleByIndex, (h, i)))
+            empty.append(i)
             continue
         N.nvmlDeviceGetUUID(m); N.nvmlDeviceGetName(m)
         mig_gis.setdefault(id(h), []).append(N.nvmlDeviceGetGpuInstanceId(m)); N.nvmlDeviceGetComputeInstanceId(m)
@@ -153,7 +153,13 @@ def mig_calls(h):
         c += supported([(N.nvmlDeviceGetMemoryInfo, (m, N.nvmlMemory_v2)),
                         (N.nvmlDeviceGetComputeRunningProcesses_v3, (m,)),
                         (N.nvmlDeviceGetGraphicsRunningProcesses_v3, (m,)), (process_utilization, (m,))])
+    if empty:  # one empty slot probed a poll, in turn, for a new MIG device
+        c.append((probe_next, (h, empty, [0])))
     return c, n
+def probe_next(h, empty, turn):
+    i = empty[turn[0] % len(empty)]
+    turn[0] += 1
+    N.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
 calls = []
 for h in hs:
     mc, n_mig = mig_calls(h)

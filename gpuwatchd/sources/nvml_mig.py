@@ -18,8 +18,9 @@ be three, on a privileged handle type.
 
 MIG devices are enumerated when their GPU is opened. A changed MIG configuration is noticed per poll at little
 cost -- MIG mode switched (the GPU's own ``mig_mode_current`` reading), a device appearing in a slot that was
-empty, or a MIG handle the driver no longer accepts (a destroyed instance: INVALID_ARGUMENT / NOT_FOUND) -- and
-answered with the worker's re-enumeration (a fresh worker opens everything again).
+empty (one empty slot probed a poll, in turn), a MIG handle the driver no longer accepts (a destroyed instance:
+INVALID_ARGUMENT / NOT_FOUND, confirmed by its slot), or a MIG device whose size changed under its old handle --
+and answered with the worker's re-enumeration (a fresh worker opens everything again).
 """
 
 from __future__ import annotations
@@ -102,13 +103,14 @@ class MigDevice:
 class MigSet:
     """The MIG devices of one MIG-capable GPU, as enumerated when the GPU was opened."""
 
-    __slots__ = ("devices", "empty", "enabled", "handle", "max_count")
+    __slots__ = ("_next_probe", "devices", "empty", "enabled", "handle", "max_count")
 
     def __init__(self, handle: Any, enabled: bool) -> None:
         self.handle = handle
         self.enabled = enabled
         self.devices: list[MigDevice] = []
-        self.empty: list[int] = []  # slots without a MIG device: probed each poll for a new one
+        self.empty: list[int] = []  # slots without a MIG device: one probed per poll, in turn, for a new one
+        self._next_probe = 0
         self.max_count = 0
         if not enabled:
             return
@@ -149,14 +151,18 @@ class MigSet:
         mode = gpu_out.get("mig_mode_current")
         if mode is not None and mode != self.enabled:
             return f"MIG mode turned {'on' if mode else 'off'}"
-        for i in self.empty:
-            try:
-                N.nvmlDeviceGetMigDeviceHandleByIndex(self.handle, i)
-            except N.NVMLError as e:
-                _lost(e, "nvmlDeviceGetMigDeviceHandleByIndex")
-                continue
-            return f"MIG device created at index {i}"
-        return None
+        if not self.empty:
+            return None
+        # One empty slot a poll: a MIG device created in any of them is seen within len(empty) polls, at one call
+        # a poll instead of one per slot (an A100 with one MIG device has six empty slots).
+        i = self.empty[self._next_probe % len(self.empty)]
+        self._next_probe += 1
+        try:
+            N.nvmlDeviceGetMigDeviceHandleByIndex(self.handle, i)
+        except N.NVMLError as e:
+            _lost(e, "nvmlDeviceGetMigDeviceHandleByIndex")
+            return None
+        return f"MIG device created at index {i}"
 
     def device_changed(self, m: MigDevice, out: Out, errors: dict[str, str]) -> str | None:
         """Why MIG device ``m`` (just read into ``out``) is no longer the one enumerated, or None. Drivers may hand
