@@ -11,7 +11,7 @@ dataclass fields as a dict (fields at their default may be left out), the daemon
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,11 +28,10 @@ class ProcessSample:
     name: str | None = None
     user: str | None = None
     host_rss_bytes: int | None = None
-    # per-process utilization since the previous poll (nvml_process_util.py), 0..1; None where unknown
-    sm_utilization_ratio: float | None = None
-    memory_utilization_ratio: float | None = None
-    encoder_utilization_ratio: float | None = None
-    decoder_utilization_ratio: float | None = None
+    # per-process utilization since the previous poll (nvml_process_util.py): [sm, memory, encoder, decoder] in
+    # percent as NVML reports them (integers: a quarter of the JSON encoding cost of four float ratios per process,
+    # bench/poll.py); None where unknown
+    utilization_percent: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,8 +33,7 @@ def _gpu(i: int, procs: int = 3) -> GpuSample:
             values[f.name] = tuple(
                 ProcessSample(pid=1000 + p, kind="graphics" if p % 2 else "compute", used_memory_bytes=(p + 1) << 20,
                               name=f"proc{p}", user="alice", host_rss_bytes=(p + 7) << 20,
-                              **{r.name: 0.01 * (p + k + 1) for k, r in enumerate(dataclasses.fields(ProcessSample))
-                                 if r.name.endswith("_ratio")})
+                              utilization_percent=[p % 100, (p + 1) % 100, 0, 1])
                 for p in range(procs)
             )
         elif f.name == "errors":

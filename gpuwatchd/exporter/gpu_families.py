@@ -315,8 +315,10 @@ def process_families(gpus: Iterable[GpuSample]) -> list[Metric]:
             labels = (g.uuid, str(p.pid), label(p.name))
             f.add(PROCESS_MEMORY, labels, p.used_memory_bytes)
             f.add(PROCESS_RSS, labels, p.host_rss_bytes)
-            f.add(PROCESS_SM, labels, p.sm_utilization_ratio)
-            f.add(PROCESS_MEMORY_UTIL, labels, p.memory_utilization_ratio)
-            f.add(PROCESS_ENCODER, labels, p.encoder_utilization_ratio)
-            f.add(PROCESS_DECODER, labels, p.decoder_utilization_ratio)
+            u = p.utilization_percent
+            if u is not None:
+                f.add(PROCESS_SM, labels, u[0] / 100.0)
+                f.add(PROCESS_MEMORY_UTIL, labels, u[1] / 100.0)
+                f.add(PROCESS_ENCODER, labels, u[2] / 100.0)
+                f.add(PROCESS_DECODER, labels, u[3] / 100.0)
     return f.metrics()

@@ -25,8 +25,8 @@ import pynvml as N
 from gpuwatchd.sources.errors import ABSENT_CODES
 
 Handle = Any
-# pid -> (sm, memory, encoder, decoder) as ratios 0..1
-Utilization = dict[int, tuple[float, float, float, float]]
+# pid -> [sm, memory, encoder, decoder] in percent, as NVML reports them
+Utilization = dict[int, list[int]]
 
 # nvmlProcessUtilizationInfo_v1_t (nvml.h): ull timeStamp; uint pid, smUtil, memUtil, encUtil, decUtil, jpgUtil,
 # ofaUtil -- 36 bytes of fields, padded to 40 in an array (the trailing "0Q" aligns the end like the C struct).
@@ -102,7 +102,7 @@ class ProcessUtilization:
             last = max(last, ts)
             if ts >= newest.get(pid, -1):  # the driver's buffer may hold several periods: keep each pid's newest
                 newest[pid] = ts
-                out[pid] = (r[2] / 100.0, r[3] / 100.0, r[4] / 100.0, r[5] / 100.0)
+                out[pid] = [r[2], r[3], r[4], r[5]]
         self.last_seen = last
         return out
 
@@ -141,13 +141,12 @@ class ProcessUtilization:
         return list(layout.iter_unpack(ctypes.string_at(self._buf, min(count, self._cap) * layout.size)))
 
 
+_ZERO = [0, 0, 0, 0]
+
+
 def attach(processes: list[dict[str, Any]], util: Utilization) -> None:
-    """Add the utilization ratios to the kept processes' dicts (pipe encoding of ``ProcessSample``); a kept
+    """Add ``utilization_percent`` to the kept processes' dicts (pipe encoding of ``ProcessSample``); a kept
     process without a sample since the previous read had zero utilization in that time (nvml.h)."""
-    zero = (0.0, 0.0, 0.0, 0.0)
+    get = util.get
     for p in processes:
-        sm, mem, enc, dec = util.get(p["pid"], zero)
-        p["sm_utilization_ratio"] = sm
-        p["memory_utilization_ratio"] = mem
-        p["encoder_utilization_ratio"] = enc
-        p["decoder_utilization_ratio"] = dec
+        p["utilization_percent"] = get(p["pid"], _ZERO)

@@ -31,8 +31,7 @@ def _device(i: int, **extra: Any) -> dict[str, Any]:
 
 
 def _util(line: dict[str, Any]) -> list[list[tuple[int, Any, Any, Any, Any]]]:
-    return [[(p.pid, p.sm_utilization_ratio, p.memory_utilization_ratio, p.encoder_utilization_ratio,
-              p.decoder_utilization_ratio) for p in g.processes] for g in snap(line).gpus]
+    return [[(p.pid, *(p.utilization_percent or (None,) * 4)) for p in g.processes] for g in snap(line).gpus]
 
 
 def test_attached_to_the_kept_processes(standin_libdir: Path, write_sim_state: StateWriter) -> None:
@@ -41,10 +40,10 @@ def test_attached_to_the_kept_processes(standin_libdir: Path, write_sim_state: S
                                   top_n=2, max_polls=2, trace_calls=True)
     assert code == 0, err
     first, second = lines
-    assert _util(first) == [[(100, 0.87, 0.45, 0.02, 0.03), (101, 0.0, 0.0, 0.0, 0.0)], []]
+    assert _util(first) == [[(100, 87, 45, 2, 3), (101, 0, 0, 0, 0)], []]
     assert snap(first).gpus[0].errors == {}
     # the same samples again are not newer than the last seen: NOT_FOUND, i.e. no utilization since the last poll
-    assert _util(second) == [[(100, 0.0, 0.0, 0.0, 0.0), (101, 0.0, 0.0, 0.0, 0.0)], []]
+    assert _util(second) == [[(100, 0, 0, 0, 0), (101, 0, 0, 0, 0)], []]
     assert second["calls"][NEW] == 1 and OLD not in second["calls"]
 
 
@@ -54,7 +53,7 @@ def test_older_call_is_the_fallback(write_sim_state: StateWriter) -> None:
     code, lines, err = run_worker(libdir, write_sim_state(make_state(0, devices=devs)), top_n=2, max_polls=2,
                                   trace_calls=True)
     assert code == 0, err
-    assert _util(lines[0]) == [[(100, 0.87, 0.45, 0.02, 0.03), (101, 0.0, 0.0, 0.0, 0.0)]] * 2
+    assert _util(lines[0]) == [[(100, 87, 45, 2, 3), (101, 0, 0, 0, 0)]] * 2
     assert lines[0]["calls"][NEW] == 2 and NEW not in lines[1]["calls"]  # missing symbol learned once per device
     assert lines[1]["calls"][OLD] == 2
     for d in devs:
@@ -68,7 +67,7 @@ def test_absent_without_either_call(write_sim_state: StateWriter) -> None:
     assert code == 0, err
     for line in lines:
         g = snap(line).gpus[0]
-        assert [p.sm_utilization_ratio for p in g.processes] == [None, None] and g.errors == {}
+        assert [p.utilization_percent for p in g.processes] == [None, None] and g.errors == {}
     assert NEW not in lines[1]["calls"] and OLD not in lines[1]["calls"]  # learned absent at the first poll
 
 
@@ -80,7 +79,7 @@ def test_a_failing_call_is_a_per_poll_error(standin_libdir: Path, write_sim_stat
     assert code == 0, err
     g = snap(lines[0]).gpus[0]
     assert g.errors == {"processes.utilization": code_name.lower()}
-    assert [p.sm_utilization_ratio for p in g.processes] == [None, None]  # unknown, not 0
+    assert [p.utilization_percent for p in g.processes] == [None, None]  # unknown, not 0
     assert [p.used_memory_bytes for p in g.processes] == [3 * GiB, 2 * GiB]
 
 
@@ -90,7 +89,7 @@ def test_not_supported_device_exports_nothing(standin_libdir: Path, write_sim_st
     code, lines, err = run_worker(standin_libdir, write_sim_state(make_state(0, devices=[dev])), top_n=2)
     assert code == 0, err
     g = snap(lines[0]).gpus[0]
-    assert [p.sm_utilization_ratio for p in g.processes] == [None, None] and g.errors == {}
+    assert [p.utilization_percent for p in g.processes] == [None, None] and g.errors == {}
 
 
 def test_struct_layouts_are_nvmls() -> None:
