@@ -111,18 +111,24 @@ def test_every_query_of_dcgm_exporters_dashboard_returns_data(
             assert all(r["value"][1] not in ("NaN", "+Inf", "-Inf") for r in result), (title, result)
 
 
-def test_compat_series_carry_dcgm_labels(sim_with_compat: DaemonProcess) -> None:
-    d = sim_with_compat
+def sample_lines(d: DaemonProcess, family: str, ok: Callable[[str], bool], what: str) -> list[str]:
+    """The 8 sample lines of ``family`` on /metrics once each passes ``ok`` (polled)."""
 
-    def compat_lines() -> list[str] | None:
+    def lines() -> list[str] | None:
         try:
             status, body = d.get("/metrics")
         except OSError:
             return None
-        lines = [ln for ln in body.splitlines() if ln.startswith("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{")]
-        return lines if status == 200 and len(lines) == 8 else None
+        got = [ln for ln in body.splitlines() if ln.startswith(family + "{")]
+        return got if status == 200 and len(got) == 8 and all(ok(ln) for ln in got) else None
 
-    lines = wait_until(compat_lines, "8 GPUs' tensor activity under its DCGM name", timeout=120)
+    result: list[str] = wait_until(lines, what, timeout=120)
+    return result
+
+
+def test_compat_series_carry_dcgm_labels(sim_with_compat: DaemonProcess) -> None:
+    lines = sample_lines(sim_with_compat, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", lambda ln: True,
+                         "8 GPUs' tensor activity under its DCGM name")
     for ln in lines:
         labels = dict(re.findall(r'(\w+)="([^"]*)"', ln.split("}")[0]))
         assert set(labels) == {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
@@ -133,17 +139,8 @@ def test_compat_series_carry_dcgm_labels(sim_with_compat: DaemonProcess) -> None
 
 def test_per_process_utilization_through_the_daemon(sim_with_compat: DaemonProcess) -> None:
     # the scenario's torchrun processes have sm_util 90: stand-in samples -> worker -> store -> /metrics
-    d = sim_with_compat
-
-    def sm() -> list[str] | None:
-        try:
-            status, body = d.get("/metrics")
-        except OSError:
-            return None
-        lines = [ln for ln in body.splitlines() if ln.startswith("gpuwatchd_gpu_process_sm_utilization_ratio{")]
-        return lines if status == 200 and len(lines) == 8 and all(ln.endswith(" 0.9") for ln in lines) else None
-
-    lines = wait_until(sm, "8 processes' SM utilization 0.9", timeout=120)
+    lines = sample_lines(sim_with_compat, "gpuwatchd_gpu_process_sm_utilization_ratio", lambda ln: ln.endswith(" 0.9"),
+                         "8 processes' SM utilization 0.9")
     assert {re.search(r'pid="(\d+)"', ln).group(1) for ln in lines} == {str(7000 + i) for i in range(8)}  # type: ignore[union-attr]
 
 
