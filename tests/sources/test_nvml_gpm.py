@@ -215,3 +215,14 @@ def test_samples_are_kept_nvmls_100ms_apart(nvml: Any, monkeypatch: pytest.Monke
     assert seen[:3] == [None, None, None]  # one sample, then nothing to pair it with yet
     assert seen[3:] == pytest.approx([0.825] * 4)  # computed at 0.1 and 0.25, repeated in between
     s.close()
+
+
+def test_the_unpacked_metric_layout_is_pynvmls() -> None:
+    import ctypes
+
+    import pynvml
+
+    from gpuwatchd.sources.nvml_gpm import _METRIC
+
+    assert _METRIC.size == ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
+    assert pynvml.c_nvmlGpmMetric_t.value.offset == 8  # after metricId and nvmlReturn, as "@Iid" unpacks it
