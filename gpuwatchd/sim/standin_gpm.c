@@ -77,26 +77,7 @@ static int ncounters, capcounters;
 
 /* ------------------------------------------------------------------------------------------------ state lines */
 
-static int parse_values(char *s, long long *out, int want) {
-    int n = 0;
-    while (*s) {
-        while (*s == ' ') s++;
-        if (!*s) break;
-        if (n >= want) return -1;
-        if (s[0] == '-' && (s[1] == ' ' || s[1] == 0)) {
-            out[n++] = UNSET;
-            s++;
-            continue;
-        }
-        char *end;
-        errno = 0;
-        long long v = strtoll(s, &end, 10);
-        if (end == s || errno || (*end != ' ' && *end != 0)) return -1;
-        out[n++] = v;
-        s = end;
-    }
-    return n == want ? 0 : -1;
-}
+static int parse_values(char *s, long long *out, int want) { return standin_parse_nums(s, out, want) == want ? 0 : -1; }
 
 static int metric_index(unsigned int id) {
     for (int k = 0; k < NV; k++)
