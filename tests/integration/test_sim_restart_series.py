@@ -11,7 +11,6 @@ with generous wall-clock bounds; the scenario itself is the clock."""
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from datetime import datetime
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 from support import DaemonProcess, wait_until
 from test_sim_cli import interrupt, sim, start_sim
+from test_sim_restart_mid_job import leak_alerts, status
 
 __all__ = ["sim"]  # the fixture, used by name
 
@@ -71,18 +71,6 @@ def scenario(tmp: Path) -> str:
             "gpus: 1\n"
             "devices:\n  all: {name: NVIDIA A100-SXM4-80GB, memory: {total: 80GiB}}\n"
             "timeline:\n" + "".join(steps))
-
-
-def status(d: DaemonProcess) -> dict:  # type: ignore[type-arg]
-    code, body = d.get("/api/v1/status")
-    assert code == 200
-    return json.loads(body)  # type: ignore[no-any-return]
-
-
-def leak_alerts(d: DaemonProcess) -> list[dict]:  # type: ignore[type-arg]
-    code, body = d.get("/api/v1/alerts")
-    assert code == 200
-    return [a for a in json.loads(body) if a["labels"].get("alertname") == "GpuMemoryLeak"]
 
 
 @pytest.mark.timeout(900)
