@@ -17,7 +17,7 @@ from gpuwatchd.rules.config import LeakRule, RulesConfig
 from gpuwatchd.rules.leak_ended import gone_processes, gpu_gone, stopped
 from gpuwatchd.rules.onset import ONSET_BUCKET, candidates, find_onset, fit
 from gpuwatchd.rules.steps import MIN_STEPS, staircase
-from gpuwatchd.rules.trend import Trend, Verdict, assess, measure, sparkline
+from gpuwatchd.rules.trend import Trend, Verdict, assess, measure, sparkline, theil_sen
 from gpuwatchd.store import ProcessPoint
 
 NAME = "GpuMemoryLeak"
@@ -116,16 +116,12 @@ def _urgent(
     min_growth: float,
     floor_growth: float,
     seen: bool,
-) -> tuple[Judged | None, Judged | None]:
-    """The shortest short window on which the series is a leak fast enough for that window to be evidence; and
-    else the shortest on which it passes the tests but is not evidence yet (too rough or too short for its time
-    to full), as a verdict that it still grows: it keeps a pending alert of a young series alive instead of
-    dropping it (a noisy fast leak wavers between the two from one evaluation to the next)."""
+) -> Judged | None:
+    """The shortest short window on which the series is a leak fast enough for that window to be evidence."""
     # No short window can show more growth than the raw values span; most series are flat, skip them cheaply.
     latest = [(t, v) for t, v in points if t >= now - URGENT_WINDOWS[-1]]
     if not latest or max(v for _, v in latest) - min(v for _, v in latest) < max(floor_growth, 1.0):
-        return None, None
-    rising: Judged | None = None
+        return None
     # A regular staircase (rules/steps.py) is as good evidence as a clean straight rise, however rough its line.
     stair = staircase(latest, now)
     for window in URGENT_WINDOWS:
@@ -139,8 +135,6 @@ def _urgent(
                     min_growth=min_growth, floor_growth=floor_growth, seen=seen)
         if not v.leak or v.eta_decision is None:
             continue
-        if rising is None:
-            rising = Judged(trend, Verdict(False, True, v.eta_seconds, v.eta_decision), cfg.for_)
         # A clean straight rise is evidence sooner and needs a shorter hold than a rough one (a staircase, a
         # noisy ramp): a long warm-up stepping every minute looks like a fast staircase leak for a while.
         f = fit(points, now - window, bucket=window / URGENT_BUCKETS)
@@ -154,8 +148,8 @@ def _urgent(
         share = cfg.urgent_evidence_share if clean else cfg.urgent_rough_share
         if share * v.eta_decision <= window:
             hold = hold_for(cfg, v.eta_decision, share=None if clean else cfg.urgent_rough_share)
-            return Judged(trend, v, hold), None
-    return None, rising
+            return Judged(trend, v, hold)
+    return None
 
 
 def _straight(points: list[tuple[float, float]], since: float, cfg: LeakRule, seen: bool, *,
@@ -167,6 +161,11 @@ def _straight(points: list[tuple[float, float]], since: float, cfg: LeakRule, se
     return f is not None and f.straightness >= limit
 
 
+# Onsets tried before the split (onset.candidates) need this many times onset_min_snr, and the series' last
+# 2 minutes must rise at this share of the fit's rate (a leak goes on at its rate; a saturating rise slows).
+CANDIDATE_SNR_FACTOR = 2.0
+CANDIDATE_RECENT = 120.0
+CANDIDATE_RECENT_RATIO = 0.9
 # Scatter below this is the allocator's rounding (2 MiB pages), not a measure of the fit's quality.
 MIN_SCATTER = 2.0 * MIB
 
@@ -180,16 +179,23 @@ def _from_onset(
     free: float | None,
     min_growth: float,
     floor_growth: float,
+    tried: bool = False,
 ) -> Judged | None:
     """A leak judged on the evidence since its onset: as soon as the rise since then is long enough, straight
-    enough and clean enough (its growth many times its scatter: a clean fit needs fewer minutes)."""
+    enough and clean enough (its growth many times its scatter: a clean fit needs fewer minutes). ``tried``: an
+    onset before the split, one of several tried (onset.candidates): it must be ``CANDIDATE_SNR_FACTOR`` times as
+    clean, and the last ``CANDIDATE_RECENT`` must still rise at ``CANDIDATE_RECENT_RATIO`` of the fit's rate, so
+    that one of them passing by chance on a rough saturating rise (a loaded poller's stalls) is not enough."""
     span = now - onset
     if span < cfg.onset_min_span:
         return None
     f = fit(points, onset)
     if f is None or f.straightness < cfg.onset_min_straightness:
         return None
-    if f.rate * f.span < cfg.onset_min_snr * max(f.scatter, MIN_SCATTER):
+    snr = cfg.onset_min_snr * (CANDIDATE_SNR_FACTOR if tried else 1.0)
+    if f.rate * f.span < snr * max(f.scatter, MIN_SCATTER):
+        return None
+    if tried and theil_sen([p for p in points if p[0] >= now - CANDIDATE_RECENT]) < CANDIDATE_RECENT_RATIO * f.rate:
         return None
     trend = measure(points, now=now, window=span, bucket=ONSET_BUCKET)
     if trend is None:
@@ -224,7 +230,7 @@ def _judge(
         # A clean straight rise needs less growth than a rough one before it counts (onset_floor_share).
         for start in candidates(on, now, cfg.onset_min_span):
             judged = _from_onset(points, now, cfg, start, free=free, min_growth=min_growth,
-                                 floor_growth=cfg.onset_floor_share * floor_growth)
+                                 floor_growth=cfg.onset_floor_share * floor_growth, tried=start < on.t)
             if judged is not None:
                 return judged
     # The long window, from the onset when it was seen (a late leak is not diluted by the plateau before it).
@@ -238,14 +244,12 @@ def _judge(
                           min_growth=min_growth, floor_growth=floor_growth, seen=seen)
     # A fast leak that started after a long plateau is diluted in the long window (its slope, hence its rate and
     # time to full, lag behind for many minutes): the short window's verdict, when there is one, is the truer.
-    rising = None
     if cfg.urgent and free is not None:
-        urgent, rising = _urgent(points, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth,
-                                 seen=seen)
+        urgent = _urgent(points, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth, seen=seen)
         if urgent is not None:
             return urgent
     if trend is None or verdict is None:
-        return rising  # a series too young for the long window: still growing on a short one, or nothing
+        return None
     if verdict.leak and not _straight(points, now - trend.span, cfg, seen, long=True):
         verdict = Verdict(False, verdict.growing, verdict.eta_seconds, verdict.eta_decision)
     hold = hold_for(cfg, verdict.eta_decision, share=cfg.urgent_rough_share) if seen else cfg.for_

@@ -121,7 +121,7 @@ def find_onset(
     return Onset(env[start][0], seen, earliest)
 
 
-def candidates(on: Onset, now: float, min_span: float, step: float = 5.0) -> list[float]:
+def candidates(on: Onset, now: float, min_span: float, step: float = 5.0, bucket: float = ONSET_BUCKET) -> list[float]:
     """Onsets to judge a series from, earliest first: ``on.t``, preceded, after a settling split, by the times
     between the split before it and ``on.t`` that already hold ``min_span`` of evidence at ``now``.
 
@@ -132,7 +132,7 @@ def candidates(on: Onset, now: float, min_span: float, step: float = 5.0) -> lis
     if on.earliest is None or now - on.t >= min_span:
         return [on.t]
     out: list[float] = []
-    t = on.earliest
+    t = max(on.earliest, on.t - bucket)
     while t < on.t and now - t >= min_span:
         out.append(t)
         t += step

@@ -31,8 +31,15 @@ MIN_STEP = 8 * MIB
 MIN_STEPS = 4
 # Each step's size and each interval must lie within this share of the run's median.
 TOLERANCE = 0.25
-# A step is a rise of at least this share of the typical big rise of the series.
+# A step is a rise of at least this share of the typical big rise of the series ...
 STEP_SHARE = 0.3
+# ... over at most this many readings (a poll can fall mid-step); a longer rise is a ramp.
+MAX_STEP_READINGS = 2
+# Between two steps the series stays flat: what it creeps up by must stay under this share of a step. A smooth
+# rise broken into chunks by a loaded poller's stalls (flat, then a catch-up jump) creeps between its "steps".
+MAX_CREEP = 0.25
+# A run whose last step is under this share of its first is shrinking: a saturating job, not a leak.
+SHRINK = 0.8
 # The run is current only while the next step is due: no step for this many periods and it has stopped.
 LATE_PERIODS = 1.5
 
@@ -51,24 +58,32 @@ class Staircase:
         return self.size / self.period
 
 
-def _steps(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(time, size) of each step of the envelope: a rise between two readings of at least ``STEP_SHARE`` of the
-    typical big rise (the median of the ``MIN_STEPS`` largest), so a warm-up's creep between a fast leak's steps
-    is not taken for steps of its own. A step spread over consecutive readings counts once."""
+def _steps(points: Sequence[tuple[float, float]]) -> list[tuple[float, float, float]]:
+    """(time, size, creep before it) of each step of the envelope: a rise between two readings of at least
+    ``STEP_SHARE`` of the typical big rise (the median of the ``MIN_STEPS`` largest), so a warm-up's creep
+    between a fast leak's steps is not taken for steps of its own. A step spread over two consecutive readings
+    counts once; a rise over more readings is a ramp, not a step (size 0: it breaks any run), and the sub-step
+    rises between two steps are their creep."""
     env = lower_envelope(points)
     diffs = [(t, b - a) for (_, a), (t, b) in pairwise(env)]
     if len(diffs) < MIN_STEPS:
         return []
     threshold = max(MIN_STEP, STEP_SHARE * median(sorted(d for _, d in diffs)[-MIN_STEPS:]))
-    steps: list[tuple[float, float]] = []
-    prev_step = False
+    steps: list[tuple[float, float, float]] = []
+    creep = 0.0
+    readings = 0
     for t, d in diffs:
-        if d >= threshold:
-            if prev_step:
-                steps[-1] = (steps[-1][0], steps[-1][1] + d)
-            else:
-                steps.append((t, d))
-        prev_step = d >= threshold
+        if d < threshold:
+            creep += max(0.0, d)
+            readings = 0
+            continue
+        readings += 1
+        if readings == 1:
+            steps.append((t, d, creep))
+            creep = 0.0
+        else:
+            st, size, before = steps[-1]
+            steps[-1] = (st, size + d if readings <= MAX_STEP_READINGS else 0.0, before)
     return steps
 
 
@@ -86,10 +101,12 @@ def staircase(points: Sequence[tuple[float, float]], now: float, *, sample: floa
     best: Staircase | None = None
     for first in range(len(steps) - MIN_STEPS, -1, -1):
         run = steps[first:]
-        sizes = [s for _, s in run]
+        sizes = [s for _, s, _ in run]
         gaps = [b[0] - a[0] for a, b in pairwise(run)]
         size, period = median(sizes), median(gaps)
-        if not (all(_near(s, size) for s in sizes) and all(_near(g, period, sample) for g in gaps)):
+        if min(sizes) <= 0 or not (all(_near(s, size) for s in sizes) and all(_near(g, period, sample) for g in gaps)):
+            break
+        if any(c > MAX_CREEP * size for _, _, c in run[1:]) or sizes[-1] < SHRINK * sizes[0]:
             break
         best = Staircase(len(run), size, period, run[-1][0])
     if best is None or now - best.last > LATE_PERIODS * best.period + sample:

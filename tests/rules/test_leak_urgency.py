@@ -285,7 +285,7 @@ def test_pending_leak_vanishes_when_the_condition_is_gone() -> None:
 # -- staircases and leaks under a warm-up's tail -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("rate_mib_min", "base"), [(1024.0, 6 * GIB), (2048.0, 5 * GIB), (3072.0, 4 * GIB)])
+@pytest.mark.parametrize(("rate_mib_min", "base"), [(1024.0, 6 * GIB), (2048.0, 4 * GIB), (3072.0, 4 * GIB)])
 def test_fast_staircase_from_the_job_start_fires_with_most_of_its_time_left(rate_mib_min: float, base: float) -> None:
     # 1 GiB steps every 20-60 s from the job's first second, under its warm-up: a rough line, but a regular
     # staircase (rules/steps.py), so judged like a clean rise instead of waiting for the long window.
@@ -321,23 +321,32 @@ def test_leak_right_after_the_warm_up_fires_within_a_minute_of_the_same_leak_aft
     assert abs((fresh[0] - 180.0) - (late[0] - 2100.0)) <= 60, (fresh[0] - 180.0, late[0] - 2100.0)
 
 
-@pytest.mark.parametrize(("base_gib", "noise_mib", "seed"), [(5, 50, 1), (7, 70, 2)])
-def test_noisy_fast_leak_from_the_job_start_keeps_its_pending_alert_and_fires_in_time(
-    base_gib: float, noise_mib: float, seed: int
-) -> None:
-    # 2 GiB/min from the job's first second, under its warm-up, with Gaussian noise. A noisy ramp wavers between
-    # "a leak, evidence enough" and "a leak, too rough yet" from one evaluation to the next; the second keeps the
-    # pending alert going (hold level) instead of dropping it and starting the hold over (which left it 55 % of
-    # its time to full), so it fires within 40 % of its time to full.
+@pytest.mark.parametrize("seed", [2, 13, 16, 34])
+def test_saturating_job_under_a_stalling_poller_across_a_restart_is_silent(seed: int) -> None:
+    # A loaded machine (the sim at --speed 10 on busy cores) stalls the scenario player: the reading stays flat for
+    # 5-20 s, then jumps to where the curve is now. A saturating job (500 MiB -> 10 GiB, time constant 5 min) then
+    # looks like a rough staircase; neither its chunks (rules/steps.py) nor onsets tried before its split
+    # (onset.candidates) may make it a leak. The daemon restarts at 240 s (history carried over).
+    from gpuwatchd.rules import persist
+
     rng = random.Random(seed)
-    base, noise, rate = base_gib * GIB, noise_mib * MIB, 2048 * MIB / 60
 
-    def make(t: float) -> Snapshot:
-        s = t - T0
-        used = min(CAPACITY, warm(s, base) + rate * s + rng.gauss(0, noise))
-        return snap(t, with_processes(gpu(), [proc(4242, used)]))
+    def dyn(s: float) -> float:
+        dt = s - 20
+        frac = (1 - math.exp(-3 * min(dt, 900) / 900)) / (1 - math.exp(-3))
+        return 500 * MIB + (10 * GIB - 500 * MIB) * frac
 
-    to_full = (CAPACITY - base) / rate
-    fired = first_firing(simulate(make, to_full / 60 + 1, every=15.0))
-    assert fired is not None
-    assert to_full - fired[0] >= 0.6 * to_full, f"fired {fired[0]:.0f}s into a {to_full:.0f}s leak"
+    store, engine = Store(), RulesEngine(RulesConfig(), host="node1")
+    stall_until, written, fired = -1.0, 0.0, []
+    for s in range(30, 1200):
+        if s == 240:
+            fresh = Store()
+            persist.restore(fresh, persist.decode(persist.encode(store, T0 + s)), T0 + s)
+            store, engine = fresh, RulesEngine(RulesConfig(), host="node1")
+        if s >= stall_until:
+            written = s
+            if rng.random() < 0.08:
+                stall_until = s + rng.choice([5, 8, 10, 15, 20])
+        store.apply(snap(T0 + s, with_processes(gpu(), [proc(4242, dyn(written))])))
+        fired += [a for a in engine.evaluate(store, T0 + s) if a.name == "GpuMemoryLeak" and a.state == "firing"]
+    assert not fired

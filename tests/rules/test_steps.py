@@ -65,3 +65,17 @@ def test_spikes_that_return_make_no_steps() -> None:
         return 6 * GIB + (GIB if s % 60 < 10 else 0.0)
 
     assert staircase(series(f, 600), 600.0) is None
+
+
+def test_a_smooth_rise_broken_into_chunks_by_a_stalling_poller_is_no_staircase() -> None:
+    # Flat while the poller stalls, a catch-up jump, then the smooth rise again: jumps at a steady pace, but the
+    # series creeps between them, which a staircase does not.
+    pts = [(float(s), 4 * GIB + 12 * MIB * (s - s % 20 if s % 20 < 10 else s)) for s in range(0, 400, 5)]
+    assert staircase(pts, 395.0) is None
+
+
+def test_a_rise_over_many_readings_is_a_ramp_not_a_step() -> None:
+    def f(s: float) -> float:  # 1 GiB every 60 s, each spread over 20 s of readings
+        return 4 * GIB + (s // 60) * GIB + min(1.0, (s % 60) / 20) * GIB
+
+    assert staircase(series(f, 600), 600.0) is None
