@@ -93,7 +93,8 @@ def status_from_store(store: Store) -> dict[str, Any]:
     }
 
 
-def scenario_clock(name: str, start: float, now: float, speed: float) -> dict[str, Any]:
+def scenario_clock(name: str, start: float | None, now: float, speed: float) -> dict[str, Any]:
     """``scenario`` in ``/api/v1/status`` under ``gpuwatchd sim``: the scenario's start on the daemon's clock and
-    its time now, so a test can align what the daemon reports with the scenario's (or a replayed log's) seconds."""
-    return {"name": name, "start": start, "time": max(0.0, now - start), "speed": speed}
+    its time now, so a test can align what the daemon reports with the scenario's (or a replayed log's) seconds.
+    ``start`` is None (and ``time`` 0) until the scenario clock starts, at the daemon's first snapshot."""
+    return {"name": name, "start": start, "time": 0.0 if start is None else max(0.0, now - start), "speed": speed}

@@ -345,6 +345,7 @@ class Player:
         self.clock = clock
         self.tick = tick
         self.start = clock.now() if start is None else start
+        self.started = False  # set by whoever starts run(): sim/runner.py waits for the daemon's first snapshot
         self.writes = 0
         self._write = write
         self.sysfs_root = sysfs_root

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 # timers are far below what the host can schedule and the run shows nothing real. Slowest: 1/1000 (debugging).
 MIN_SPEED = 0.001
 MAX_SPEED = 10_000.0
+FIRST_SNAPSHOT_WAIT_S = 30.0  # wall seconds the scenario clock waits for the daemon's first snapshot
 
 
 def list_scenarios() -> list[tuple[str, str]]:
@@ -91,6 +93,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         if scen is not None:
             player = Player(scen, state_path, clock, sysfs_root=tmp / "sysfs", kmsg=ring,
                             start=saved.start if saved else None)
+            player.started = saved is not None  # a resumed scenario's clock goes on from its saved start
             player.write_initial()
             title, expect = f"scenario {scen.name!r}", scen.description
         else:
@@ -128,7 +131,8 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
             daemon.status_extra = functools.partial(_scenario_status, player)
             if daemon.state_dir is not None:
                 clock_saver = asyncio.create_task(_save_clock(player, daemon.state_dir), name="sim clock")
-        task = asyncio.create_task(player.run(), name="scenario player") if player is not None else None
+        task = (asyncio.create_task(_play(player, lambda: daemon.store.latest is not None, restart_clock=saved is None),
+                                    name="scenario player") if player is not None else None)
         feeder = asyncio.create_task(feed_when_ready(ring, kernel_entries, lambda: daemon.store.latest is not None),
                                      name="kernel log replay")
         loop = asyncio.get_running_loop()
@@ -148,6 +152,22 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         return EXIT_OK if daemon.failure is None else DaemonError.exit_code
 
 
+async def _play(player: Player, has_snapshot: Callable[[], bool], *, restart_clock: bool) -> None:
+    """Play the scenario from the daemon's first snapshot: its ``at: 5`` is 5 s after the daemon first saw the
+    GPUs, however long the start took on a busy machine (a hang due 1.25 s in at --speed 4 otherwise began before
+    the first poll of the GPU, which was then never seen). Until then the state of t=0 is what the stand-in serves.
+    A daemon that gets no first snapshot (its first NVML calls block) starts the clock after
+    ``FIRST_SNAPSHOT_WAIT_S`` wall seconds. A resumed scenario keeps its saved start."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + FIRST_SNAPSHOT_WAIT_S
+    while not has_snapshot() and loop.time() < give_up:
+        await asyncio.sleep(0.05)
+    if restart_clock:
+        player.start = player.clock.now()
+    player.started = True
+    await player.run()
+
+
 def _check_options(scenario: str | None, from_xml: Path | None, speed: float, gpus: int | None,
                    from_csv: Path | None = None) -> str | None:
     if sum(x is not None for x in (scenario, from_xml, from_csv)) != 1:
@@ -162,8 +182,9 @@ def _check_options(scenario: str | None, from_xml: Path | None, speed: float, gp
 
 
 def _scenario_status(player: Player) -> dict[str, Any]:
-    """The scenario clock for /api/v1/status."""
-    return {"scenario": scenario_clock(player.scenario.name, player.start, player.clock.now(), player.clock.speed)}
+    """The scenario clock for /api/v1/status (start None until the clock starts at the daemon's first snapshot)."""
+    start = player.start if player.started else None
+    return {"scenario": scenario_clock(player.scenario.name, start, player.clock.now(), player.clock.speed)}
 
 
 async def _save_clock(player: Player, state_dir: Path) -> None:

@@ -47,7 +47,7 @@ def replay(d: DaemonProcess, seconds: int) -> tuple[dict[int, int], list[str]]:
         st = json.loads(body)
         ts, scen = st["nvml"]["last_poll_timestamp"], st["scenario"]
         gpus = st["gpus"]
-        if ts is not None and gpus and gpus[0]["readings"]:
+        if ts is not None and scen["start"] is not None and gpus and gpus[0]["readings"]:
             seen.setdefault(math.floor(ts - scen["start"]), gpus[0]["readings"]["memory_used_bytes"])
         if st["daemon"]["alerts_firing"]:
             alerts.append(f"{st['daemon']['alerts_firing']} firing at {scen['time']:.0f}s")
