@@ -209,10 +209,16 @@ class Worker:
             if st is not None and st.pos is pos:
                 del self.stuck[index]
 
-    def _stuck_entries(self) -> list[dict[str, Any]]:
+    def _stuck_entries(self, skipped: dict[int, Stuck]) -> list[dict[str, Any]]:
+        """The set-aside GPUs as lost entries: those stuck now, and those this poll skipped as stuck whose call has
+        returned since (the abandoned poller came back mid-poll). Without the latter, a GPU skipped by this poll
+        would be in neither the GPUs nor the lost list, and a successful enumeration without a GPU reads as its
+        removal (a false GpuRemoved seen under CPU load, where a slow GPU is set aside and answers a moment later).
+        """
+        every = {**skipped, **self.stuck}
         return [{"index": st.index, "uuid": st.uuid, "pci_bus_id": st.pci_bus_id,
                  "reason": HUNG if st.blocked >= self.hang_after else HANG_SUSPECTED}
-                for st in sorted(self.stuck.values(), key=lambda st: st.index)]
+                for st in sorted(every.values(), key=lambda st: st.index)]
 
     # -- poll -------------------------------------------------------------------------------------------------
 
@@ -229,7 +235,7 @@ class Worker:
         kept: list[tuple[dict[str, Any], list[tuple[int, str, int | None]]]] = []
         utils: dict[int, Utilization] = {}  # id(out) -> per-process utilization of its kept processes
         at = self._at
-        stuck = self.stuck
+        stuck = dict(self.stuck)  # the GPUs this poll skips (a copy: the watchdog and returning calls change it)
         for dev in self.devices:
             if stuck and dev.index in stuck:
                 continue
@@ -284,7 +290,7 @@ class Worker:
         self._polled = True
         snap: dict[str, Any] = {"timestamp": time.time(), "nvml_ok": True, "device_count": self.device_count,
                                 "gpus": gpus, "poll_duration_seconds": time.monotonic() - t0, **self.system}
-        lost = self.lost + self._stuck_entries() if stuck else self.lost
+        lost = self.lost + self._stuck_entries(stuck) if stuck or self.stuck else self.lost
         if lost:
             snap["lost"] = lost
         if xids:

@@ -114,7 +114,8 @@ def test_nvml_event_and_kernel_line_of_one_xid_count_once(sim: list[DaemonProces
     m = metrics_when(d, lambda m: value(m, "gpuwatchd_gpu_xid_reports_total", uuid=uuid, xid="13", source="nvml") == 1
                      and value(m, "gpuwatchd_gpu_xid_reports_total", uuid=uuid, xid="13", source="kmsg") == 1,
                      "the Xid from both paths")
-    assert value(m, "gpuwatchd_gpu_xid_errors_total", uuid=uuid, xid="13") == 1
+    xids = {(n, tuple(sorted(dict(lb).items()))): v for (n, lb), v in m.items() if "xid" in n}
+    assert value(m, "gpuwatchd_gpu_xid_errors_total", uuid=uuid, xid="13") == 1, (xids, d.log()[-4000:])
     assert interrupt(d) == 0
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from gpuwatchd.sim.build import build_standin
 from gpuwatchd.sim.state import make_device, make_state
+from tests.sources.conftest import InProcessNvml
 from tests.sources.workerutil import LiveWorker, run_worker, snap
 
 StateWriter = Callable[[dict[str, Any]], Path]
@@ -120,20 +121,12 @@ def test_unsupported_device_and_lost_gpu(standin_libdir: Path, write_sim_state: 
 
 
 @pytest.fixture
-def nvml(standin_libdir: Path, write_sim_state: StateWriter, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def nvml(inprocess_nvml: InProcessNvml, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """pynvml in this process on the stand-in, with the GPM allocations counted (the real calls still run)."""
     import ctypes
 
-    import pynvml
-
-    from gpuwatchd.sim.standin_abi import STATE_ENV
-
-    path = write_sim_state(make_state(0, devices=[make_device(0, gpm={**GPM, "instances": {"3": {"sm_util": 25}}}),
-                                                  make_device(1)]))
-    monkeypatch.setenv(STATE_ENV, str(path))
-    monkeypatch.setattr(pynvml, "nvmlLib", ctypes.CDLL(str(standin_libdir / "libnvidia-ml.so.1")))
-    monkeypatch.setattr(pynvml, "_nvmlLib_refcount", 0)
-    pynvml._nvmlGetFunctionPointer_cache.clear()
+    pynvml = inprocess_nvml(make_state(0, devices=[make_device(0, gpm={**GPM, "instances": {"3": {"sm_util": 25}}}),
+                                                   make_device(1)]))
     live: set[int] = set()
     alloc, free = pynvml.nvmlGpmSampleAlloc, pynvml.nvmlGpmSampleFree
 
@@ -148,12 +141,9 @@ def nvml(standin_libdir: Path, write_sim_state: StateWriter, monkeypatch: pytest
 
     monkeypatch.setattr(pynvml, "nvmlGpmSampleAlloc", counted_alloc)
     monkeypatch.setattr(pynvml, "nvmlGpmSampleFree", counted_free)
-    pynvml.live_gpm_samples = live  # type: ignore[attr-defined]
+    pynvml.live_gpm_samples = live
     yield pynvml
-    del pynvml.live_gpm_samples  # type: ignore[attr-defined]
-    while pynvml.nvmlLib.nvmlShutdown() == 0:
-        pass
-    pynvml._nvmlGetFunctionPointer_cache.clear()
+    del pynvml.live_gpm_samples
 
 
 def test_buffers_are_allocated_once_and_freed_when_the_worker_closes(nvml: Any) -> None:
