@@ -297,3 +297,26 @@ def test_worker_dies_with_its_parent_even_when_hung(standin_libdir: Path, write_
             parent.wait()
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+def test_every_snapshot_accounts_for_every_gpu_while_slow_calls_are_set_aside(
+    standin_libdir: Path, write_sim_state: StateWriter
+) -> None:
+    """A successful snapshot without a GPU, in neither its GPUs nor its lost list, reads as that GPU's removal.
+
+    Two GPUs answer one call 30 ms late, past a 20 ms stall limit: they are set aside poll after poll, and their
+    abandoned calls return while the next poll runs (the race that once showed a GPU removed under CPU load).
+    """
+    devices = [make_device(i, delays_ms={"nvmlDeviceGetPowerUsage": 30} if i in (1, 2) else {}) for i in range(4)]
+    path = write_sim_state(make_state(0, devices=devices))
+    uuids = {d["uuid"] for d in devices}
+    w = LiveWorker(standin_libdir, path, interval=0.01, stall_after=0.02)
+    try:
+        snaps = [snap(w.next()) for _ in range(60)]
+    finally:
+        w.close()
+    for s in snaps:
+        assert s.nvml_ok
+        assert {g.uuid for g in s.gpus} | {x.uuid for x in s.lost} == uuids, s
+        assert {x.reason for x in s.lost} <= {"hang_suspected"}
+    assert any(s.lost for s in snaps), "no GPU was ever set aside: the test did not exercise the path"
