@@ -124,16 +124,24 @@ class Worker:
         """Open the GPUs not opened yet (each may block); False when this thread was set aside meanwhile."""
         while True:
             with self._lock:
-                if self._reopen:
-                    i = self._reopen.pop(0)
-                elif self._next_index < self.device_count:
-                    i = self._next_index
-                    self._next_index += 1
+                if pos.gen != self.gen:  # set aside after its last GPU was opened: that one is done
+                    abandoned = True
                 else:
-                    return True
-            if self.only is not None and i not in self.only:
-                continue
-            self._at(pos, i)
+                    abandoned = False
+                    if self._reopen:
+                        i = self._reopen.pop(0)
+                    elif self._next_index < self.device_count:
+                        i = self._next_index
+                        self._next_index += 1
+                    else:
+                        return True
+                    if self.only is None or i in self.only:
+                        self._at(pos, i)  # under the lock: the watchdog blames only a GPU this thread is in
+                    else:
+                        continue
+            if abandoned:
+                self._answered(pos)
+                return False
             try:
                 dev: _Device | None = _Device(i, N.nvmlDeviceGetHandleByIndex(i))
             except N.NVMLError as e:
@@ -202,11 +210,10 @@ class Worker:
             if st is not None and not any(d.index == index for d in self.devices):
                 self._reopen.append(index)  # it hung while being opened
 
-    def _answered(self, pos: Position, index: int) -> None:
-        """An abandoned poller is back from its call on GPU ``index``: poll that GPU again."""
+    def _answered(self, pos: Position) -> None:
+        """An abandoned poller is back from the GPU it was set aside on: poll that GPU again."""
         with self._lock:
-            st = self.stuck.get(index)
-            if st is not None and st.pos is pos:
+            for index in [i for i, st in self.stuck.items() if st.pos is pos]:
                 del self.stuck[index]
 
     def _stuck_entries(self, skipped: dict[int, Stuck]) -> list[dict[str, Any]]:
@@ -235,11 +242,23 @@ class Worker:
         kept: list[tuple[dict[str, Any], list[tuple[int, str, int | None]]]] = []
         utils: dict[int, Utilization] = {}  # id(out) -> per-process utilization of its kept processes
         at = self._at
+        lock = self._lock
         stuck = dict(self.stuck)  # the GPUs this poll skips (a copy: the watchdog and returning calls change it)
+        # Each step from one GPU to the next checks for a set-aside and moves the position in one step under the
+        # watchdog's lock (set_aside takes it too): the GPU blamed is always one whose calls or readings this thread
+        # was in, and the thread always learns it was set aside, so it ends that set-aside itself (_answered).
+        # Otherwise a poller set aside between its last check and the next move (its last GPU's process
+        # resolution, say) sent its snapshot anyway (dropped as stale) and never ended the set-aside: its GPU was
+        # shown hung, then lost (GpuLost, critical), until a retry worker freed it.
+        abandoned = False
         for dev in self.devices:
             if stuck and dev.index in stuck:
                 continue
-            at(pos, dev.index)
+            with lock:
+                if pos.gen != self.gen:
+                    abandoned = True
+                    break
+                at(pos, dev.index)
             out: dict[str, Any] = {"uuid": dev.uuid, "index": dev.index, "name": dev.name,
                                    "pci_bus_id": dev.pci_bus_id, "serial": dev.serial}
             errors: dict[str, str] = {}
@@ -259,11 +278,6 @@ class Worker:
             except NvmlGpuLost as e:
                 newly_lost.append((dev, e.reason))
                 top = []
-            if pos.gen != self.gen:  # set aside during this GPU's calls, which have now returned
-                self._answered(pos, dev.index)
-                if newly_lost:
-                    self._lose(newly_lost)
-                return None
             if newly_lost and newly_lost[-1][0] is dev:
                 continue
             if errors:
@@ -277,6 +291,14 @@ class Worker:
                 if mig_util is not None:
                     utils[id(mig_out)] = mig_util
                 gpus.append(mig_out)
+        with lock:
+            abandoned = abandoned or pos.gen != self.gen
+            at(pos, NOT_IN_A_GPU_CALL)
+        if abandoned:  # set aside in a GPU's calls or readings, which have now returned
+            self._answered(pos)
+            if newly_lost:
+                self._lose(newly_lost)
+            return None
         if kept:
             for (out, _), procs in zip(kept, process_dicts_per_gpu([t for _, t in kept], self.resolver), strict=True):
                 out["processes"] = procs
@@ -284,7 +306,6 @@ class Worker:
                     attach(procs, utils[id(out)])
         if newly_lost:
             self._lose(newly_lost)
-        at(pos, NOT_IN_A_GPU_CALL)
         xids = self._drain_events()
         self._check_count()
         self._polled = True

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from gpuwatchd.sim.state import make_device, make_state
 from gpuwatchd.sources.worker_protocol import HANG_SUSPECTED, NOT_IN_A_GPU_CALL
 from tests.sources.conftest import InProcessNvml
 
 
-def _worker(inprocess_nvml: InProcessNvml, n: int) -> Any:
+def _worker(inprocess_nvml: InProcessNvml, n: int, **device: Any) -> Any:
     from gpuwatchd.sources.nvml_session import Worker
 
-    inprocess_nvml(make_state(0, devices=[make_device(i) for i in range(n)]))
-    w = Worker(0, None)
+    inprocess_nvml(make_state(0, devices=[make_device(i, **device) for i in range(n)]))
+    w = Worker(10, None)
     w.start()
     first = w.poll()
     assert first is not None and [g["index"] for g in first["gpus"]] == list(range(n))
@@ -49,7 +51,7 @@ def test_a_call_that_returns_mid_poll_still_leaves_its_gpu_accounted_for(inproce
 
     def returns_meanwhile(out: dict[str, Any], errors: dict[str, str]) -> None:
         old.index = NOT_IN_A_GPU_CALL
-        w._answered(old, 1)  # what the abandoned poller does when its call on GPU 1 returns
+        w._answered(old)  # what the abandoned poller does when its call on GPU 1 returns
         poll(out, errors)
 
     gpu2.readings.poll = returns_meanwhile
@@ -60,4 +62,49 @@ def test_a_call_that_returns_mid_poll_still_leaves_its_gpu_accounted_for(inproce
     gpu2.readings.poll = poll
     snap = w.poll()  # and the poll after that reads it again
     assert snap is not None and [g["index"] for g in snap["gpus"]] == [0, 1, 2] and "lost" not in snap
+    w.close()
+
+
+def test_the_watchdog_cannot_blame_a_gpu_the_poller_has_left(inprocess_nvml: InProcessNvml,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # Host work after the GPUs' calls (resolving the processes' names) is no GPU's call: a watchdog verdict then
+    # finds the poller outside every GPU. Before, the position still named the last GPU, which was set aside while
+    # this poll went on and was sent anyway (dropped as stale); no abandoned call was left to end the set-aside, so
+    # the GPU was skipped, then shown hung and lost, until a retry worker freed it.
+    from gpuwatchd.sources import nvml_session
+
+    w = _worker(inprocess_nvml, 2, processes={"compute": [{"pid": 4242, "used_memory": 1 << 20}], "graphics": []})
+    resolve = nvml_session.process_dicts_per_gpu
+    verdicts: list[object] = []
+
+    def slow_resolve(*args: Any) -> Any:
+        verdicts.append(w.set_aside(w.pos, 0.3))
+        return resolve(*args)
+
+    monkeypatch.setattr(nvml_session, "process_dicts_per_gpu", slow_resolve)
+    snap = w.poll()
+    assert verdicts == [None] and w.stuck == {}
+    assert snap is not None and [g["index"] for g in snap["gpus"]] == [0, 1] and "lost" not in snap
+    w.close()
+
+
+def test_a_poller_set_aside_between_two_gpus_ends_its_set_aside(inprocess_nvml: InProcessNvml) -> None:
+    # The verdict lands after GPU 0's readings, before the step to GPU 1: GPU 0 is blamed (the poller was still
+    # in it), the poll is abandoned at that step, and the set-aside ends there; the next poller reads both.
+    w = _worker(inprocess_nvml, 2)
+    gpu0 = next(d for d in w.devices if d.index == 0)
+    poll = gpu0.readings.poll
+    new: list[Any] = []
+
+    def then_set_aside(out: dict[str, Any], errors: dict[str, str]) -> None:
+        poll(out, errors)
+        new.append(w.set_aside(w.pos, 0.3))
+
+    gpu0.readings.poll = then_set_aside
+    old_gen = w.gen
+    assert w.poll() is None
+    gpu0.readings.poll = poll
+    assert new[0] is not None and w.gen == old_gen + 1 and w.stuck == {}
+    snap = w.poll(new[0])
+    assert snap is not None and [g["index"] for g in snap["gpus"]] == [0, 1] and "lost" not in snap
     w.close()
