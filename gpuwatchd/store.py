@@ -349,9 +349,21 @@ class Store:
                 return g
         return None
 
-    def gpu_history(self, uuid: str) -> Sequence[GpuPoint]:
+    def gpu_history(self, uuid: str, since: float | None = None) -> Sequence[GpuPoint]:
+        """The GPU's history, oldest first; with ``since``, only its newest points with ``t >= since``: read from
+        the newest end, so a rule over the last minutes costs those minutes, not the retained hour."""
         ring = self._gpu_hist.get(uuid)
-        return tuple(ring.points) if ring else ()  # type: ignore[arg-type]
+        if not ring:
+            return ()
+        if since is None:
+            return tuple(ring.points)  # type: ignore[arg-type]
+        newest: list[GpuPoint] = []
+        for p in reversed(ring.points):
+            if p.t < since:
+                break
+            newest.append(p)  # type: ignore[arg-type]
+        newest.reverse()
+        return newest
 
     def process_history(self, uuid: str, pid: int) -> Sequence[ProcessPoint]:
         ring = self._proc_hist.get((uuid, pid))

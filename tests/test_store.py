@@ -106,6 +106,16 @@ def test_history_step_keeps_first_of_each_bucket_and_newest() -> None:
     assert isinstance(last, GpuPoint) and last.memory_used_bytes == 12
 
 
+def test_gpu_history_since_is_the_newest_points_from_that_time() -> None:
+    s = Store(retention_seconds=100.0, step_seconds=5.0)
+    for i in range(13):
+        s.apply(snap(T0 + i, gpu(memory_used_bytes=i)))
+    whole = s.gpu_history("GPU-a")  # t = 0, 4, 8, 12
+    for since in (-1, 0, 3, 4, 8.5, 12, 13):
+        assert list(s.gpu_history("GPU-a", since=T0 + since)) == [p for p in whole if p.t >= T0 + since], since
+    assert s.gpu_history("GPU-b", since=T0) == ()
+
+
 def test_gpu_point_fields() -> None:
     s = Store()
     s.apply(snap(T0, gpu(procs={1: 100, 2: None, 3: 50}, memory_total_bytes=1000, utilization_gpu_ratio=0.5,

@@ -73,8 +73,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                         level=level,
                     )
                 )
-        hist = [p for p in view.gpu_history(g.uuid) if p.pcie_replay_total is not None]
-        window = [p for p in hist if now - rcfg.window <= p.t <= now]
+        window = [p for p in view.gpu_history(g.uuid, since=now - rcfg.window)
+                  if p.pcie_replay_total is not None and p.t <= now]
         if len(window) < 2 or gen is None or width is None:
             continue
         first, last = window[0], window[-1]

@@ -97,7 +97,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         return []
     out: list[Condition] = []
     for g in snap.gpus:
-        hist = view.gpu_history(g.uuid)
+        hist = view.gpu_history(g.uuid, since=now - max(cfg.window, cfg.report_window))
         recent = [p for p in hist if now - cfg.window <= p.t <= now]
         report = [p for p in hist if now - cfg.report_window <= p.t <= now]
         if not recent:

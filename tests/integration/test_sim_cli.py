@@ -46,8 +46,12 @@ def start_sim(running: list[DaemonProcess], tmp_path: Path, *args: str) -> Daemo
 
 
 def interrupt(d: DaemonProcess) -> int:
+    """SIGINT, then the exit code (on a non-zero one, the sim's log is printed: pytest shows it with the failure)."""
     d.proc.send_signal(signal.SIGINT)
-    return d.proc.wait(timeout=30)
+    code = d.proc.wait(timeout=30)
+    if code != 0:
+        print(f"sim exited {code}; its log ends:\n{d.log()[-4000:]}")
+    return code
 
 
 def test_sim_no_driver(sim: list[DaemonProcess], tmp_path: Path) -> None:
