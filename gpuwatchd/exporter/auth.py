@@ -17,15 +17,12 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-import bcrypt
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
 CACHE_SIZE = 256
 CHECK_THREADS = 2
 REALM = 'Basic realm="gpuwatchd", charset="UTF-8"'
-# Checked against when the user is unknown, so an unknown user costs the same time as a wrong password.
-_DUMMY_HASH = bcrypt.hashpw(b"gpuwatchd-no-such-user", bcrypt.gensalt(rounds=10))
 
 
 def parse_basic(header: str) -> tuple[str, str] | None:
@@ -45,6 +42,13 @@ class BasicAuth:
     """Verifies credentials against ``users`` (user -> bcrypt hash)."""
 
     def __init__(self, users: Mapping[str, str]) -> None:
+        # Imported and hashed here, only when auth is configured: a daemon without it neither loads bcrypt nor
+        # spends the ~0.1 s of CPU a cost-10 hash takes at every start.
+        import bcrypt
+
+        self._bcrypt = bcrypt
+        # Checked against when the user is unknown, so an unknown user costs the same time as a wrong password.
+        self._dummy_hash = bcrypt.hashpw(b"gpuwatchd-no-such-user", bcrypt.gensalt(rounds=10))
         self._users = {u: h.encode() for u, h in users.items()}
         self._ok: OrderedDict[bytes, None] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=CHECK_THREADS, thread_name_prefix="bcrypt")
@@ -56,14 +60,14 @@ class BasicAuth:
     def _check(self, password: str, hashed: bytes) -> bool:
         self.checks += 1
         try:
-            return bcrypt.checkpw(password.encode(), hashed)
+            return bool(self._bcrypt.checkpw(password.encode(), hashed))
         except ValueError:  # bcrypt refuses passwords over 72 bytes in newer versions
             return False
 
     async def verify(self, user: str, password: str) -> bool:
         hashed = self._users.get(user)
         if hashed is None:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._check, password, _DUMMY_HASH)
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._check, password, self._dummy_hash)
             return False
         key = self._key(user, password, hashed)
         if key in self._ok:
