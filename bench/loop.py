@@ -7,7 +7,9 @@ A real worker line is produced once per size by the NVML worker against the stan
 decode = ``json.loads`` + ``SnapshotIntake.receive`` (the supervisor's intake: stamping, ``snapshot_from_dict``);
 encode = ``worker_protocol.encode_line`` of the worker's dict (the worker's side of the pipe); apply =
 ``Store.apply`` of consecutive snapshots 1 s apart (default 5 s step, 1 h retention), timed after a warm-up so
-every ring runs in its steady state. Each figure is the median of REPEATS timings, in ms per poll.
+every ring runs in its steady state; evaluate = ``RulesEngine.evaluate`` after each of those polls (the daemon
+evaluates once per poll), as a mean: families with a longer interval (leak) run on some polls only, and the mean is
+what they cost per poll. Each figure is the median of REPEATS timings, in ms per poll.
 ``--profile`` prints a cProfile of decode + apply to stderr. The last line holds the figures as name=value pairs.
 """
 
@@ -31,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuwatchd.model import Snapshot  # noqa: E402
+from gpuwatchd.rules.config import RulesConfig  # noqa: E402
+from gpuwatchd.rules.engine import RulesEngine  # noqa: E402
 from gpuwatchd.runtime.clock import ManualClock  # noqa: E402
 from gpuwatchd.sim.build import build_standin  # noqa: E402
 from gpuwatchd.sim.standin_abi import STATE_ENV  # noqa: E402
@@ -107,6 +111,24 @@ def apply_ms(snaps: list[Snapshot], warm: int) -> float:
     return statistics.median(times)
 
 
+def evaluate_ms(snaps: list[Snapshot], warm: int) -> float:
+    """Mean ms of a rules evaluation per poll, after ``warm`` polls (median of REPEATS runs on fresh stores)."""
+    times = []
+    for _ in range(REPEATS):
+        store, engine = Store(), RulesEngine(RulesConfig(), host="bench")
+        for s in snaps[:warm]:
+            store.apply(s)
+            engine.evaluate(store, s.timestamp)
+        spent = 0.0
+        for s in snaps[warm:]:
+            store.apply(s)
+            t0 = time.perf_counter()
+            engine.evaluate(store, s.timestamp)
+            spent += time.perf_counter() - t0
+        times.append(spent / (len(snaps) - warm) * 1e3)
+    return statistics.median(times)
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     libdir = build_standin()
@@ -122,6 +144,7 @@ def main() -> None:
         warm = 30  # past a few steps: every ring is in its steady state (replace the newest / append + expire)
         snaps = snapshots(line, warm + (20 if quick else 100), 1_700_000_000.0)
         figures[f"apply_ms_{tag}"] = apply_ms(snaps, warm)
+        figures[f"evaluate_ms_{tag}"] = evaluate_ms(snaps, warm)
         if "--profile" in sys.argv:
             prof = cProfile.Profile()
             prof.enable()
