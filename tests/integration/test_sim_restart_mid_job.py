@@ -51,20 +51,27 @@ def leak_alerts(d: DaemonProcess) -> list[dict]:  # type: ignore[type-arg]
     return [a for a in json.loads(body) if a["labels"].get("alertname") == "GpuMemoryLeak"]
 
 
+def run_to_restart(sim: list[DaemonProcess], tmp_path: Path, scenario: str,
+                   restart_at: float) -> tuple[DaemonProcess, tuple[str, ...]]:
+    """The first of two runs of ``scenario`` at --speed 10 sharing tmp_path/state, once it reached ``restart_at``
+    scenario seconds (still running); and the arguments the second run takes again, with ``--resume``."""
+    scen = tmp_path / "scenario.yml"
+    scen.write_text(scenario)
+    args = ("--scenario", str(scen), "--speed", "10", "--state-dir", str(tmp_path / "state"))
+    (tmp_path / "run1").mkdir()
+    first = start_sim(sim, tmp_path / "run1", *args)
+    wait_until(lambda: status(first)["scenario"]["time"] >= restart_at, "the first run to reach the restart",
+               timeout=300)
+    return first, args
+
+
 @pytest.mark.timeout(600)
 def test_restart_mid_job_keeps_onsets_leak_fires_saturating_job_does_not(
     sim: list[DaemonProcess], tmp_path: Path
 ) -> None:
-    scen = tmp_path / "restart-mid-job.yml"
-    scen.write_text(SCENARIO)
-    state_dir = tmp_path / "state"
-    args = ("--scenario", str(scen), "--speed", "10", "--state-dir", str(state_dir))
-    (tmp_path / "run1").mkdir()
-    first = start_sim(sim, tmp_path / "run1", *args)
-    wait_until(lambda: status(first)["scenario"]["time"] >= RESTART_AT, "the first run to reach the restart",
-               timeout=300)
+    first, args = run_to_restart(sim, tmp_path, SCENARIO, RESTART_AT)
     assert interrupt(first) == 0
-    assert (state_dir / "rule-history.z").exists()
+    assert (tmp_path / "state" / "rule-history.z").exists()
 
     (tmp_path / "run2").mkdir()
     second = start_sim(sim, tmp_path / "run2", *args, "--resume")

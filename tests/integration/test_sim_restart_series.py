@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from support import DaemonProcess, wait_until
 from test_sim_cli import interrupt, sim, start_sim
-from test_sim_restart_mid_job import leak_alerts, status
+from test_sim_restart_mid_job import leak_alerts, run_to_restart, status
 
 __all__ = ["sim"]  # the fixture, used by name
 
@@ -77,14 +77,7 @@ def scenario(tmp: Path) -> str:
 def test_outside_traces_across_a_restart_leak_fires_in_time_and_nothing_else(
     sim: list[DaemonProcess], tmp_path: Path
 ) -> None:
-    scen = tmp_path / "restart-outside-traces.yml"
-    scen.write_text(scenario(tmp_path))
-    state_dir = tmp_path / "state"
-    args = ("--scenario", str(scen), "--speed", "10", "--state-dir", str(state_dir))
-    (tmp_path / "run1").mkdir()
-    first = start_sim(sim, tmp_path / "run1", *args)
-    wait_until(lambda: status(first)["scenario"]["time"] >= RESTART_AT, "the first run to reach the restart",
-               timeout=300)
+    first, args = run_to_restart(sim, tmp_path, scenario(tmp_path), RESTART_AT)
     early = leak_alerts(first)
     assert interrupt(first) == 0
     assert not [a for a in early if a["labels"].get("pid") != "5001"], early
