@@ -23,10 +23,11 @@ TB_AUTHORIZED = spec(
     _U,
 )
 TB_SPEED = spec(
-    "gpuwatchd_thunderbolt_link_speed_bits_per_second", "gauge",
+    "gpuwatchd_thunderbolt_link_speed_bytes_per_second", "gauge",
     "Speed of each lane of the device's upstream link as trained, per direction (rx, tx; sysfs rx_speed/tx_speed)."
-    " The link carries this times gpuwatchd_thunderbolt_link_lanes.",
-    _UD, "bits_per_second",
+    " The link carries this times gpuwatchd_thunderbolt_link_lanes. In bytes (base unit): 2.5e9 is a 20 Gb/s"
+    " lane.",
+    _UD, "bytes_per_second",
 )
 TB_LANES = spec(
     "gpuwatchd_thunderbolt_link_lanes", "gauge",
@@ -34,6 +35,11 @@ TB_LANES = spec(
     " Thunderbolt 3/4 or USB4 link.",
     _UD,
 )
+
+
+def _bytes(bits_per_second: float | None) -> float | None:
+    """sysfs and the model speak bits per second (as link speeds are quoted); the exposition speaks bytes."""
+    return None if bits_per_second is None else bits_per_second / 8
 
 
 def dock_families(store: Store) -> list[Metric]:
@@ -46,8 +52,8 @@ def dock_families(store: Store) -> list[Metric]:
             f.info(TB_INFO, {**base, "gpu_uuid": uuid})
         u = (d.unique_id,)
         f.add(TB_AUTHORIZED, u, d.authorized)
-        f.add(TB_SPEED, (d.unique_id, "rx"), d.rx_speed_bps)
-        f.add(TB_SPEED, (d.unique_id, "tx"), d.tx_speed_bps)
+        f.add(TB_SPEED, (d.unique_id, "rx"), _bytes(d.rx_speed_bps))
+        f.add(TB_SPEED, (d.unique_id, "tx"), _bytes(d.tx_speed_bps))
         f.add(TB_LANES, (d.unique_id, "rx"), d.rx_lanes)
         f.add(TB_LANES, (d.unique_id, "tx"), d.tx_lanes)
     return f.metrics()

@@ -75,16 +75,7 @@ def promtool_check(text: str) -> subprocess.CompletedProcess[str]:
     if promtool is None:
         pytest.skip("promtool not installed (Debian package 'prometheus'; .ci/run installs it)")
     cmd = [promtool, "check", "metrics"]
-    result = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=30, check=False)
-    # promlint prefers bytes to bits; the Thunderbolt link speed is named in bits by its contract (issue 8, as
-    # link speeds are quoted: "20 Gb/s"). Exactly that one finding is accepted; promtool exits 3 for lint findings.
-    rest = [ln for ln in result.stderr.splitlines() if ln != _BITS_LINT]
-    if result.returncode == 3 and not rest and not result.stdout.strip():
-        return subprocess.CompletedProcess(cmd, 0, "", "")
-    return result
-
-
-_BITS_LINT = 'gpuwatchd_thunderbolt_link_speed_bits_per_second use base unit "bytes" instead of "bits"'
+    return subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=30, check=False)
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 
 Each scenario's state at its start and at its end is written for the stand-in driver, the real worker polls it
 once through the real pynvml, and both snapshots go through the store into the exposition (so GPUs that vanish
-between the two, as in egpu-unplug, are exercised too).
+between the two, as in egpu-unplug, are exercised too). The scenario's sysfs (PCI and Thunderbolt trees, as
+``gpuwatchd sim`` mirrors them) is read by the daemon's Thunderbolt source, so the dock families are on the page too:
+this is every family the daemon's page carries for the scenario, with promtool's lint unfiltered.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import state_at
 from gpuwatchd.sim.scenario import load_scenario, scenario_names
+from gpuwatchd.sources.thunderbolt import read_docks
 from gpuwatchd.store import Store
 from tests.sources.workerutil import run_worker, snap
 
@@ -39,11 +43,16 @@ def test_scenario_exposition_passes_promtool(
     store = Store()
     # end + 1 s: past every step, including nvml-hang's 60 s block that would otherwise stall the poll
     for t in (0.0, scenario.duration + 1.0):
-        state_file = write_sim_state(state_at(scenario, t))
+        state = state_at(scenario, t)
+        state_file = write_sim_state(state)
         _poll(libdir, state_file, store, 1_700_000_000.0 + t)
+        mirror_sysfs(tmp_path / "root", state)
+        store.set_docks(read_docks(tmp_path / "root"))
     text = exposition(store)
     result = promtool_check(text)
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
+    if scenario.system.get("thunderbolt"):
+        assert any(s.name == "gpuwatchd_thunderbolt_link_lanes" for s in samples(text)), "dock families missing"
     nvml_up = [s.value for s in samples(text) if s.name == "gpuwatchd_nvml_up"]
     # NVML is down without the library, and where the scenario makes init fail (driver-mismatch).
     down = scenario.library == "absent" or scenario.system.get("init_error") is not None
