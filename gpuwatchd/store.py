@@ -24,6 +24,7 @@ from gpuwatchd.model import (
     XidEvent,
 )
 from gpuwatchd.probes.ledger import ProbeLedger
+from gpuwatchd.series_cap import bump
 from gpuwatchd.sources.kernel_log_stats import KernelLogStats
 from gpuwatchd.sources.sysfs_pcie import sysfs_bus_id
 
@@ -144,6 +145,10 @@ class Store:
         self.gpu_docks: dict[str, DockSample] = {}
         self.xid_counts: dict[tuple[str, int], int] = {}  # (uuid or "unknown", xid) -> count since start
         self.recent_xids: deque[XidEvent] = deque(maxlen=MAX_XID_EVENTS)
+        # Events not counted because their family reached its series limit (series_cap.py), by family name.
+        self.series_dropped: dict[str, int] = {}
+        # State files found unusable at start and moved aside (state_files.py), by file: kernel_log, rule_history.
+        self.state_files_set_aside: dict[str, int] = {}
         # What the kernel-log source has seen (sources/kernel_log.py); None when it is not running.
         self.kernel_log: KernelLogStats | None = None
         self.stale = False  # the last poll missed its deadline; values are being held, not refreshed
@@ -234,15 +239,13 @@ class Store:
                 elif uuid not in seen and pres.state != "removed":
                     self._presence[uuid] = replace(pres, state="removed", since=t)
         for ev in snap.xid_events:
-            key = (ev.uuid or "unknown", ev.xid)
-            self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
+            bump(self.xid_counts, (ev.uuid or "unknown", ev.xid), self.series_dropped, "gpuwatchd_gpu_xid_errors_total")
             self.recent_xids.append(ev)
         self._expire(t)
 
     def add_xid(self, ev: XidEvent) -> None:
         """Count an Xid from a source other than the NVML snapshot (kernel log)."""
-        key = (ev.uuid or "unknown", ev.xid)
-        self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
+        bump(self.xid_counts, (ev.uuid or "unknown", ev.xid), self.series_dropped, "gpuwatchd_gpu_xid_errors_total")
         self.recent_xids.append(ev)
         self.version += 1
 

@@ -28,6 +28,11 @@ KLOG_LOST = spec(
     "gpuwatchd_kernel_log_records_lost_total", "counter",
     "Kernel-log records overwritten in the ring buffer before the daemon read them (gaps in sequence numbers).",
 )
+KLOG_CUT = spec(
+    "gpuwatchd_kernel_log_records_cut_total", "counter",
+    "Kernel-log records longer than the reader's limit (16 KiB; /dev/kmsg's are at most ~8 KiB), cut to it and"
+    " parsed from their start.",
+)
 FALLEN = spec(
     "gpuwatchd_gpu_fallen_off_bus_total", "counter",
     "Times the kernel log said the GPU fell off the bus (Xid 79 or 'GPU has fallen off the bus'; reports of one"
@@ -59,6 +64,7 @@ def kernel_log_families(store: Store) -> list[Metric]:
     for kind, count in stats.lines.items():
         f.add(KLOG_LINES, (kind,), count)
     f.add(KLOG_LOST, (), stats.records_lost)
+    f.add(KLOG_CUT, (), stats.records_cut)
     for uuid, count in sorted(stats.fallen_off_bus.items()):
         f.add(FALLEN, (uuid,), count)
     for (uuid, severity), count in sorted(stats.aer.items()):

@@ -96,6 +96,20 @@ XID = spec(
     " message named no GPU the daemon knows.",
     ("uuid", "xid"),
 )
+SERIES_DROPPED = spec(
+    "gpuwatchd_series_dropped_total", "counter",
+    "Events not counted in a family because it reached its series limit (1024 label sets; label values from the"
+    " kernel log or NVML events, e.g. forged Xid codes or PCI addresses). The family's existing series go on"
+    " counting. Absent until a limit is reached.",
+    ("family",),
+)
+STATE_SET_ASIDE = spec(
+    "gpuwatchd_state_file_set_aside_total", "counter",
+    "State files found unreadable, corrupt or foreign at start and moved aside to <name>.corrupt-<UTC time>"
+    " (the daemon started without them): kernel_log (kernel-log.json), rule_history (rule-history.z),"
+    " probe_baselines (probe-baselines.json). Absent until one is.",
+    ("file",),
+)
 
 # -- sysfs PCIe view ------------------------------------------------------------------------------------------
 _B = ("pci_bus_id",)
@@ -224,6 +238,10 @@ def xid_families(store: Store) -> list[Metric]:
     f = Families()
     for (uuid, xid), count in sorted(store.xid_counts.items()):
         f.add(XID, (uuid, str(xid)), count)
+    for family, count in sorted(store.series_dropped.items()):
+        f.add(SERIES_DROPPED, (family,), count)
+    for file, count in sorted(store.state_files_set_aside.items()):
+        f.add(STATE_SET_ASIDE, (file,), count)
     return f.metrics()
 
 

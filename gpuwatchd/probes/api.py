@@ -20,9 +20,13 @@ from gpuwatchd.probes.config import PROBE_NAMES
 from gpuwatchd.probes.ledger import ProbeRecord
 from gpuwatchd.probes.service import ProbeService
 from gpuwatchd.store import Store
+from gpuwatchd.textint import ascii_uint
 
 MAX_BODY_BYTES = 16 * 1024
 BODY_TIMEOUT_SECONDS = 10.0
+MAX_SELECTORS = 64  # GPUs (or probes) named in one request: more GPUs than a host has
+MAX_SELECTOR_CHARS = 96  # a GPU UUID is 40 characters, a MIG one 44; an index at most 4 digits
+BODY_KEYS = ("gpus", "probes")
 
 
 class SelectError(ValueError):
@@ -37,10 +41,11 @@ def select_gpus(store: Store, wanted: list[str]) -> list[tuple[str, int, str | N
         return [(g.uuid, g.index, g.name) for g in gpus]
     out = []
     for w in wanted:
-        match = [g for g in gpus if w == g.uuid or (w.isdigit() and int(w) == g.index)]
+        index = ascii_uint(w, 4)  # never int() on the text: Unicode digits, 4301-digit strings
+        match = [g for g in gpus if w == g.uuid or (index is not None and index == g.index)]
         if not match:
             known = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
-            raise SelectError(f"no present GPU {w!r} (present: {known})")
+            raise SelectError(f"no present GPU {w[:MAX_SELECTOR_CHARS]!r} (present: {known})")
         g = match[0]
         if (g.uuid, g.index, g.name) not in out:
             out.append((g.uuid, g.index, g.name))
@@ -50,8 +55,38 @@ def select_gpus(store: Store, wanted: list[str]) -> list[tuple[str, int, str | N
 def select_probes(wanted: list[str], enabled: list[str]) -> list[str]:
     for p in wanted:
         if p not in PROBE_NAMES:
-            raise SelectError(f"unknown probe {p!r} (known: {', '.join(PROBE_NAMES)})")
+            raise SelectError(f"unknown probe {p[:MAX_SELECTOR_CHARS]!r} (known: {', '.join(PROBE_NAMES)})")
     return list(wanted) or enabled
+
+
+def parse_request(body: object) -> tuple[list[str], list[str]]:
+    """(gpus, probes) of a request body; SelectError naming the field for anything else.
+
+    Like the silences API (``notify/silence_input.py``): an object with known keys only, each a list of bounded
+    strings, or absent / null for "all".
+    """
+    if not isinstance(body, dict):
+        raise SelectError(f"expected a JSON object with {' and/or '.join(BODY_KEYS)}, got {type(body).__name__}")
+    unknown = [k for k in body if k not in BODY_KEYS]
+    if unknown:
+        raise SelectError(f"unknown key {unknown[0][:MAX_SELECTOR_CHARS]!r} (known: {', '.join(BODY_KEYS)})")
+    out: list[list[str]] = []
+    for key in BODY_KEYS:
+        value = body.get(key)
+        if value is None:
+            out.append([])
+            continue
+        if not isinstance(value, list):
+            raise SelectError(f"{key}: expected a list of strings, got {type(value).__name__}")
+        if len(value) > MAX_SELECTORS:
+            raise SelectError(f"{key}: at most {MAX_SELECTORS} entries")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise SelectError(f"{key}[{i}]: expected a string, got {type(item).__name__}")
+            if not 0 < len(item) <= MAX_SELECTOR_CHARS:
+                raise SelectError(f"{key}[{i}]: expected 1..{MAX_SELECTOR_CHARS} characters")
+        out.append(value)
+    return out[0], out[1]
 
 
 def record_json(service: ProbeService, rec: ProbeRecord) -> dict[str, Any]:
@@ -102,14 +137,8 @@ def probe_routes(service: ProbeService, api: Callable[[], ApiConfig]) -> list[we
                     if request.can_read_body else {})
         except BodyError as e:
             return web.json_response({"error": str(e)}, status=e.status)
-        if not isinstance(body, dict):
-            return web.json_response({"error": "expected a JSON object"}, status=400)
-        gpus, probes = body.get("gpus") or [], body.get("probes") or []
-        if not all(isinstance(x, str) for x in [*gpus, *probes]) or not isinstance(gpus, list) or not isinstance(
-            probes, list
-        ):
-            return web.json_response({"error": "gpus and probes: expected lists of strings"}, status=400)
         try:
+            gpus, probes = parse_request(body)
             return web.json_response(await run_request(service, gpus, probes))
         except SelectError as e:
             return web.json_response({"error": str(e)}, status=400)

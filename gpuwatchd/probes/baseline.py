@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.state_files import read_json, set_aside
+
 log = logging.getLogger(__name__)
 
 FILE_NAME = "probe-baselines.json"
 VERSION = 1
+# Bounds of a file the daemon wrote itself (a hostile or damaged one is set aside): GPUs ever seen on the host,
+# measures per GPU, values per measure (probes.baseline_runs is validated far below this).
+MAX_GPUS = 1024
+MAX_MEASURES = 64
+MAX_RUNS = 1000
 
 
 class Baselines:
@@ -33,28 +41,19 @@ class Baselines:
 
     def _load(self, path: Path) -> None:
         try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            self._corrupt(path, f"cannot read it ({e.strerror})")
-            return
-        try:
-            data = json.loads(text)
+            data = read_json(path)
+            if data is None:
+                return
             values = _validate(data)
-        except ValueError as e:
-            self._corrupt(path, str(e))
+        except ValueError as e:  # StateFileError included: unreadable, too large, not UTF-8, not JSON, too deep
+            self._corrupt(path, str(e)[:200])
             return
         self._values = values
 
     def _corrupt(self, path: Path, why: str) -> None:
         self.resets += 1
-        aside = path.with_name(path.name + ".corrupt")
-        try:
-            os.replace(path, aside)
-            kept = f"; the old file is kept as {aside}"
-        except OSError:
-            kept = ""
+        aside = set_aside(path)
+        kept = f"; the old file is kept as {aside}" if aside is not None else ""
         log.warning("probe baselines in %s are unusable (%s): rebuilding them from the next runs%s", path, why, kept)
 
     def baseline(self, uuid: str, key: str) -> float | None:
@@ -100,12 +99,16 @@ def _validate(data: Any) -> dict[str, dict[str, list[float]]]:
     if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("gpus"), dict):
         raise ValueError(f"not a version-{VERSION} baseline file")
     out: dict[str, dict[str, list[float]]] = {}
+    if len(data["gpus"]) > MAX_GPUS:
+        raise ValueError(f"more than {MAX_GPUS} GPUs")
     for uuid, per in data["gpus"].items():
         if not isinstance(per, dict):
             raise ValueError(f"{uuid}: expected a mapping of measures")
+        if len(per) > MAX_MEASURES:
+            raise ValueError(f"{str(uuid)[:64]}: more than {MAX_MEASURES} measures")
         for key, vals in per.items():
-            if not isinstance(vals, list) or not all(
-                isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in vals
+            if not isinstance(vals, list) or len(vals) > MAX_RUNS or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf for v in vals
             ):
                 raise ValueError(f"{uuid}.{key}: expected a list of positive numbers")
             out.setdefault(str(uuid), {})[str(key)] = [float(v) for v in vals]

@@ -79,6 +79,9 @@ class ProbeService:
         self._env = dict(os.environ if env is None else env)
         self.baselines = Baselines(state_dir / FILE_NAME if state_dir else None, config.probes.baseline_runs)
         self.ledger.baseline_resets = self.baselines.resets
+        if self.baselines.resets:
+            counts = store.state_files_set_aside
+            counts["probe_baselines"] = counts.get("probe_baselines", 0) + self.baselines.resets
         self.scheduler = Scheduler(config.probes)
         self._lock = asyncio.Lock()  # one probe subprocess per host
         self.own_pids: set[int] = set()

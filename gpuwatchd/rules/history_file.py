@@ -15,7 +15,10 @@ from prometheus_client.registry import Collector
 from gpuwatchd.model import Snapshot
 from gpuwatchd.rules import persist
 from gpuwatchd.runtime.clock import Clock
+from gpuwatchd.state_files import StateFileError, read_bytes, set_aside
 from gpuwatchd.store import Store
+
+MAX_FILE_BYTES = 64 * 1024 * 1024  # compressed; what it decompresses to is bounded by persist.MAX_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +44,11 @@ class HistoryFile:
     def load(self) -> None:
         """Restore the saved history into the store; a missing file is a first start, a bad one starts empty."""
         try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
+            data = read_bytes(self.path, MAX_FILE_BYTES)
+        except StateFileError as e:
+            self._load_failed(str(e))
             return
-        except OSError as e:
-            self._load_failed(f"cannot read it ({e.strerror or e})")
+        if data is None:
             return
         try:
             hist = persist.decode(data)
@@ -58,7 +61,11 @@ class HistoryFile:
 
     def _load_failed(self, why: str) -> None:
         self.load_errors += 1
-        log.warning("rule history %s unusable: %s; starting with empty history", self.path, why)
+        counts = self._store.state_files_set_aside
+        counts["rule_history"] = counts.get("rule_history", 0) + 1
+        aside = set_aside(self.path)
+        log.warning("rule history %s unusable: %s; starting with empty history%s", self.path, why,
+                    f"; the file is kept as {aside}" if aside is not None else "")
 
     def on_snapshot(self, snap: Snapshot) -> None:
         """At the first snapshot after a restore: drop GPUs and processes that are gone (a reused pid starts

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from gpuwatchd.model import Snapshot, XidEvent
+from gpuwatchd.series_cap import bump
 from gpuwatchd.sources import kmsg_parse as kp
 from gpuwatchd.sources.kernel_log_stats import KernelLogStats
 from gpuwatchd.sources.xid_dedup import XidDeduplicator
@@ -43,6 +44,7 @@ class KernelLogIngest:
         self._falls: dict[str, float] = {}  # uuid or address -> time of the last counted fall
         self._held_lost: dict[str, float] = {}  # uuid -> since: lost per the kernel, NVML not caught up yet
         self._ancestors: dict[str, tuple[str, ...]] = {}  # GPU address -> ports above it, remembered
+        self._malformed_logged = False
 
     # -- records --------------------------------------------------------------------------------------------------
 
@@ -56,14 +58,25 @@ class KernelLogIngest:
         for line in record.message.split("\n"):
             if not line.strip():
                 continue
-            event = kp.classify(line)
+            try:
+                event = kp.classify(line)
+            except (ValueError, OverflowError, RecursionError) as e:  # a parser bug: the line goes, the source stays
+                self._malformed(f"{type(e).__name__}: {e}")
+                continue
             self.stats.lines[kp.kind_of(event)] += 1
             if history and isinstance(event, kp.Xid | kp.FallenOffBus | kp.AerError):
                 continue
-            if event is not None:
+            if event is not None and not isinstance(event, kp.Malformed):
                 self._event(event, line.strip(), t)
                 if self._on_change is not None:
                     self._on_change()
+
+    def _malformed(self, why: str) -> None:
+        self.stats.lines["malformed"] += 1
+        if not self._malformed_logged:
+            self._malformed_logged = True
+            log.warning("kernel log: dropped a line the parser could not read (%s); further ones are only counted in"
+                        " gpuwatchd_kernel_log_lines_total{kind=\"malformed\"}", why[:200])
 
     def _event(self, ev: kp.KernelEvent, line: str, t: float) -> None:
         if isinstance(ev, kp.GpuAddress):
@@ -81,8 +94,8 @@ class KernelLogIngest:
             self._fell(ev.pci_bus_id, t)
         elif isinstance(ev, kp.AerError):
             uuid = self._gpu_below(ev.source, ev.port)
-            key = (uuid or "unknown", ev.severity)
-            self.stats.aer[key] = self.stats.aer.get(key, 0) + 1
+            bump(self.stats.aer, (uuid or "unknown", ev.severity), self.store.series_dropped,
+                 "gpuwatchd_pcie_aer_errors_total")
         elif isinstance(ev, kp.DriverLoaded):
             self.stats.driver_version = ev.version
         elif isinstance(ev, kp.VersionMismatch | kp.RmInitFailed):
@@ -93,8 +106,8 @@ class KernelLogIngest:
         # Thunderbolt source (sources/ tb) and the PCI hot-plug watch act on the same changes from sysfs.
 
     def record_report(self, ev: XidEvent, uuid: str | None) -> None:
-        key = (uuid or "unknown", str(ev.xid), ev.source)
-        self.stats.xid_reports[key] = self.stats.xid_reports.get(key, 0) + 1
+        bump(self.stats.xid_reports, (uuid or "unknown", str(ev.xid), ev.source), self.store.series_dropped,
+             "gpuwatchd_gpu_xid_reports_total")
 
     def _fell(self, address: str | None, t: float) -> None:
         uuid = self.uuid_at(address) if address else self._only_gpu()
@@ -102,9 +115,12 @@ class KernelLogIngest:
         last = self._falls.get(key)
         if last is not None and 0 <= t - last < FALL_MERGE_SECONDS:
             return
+        self._falls.pop(key, None)
         self._falls[key] = t
+        while len(self._falls) > MAX_ADDRESSES:  # forged addresses must not grow it: the oldest fall goes first
+            del self._falls[next(iter(self._falls))]
         label = uuid or "unknown"
-        self.stats.fallen_off_bus[label] = self.stats.fallen_off_bus.get(label, 0) + 1
+        bump(self.stats.fallen_off_bus, label, self.store.series_dropped, "gpuwatchd_gpu_fallen_off_bus_total")
         if uuid is not None and self.store.mark_lost(uuid, t):
             self._held_lost[uuid] = t
             log.warning("kernel log: GPU %s at PCI %s has fallen off the bus", uuid, address)
@@ -157,6 +173,8 @@ class KernelLogIngest:
             ports = tuple(self._topology(norm))
             if ports:
                 self._ancestors[norm] = ports
+                while len(self._ancestors) > MAX_ADDRESSES:
+                    del self._ancestors[next(iter(self._ancestors))]
 
     def load_addresses(self, addresses: Mapping[str, str]) -> None:
         for address, uuid in list(addresses.items())[-MAX_ADDRESSES:]:

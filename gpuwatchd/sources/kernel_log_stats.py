@@ -19,6 +19,7 @@ class KernelLogStats:
     error: str | None = None
     lines: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     records_lost: int = 0
+    records_cut: int = 0  # records longer than the reader's limit, cut to it
     fallen_off_bus: dict[str, int] = field(default_factory=dict)  # uuid -> count
     aer: dict[tuple[str, str], int] = field(default_factory=dict)  # (uuid, severity) -> count
     xid_reports: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (uuid, xid, source) -> count

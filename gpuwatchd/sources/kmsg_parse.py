@@ -17,12 +17,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gpuwatchd.textint import ascii_uint
+
 AerSeverity = Literal["corrected", "nonfatal", "fatal"]
 # The `kind` label of gpuwatchd_kernel_log_lines_total: every line is counted under one of these.
 KINDS = (
     "xid", "gpu_address", "fallen_off_bus", "rm_init_failed", "version_mismatch", "driver_loaded", "aer",
-    "pciehp", "thunderbolt", "other",
+    "pciehp", "thunderbolt", "other", "malformed",
 )
+# Xid codes the driver can print: NVIDIA's catalog and nverror.h (ROBUST_CHANNEL_LAST_ERROR) end in the 150s today;
+# 1..255 leaves newer drivers room. A code outside it is a corrupt or forged line, counted as malformed.
+XID_MIN, XID_MAX = 1, 255
+MAX_PID = 4_194_304  # the kernel's PID_MAX_LIMIT (2^22)
+# Bounds on the text a record carries into labels, alerts and the status API (a real Xid text is under ~200 chars,
+# a process name at most 15 bytes: TASK_COMM_LEN).
+MAX_TEXT_CHARS = 512
+MAX_NAME_CHARS = 64
+MAX_VERSION_CHARS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +101,13 @@ class PciehpLink:
 
 
 @dataclass(frozen=True, slots=True)
+class Malformed:
+    """A line in a GPU-relevant form whose numbers are not numbers (non-ASCII digits, too long, out of range)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Thunderbolt:
     device: str  # the thunderbolt bus name, e.g. "0-1"
     connected: bool
@@ -98,13 +116,13 @@ class Thunderbolt:
 
 KernelEvent = (
     Xid | GpuAddress | FallenOffBus | RmInitFailed | VersionMismatch | DriverLoaded | AerError | PciehpLink
-    | Thunderbolt
+    | Thunderbolt | Malformed
 )
 
 _KIND: dict[type, str] = {
     Xid: "xid", GpuAddress: "gpu_address", FallenOffBus: "fallen_off_bus", RmInitFailed: "rm_init_failed",
     VersionMismatch: "version_mismatch", DriverLoaded: "driver_loaded", AerError: "aer", PciehpLink: "pciehp",
-    Thunderbolt: "thunderbolt",
+    Thunderbolt: "thunderbolt", Malformed: "malformed",
 }
 
 
@@ -158,12 +176,11 @@ def parse_record(raw: bytes | str) -> KmsgRecord | None:
     head, sep, rest = text.partition(";")
     if not sep:
         return None
-    parts = head.split(",")
+    parts = head.split(",", 3)
     if len(parts) < 3:
         return None
-    try:
-        prio, seq, usec = int(parts[0]), int(parts[1]), int(parts[2])
-    except ValueError:
+    prio, seq, usec = ascii_uint(parts[0], 4), ascii_uint(parts[1]), ascii_uint(parts[2])
+    if prio is None or seq is None or usec is None:
         return None
     message, *dict_lines = rest.rstrip("\n").split("\n")
     fields: dict[str, str] = {}
@@ -186,10 +203,11 @@ def format_record(seq: int, usec: int, message: str, *, level: int = 4, facility
 # NVRM: Xid (PCI:0000:19:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error ...
 # NVRM: Xid (PCI:0000:06:00): 79, GPU has fallen off the bus.            (drivers before ~460: no pid/name)
 # NVRM: Xid (0000:03:00): 13, 0000 00000000 0000a197 00001b0c 00000001    (very old drivers: no "PCI:")
-_XID = re.compile(rf"NVRM: Xid \(({_PCI})\): (\d+)(?:,\s*(.*))?$")
-_PID_NAME = re.compile(r"^pid=(?:'?<unknown>'?|'?(\d+)'?), name=(?:<unknown>|'?([^,]*?)'?)(?:, (.*))?$")
+# The code and pid are taken as any text up to the separator and checked by ascii_uint (bounded, ASCII only).
+_XID = re.compile(rf"NVRM: Xid \(({_PCI})\): ([^,\s]+)(?:,\s*(.*))?$")
+_PID_NAME = re.compile(r"^pid=(?:'?<unknown>'?|'?([^',]*)'?), name=(?:<unknown>|'?([^,]*?)'?)(?:, (.*))?$")
 # NVRM: GPU at PCI:0000:06:00: GPU-9fe1319c-8dd3-44e4-2b74-de93f8b02c6a
-_GPU_AT = re.compile(rf"NVRM: GPU at ({_PCI}): (GPU-[0-9a-fA-F-]+)")
+_GPU_AT = re.compile(rf"NVRM: GPU at ({_PCI}): (GPU-[0-9a-fA-F-]{{1,64}})(?![0-9a-fA-F-])")
 # NVRM: GPU at 0000:06:00.0 has fallen off the bus.  /  NVRM: GPU 0000:06:00.0: GPU has fallen off the bus.
 _FALLEN_AT = re.compile(rf"NVRM: GPU (?:at )?({_PCI}):? (?:GPU )?has fallen off the bus")
 _FALLEN = re.compile(r"(?:GPU )?has fallen off the bus", re.IGNORECASE)
@@ -199,9 +217,11 @@ _RM_INIT = re.compile(rf"NVRM: (?:GPU ({_PCI}): )?(RmInitAdapter failed.*|rm_ini
 # NVRM: API mismatch: the client has the version 535.54.03, but
 # NVRM: API mismatch: the client 'nvidia-smi' (pid 1234) has the version 550.54.14, but
 # NVRM: this kernel module has the version 535.129.03.  Please
-_API_CLIENT = re.compile(r"NVRM: API mismatch: the client (?:'[^']*' \(pid \d+\) )?has the version ([\w.-]+)")
-_API_KERNEL = re.compile(r"NVRM: this kernel module has the version ([\w.-]+?)\.?\s")
-_LOADED = re.compile(r"NVRM: loading NVIDIA UNIX .*?Kernel Module\s+([\d.]+)")
+_API_CLIENT = re.compile(
+    r"NVRM: API mismatch: the client (?:'[^']*' \(pid [0-9]+\) )?has the version ([\w.-]{1,32})", re.ASCII
+)
+_API_KERNEL = re.compile(r"NVRM: this kernel module has the version ([\w.-]{1,32}?)\.?\s", re.ASCII)
+_LOADED = re.compile(r"NVRM: loading NVIDIA UNIX .*?Kernel Module\s+([0-9.]{1,32})(?![0-9.])")
 # pcieport 0000:00:1c.0: AER: Corrected error received: 0000:00:1c.0
 # pcieport 0000:00:01.0: AER: Uncorrected (Non-Fatal) error received: 0000:01:00.0
 # pcieport 0000:00:03.1: AER: Multiple Uncorrected (Fatal) error received: 0000:0a:00.0
@@ -212,10 +232,10 @@ _AER = re.compile(
 )
 # pcieport 0000:00:1c.0: pciehp: Slot(0-1): Link Down        (kernels >= 4.19)
 # pciehp 0000:00:1c.0:pcie004: Slot(0): Link Up               (older)
-_PCIEHP = re.compile(rf"^\S+ ({_PCI})(?::pcie\d+)?: (?:pciehp: )?Slot\(([^)]*)\): Link (Up|Down)")
+_PCIEHP = re.compile(rf"^\S+ ({_PCI})(?::pcie[0-9]+)?: (?:pciehp: )?Slot\(([^)]{{0,32}})\): Link (Up|Down)")
 # thunderbolt 0-1: new device found, vendor=0x127 device=0x1   /  thunderbolt 0-1: device disconnected
-_TB_NEW = re.compile(r"^thunderbolt (\d+-[0-9a-fA-F]+(?:\.\d+)?): (new device found.*)$")
-_TB_GONE = re.compile(r"^thunderbolt (\d+-[0-9a-fA-F]+(?:\.\d+)?): (device disconnected.*)$")
+_TB_NEW = re.compile(r"^thunderbolt ([0-9]{1,4}-[0-9a-fA-F]{1,16}(?:\.[0-9]{1,4})?): (new device found.*)$")
+_TB_GONE = re.compile(r"^thunderbolt ([0-9]{1,4}-[0-9a-fA-F]{1,16}(?:\.[0-9]{1,4})?): (device disconnected.*)$")
 _AER_SEVERITY: dict[str, AerSeverity] = {
     "Corrected": "corrected", "Uncorrected (Non-Fatal)": "nonfatal", "Uncorrected (Fatal)": "fatal",
 }
@@ -225,22 +245,33 @@ def _pci(text: str | None) -> str | None:
     return normalize_pci(text) if text else None
 
 
-def parse_xid(line: str) -> Xid | None:
+def _cut(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def parse_xid(line: str) -> Xid | Malformed | None:
+    """An Xid line; :class:`Malformed` when its code or pid is not a plausible number; None for other lines."""
     m = _XID.search(line)
     if m is None:
         return None
     address = _pci(m.group(1))
     if address is None:
         return None
+    code = ascii_uint(m.group(2), 3)
+    if code is None or not XID_MIN <= code <= XID_MAX:
+        return Malformed(f"Xid code not in {XID_MIN}..{XID_MAX}")
     rest = (m.group(3) or "").strip()
     pid: int | None = None
     process: str | None = None
     pm = _PID_NAME.match(rest)
     if pm is not None:
-        pid = int(pm.group(1)) if pm.group(1) else None
-        process = pm.group(2) or None
+        if pm.group(1):
+            pid = ascii_uint(pm.group(1), 7)
+            if pid is None or pid > MAX_PID:
+                return Malformed("pid not a number")
+        process = _cut(pm.group(2), MAX_NAME_CHARS) if pm.group(2) else None
         rest = (pm.group(3) or "").strip()
-    return Xid(address, int(m.group(2)), pid, process, rest)
+    return Xid(address, code, pid, process, _cut(rest))
 
 
 def classify(line: str) -> KernelEvent | None:
@@ -266,10 +297,10 @@ def classify(line: str) -> KernelEvent | None:
     if line.startswith("thunderbolt "):
         m = _TB_NEW.match(line)
         if m is not None:
-            return Thunderbolt(m.group(1), True, m.group(2))
+            return Thunderbolt(m.group(1), True, _cut(m.group(2)))
         m = _TB_GONE.match(line)
         if m is not None:
-            return Thunderbolt(m.group(1), False, m.group(2))
+            return Thunderbolt(m.group(1), False, _cut(m.group(2)))
     return None
 
 
@@ -289,13 +320,13 @@ def _classify_nvrm(line: str) -> KernelEvent | None:
         return FallenOffBus(None)
     m = _RM_INIT.search(line)
     if m is not None:
-        return RmInitFailed(_pci(m.group(1)), m.group(2))
+        return RmInitFailed(_pci(m.group(1)), _cut(m.group(2)))
     m = _API_CLIENT.search(line)
     if m is not None:
-        return VersionMismatch(m.group(1), None, line[line.index("NVRM:"):])
+        return VersionMismatch(m.group(1), None, _cut(line[line.index("NVRM:"):]))
     m = _API_KERNEL.search(line + " ")
     if m is not None:
-        return VersionMismatch(None, m.group(1), line[line.index("NVRM:"):])
+        return VersionMismatch(None, m.group(1), _cut(line[line.index("NVRM:"):]))
     m = _LOADED.search(line)
     if m is not None:
         return DriverLoaded(m.group(1))

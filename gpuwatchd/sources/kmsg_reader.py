@@ -30,10 +30,16 @@ from gpuwatchd.model import SourceStatus
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.sources.kernel_log import KernelLogIngest
 from gpuwatchd.sources.kmsg_parse import parse_record
+from gpuwatchd.state_files import StateFileError, read_json, set_aside
 
 log = logging.getLogger(__name__)
 
 READ_SIZE = 16384  # a /dev/kmsg record is at most ~8 KiB (message + dictionary); a smaller buffer gets EINVAL
+MAX_RECORD_BYTES = READ_SIZE  # longer records (only a forged replay file has them) are cut here and counted
+# Work done per event-loop turn before yielding: a flood (100k Xid lines at once, a 31 MB line) is read in slices
+# of this size, so /healthz, scrapes and the NVML poll go on between them (~10 ms of parsing per slice).
+MAX_BYTES_PER_TURN = 64 * 1024
+MAX_RECORDS_PER_TURN = 512
 FOLLOW_INTERVAL = 0.2  # seconds between checks of a followed regular file (sim replay)
 SAVE_INTERVAL = 1.0  # seconds: the position is saved at most this often (and at stop)
 RETRY_INTERVAL = 60.0  # seconds between attempts to open a log we could not open (permissions do not change often)
@@ -43,49 +49,95 @@ STATE_VERSION = 1
 
 class RecordSplitter:
     """Bytes -> records: a header line ``prio,seq,usec,flags;msg`` plus the dictionary lines after it (leading
-    space). Holds an incomplete line until its newline arrives."""
+    space). Holds an incomplete line until its newline arrives.
+
+    Linear in the bytes fed: each byte is looked at once (a new chunk is searched for newlines, the held part never
+    again), and a record longer than :data:`MAX_RECORD_BYTES` keeps its first ``MAX_RECORD_BYTES`` and is counted
+    in ``cut``; the rest is skipped without being held.
+    """
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._partial = bytearray()  # the line whose newline has not come yet (at most MAX_RECORD_BYTES of it)
+        self._partial_cut = False
         self._current: list[bytes] = []
+        self._current_size = 0
+        self._current_cut = False
+        self.cut = 0  # records cut to MAX_RECORD_BYTES
 
     def feed(self, data: bytes) -> list[bytes]:
-        self._buf += data
-        *lines, self._buf = self._buf.split(b"\n")
         out: list[bytes] = []
-        for line in lines:
-            if line.startswith(b" "):
-                if self._current:
-                    self._current.append(line)
-                continue
-            if self._current:
-                out.append(b"\n".join(self._current))
-            self._current = [line] if line else []
+        start = 0
+        while (nl := data.find(b"\n", start)) >= 0:
+            self._hold(data, start, nl)
+            line = bytes(self._partial)
+            cut = self._partial_cut
+            self._partial.clear()
+            self._partial_cut = False
+            self._line(line, cut, out)
+            start = nl + 1
+        self._hold(data, start, len(data))
         return out
+
+    def _hold(self, data: bytes, start: int, end: int) -> None:
+        room = MAX_RECORD_BYTES - len(self._partial)
+        if end - start > room:
+            self._partial += data[start:start + max(room, 0)]
+            self._partial_cut = True
+        else:
+            self._partial += data[start:end]
+
+    def _line(self, line: bytes, cut: bool, out: list[bytes]) -> None:
+        if line.startswith(b" "):
+            if self._current:
+                if self._current_size + len(line) + 1 > MAX_RECORD_BYTES:
+                    self._current_cut = True
+                else:
+                    self._current.append(line)
+                    self._current_size += len(line) + 1
+            return
+        self._emit(out)
+        if line:
+            self._current, self._current_size, self._current_cut = [line], len(line), cut
+
+    def _emit(self, out: list[bytes]) -> None:
+        if self._current:
+            out.append(b"\n".join(self._current))
+            self.cut += self._current_cut
+        self._current, self._current_size, self._current_cut = [], 0, False
 
     def flush(self) -> list[bytes]:
         """The held record, once no more bytes are coming for now (its dictionary lines came in the same read)."""
-        out = [b"\n".join(self._current)] if self._current else []
-        self._current = []
+        out: list[bytes] = []
+        self._emit(out)
         return out
 
 
-def load_state(path: Path) -> dict[str, Any]:
-    """The saved position; an unreadable or foreign file counts as none (logged), never stops the daemon."""
+MAX_STATE_BYTES = 256 * 1024  # the file holds a boot id, a number and at most MAX_ADDRESSES short pairs
+
+
+def load_state(path: Path, set_aside_counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """The saved position; an unreadable, corrupt or foreign file is moved aside (``.corrupt-<time>``), logged and
+    counted in ``set_aside_counts["kernel_log"]``, and counts as none: it never stops the daemon."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        log.warning("kernel log: ignoring the saved position in %s: %s", path, e)
-        return {}
-    if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+        data = read_json(path, MAX_STATE_BYTES)
+        if data is None:
+            return {}
+        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+            raise StateFileError(f"not a version-{STATE_VERSION} kernel-log position file")
+    except StateFileError as e:
+        aside = set_aside(path)
+        if set_aside_counts is not None:
+            set_aside_counts["kernel_log"] = set_aside_counts.get("kernel_log", 0) + 1
+        log.warning("kernel log: the saved position in %s is unusable (%s); reading the ring as on a first start%s",
+                    path, e, f"; the file is kept as {aside}" if aside is not None else "")
         return {}
     addresses = data.get("addresses")
+    seq = data.get("seq")
+    boot_id = data.get("boot_id")
     return {
-        "boot_id": data.get("boot_id") if isinstance(data.get("boot_id"), str) else None,
-        "seq": data.get("seq") if isinstance(data.get("seq"), int) else None,
-        "addresses": {k: v for k, v in addresses.items() if isinstance(k, str) and isinstance(v, str)}
+        "boot_id": boot_id[:64] if isinstance(boot_id, str) else None,
+        "seq": seq if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 2**64 else None,
+        "addresses": {k: v for k, v in addresses.items() if isinstance(k, str) and isinstance(v, str) and len(v) <= 64}
         if isinstance(addresses, dict) else {},
     }
 
@@ -144,7 +196,8 @@ class KmsgReader:
 
     async def run(self) -> None:
         """Open (retrying while it fails), then read until cancelled."""
-        saved = load_state(self.state_file) if self.state_file is not None else {}
+        saved = (load_state(self.state_file, self.ingest.store.state_files_set_aside)
+                 if self.state_file is not None else {})
         self.ingest.load_addresses(saved.get("addresses", {}))
         while not self._open(saved):
             await asyncio.sleep(RETRY_INTERVAL / self.clock.speed)
@@ -154,13 +207,14 @@ class KmsgReader:
             if self._event_driven:
                 loop.add_reader(self._fd, self._readable.set)
                 while True:
-                    self._drain()
+                    if self._drain():
+                        await asyncio.sleep(0)  # more is waiting: let the loop run, then go on
+                        continue
                     await self._readable.wait()
                     self._readable.clear()
             else:
                 while True:
-                    self._drain()
-                    await asyncio.sleep(FOLLOW_INTERVAL)
+                    await asyncio.sleep(0 if self._drain() else FOLLOW_INTERVAL)
         finally:
             if self._save_timer is not None:
                 self._save_timer.cancel()
@@ -214,11 +268,17 @@ class KmsgReader:
 
     # -- reading --------------------------------------------------------------------------------------------------
 
-    def _drain(self) -> None:
-        """Read everything available now, apply it, and schedule a save."""
+    def _drain(self) -> bool:
+        """Read what is available now, up to one turn's budget, apply it, and schedule a save. True when the budget
+        ran out before the input did (call again after yielding to the loop)."""
         assert self._fd is not None
         got_any = False
+        budget_bytes, budget_records = MAX_BYTES_PER_TURN, MAX_RECORDS_PER_TURN
+        more = False
         while True:
+            if budget_bytes <= 0 or budget_records <= 0:
+                more = True
+                break
             try:
                 data = os.read(self._fd, READ_SIZE)
             except BlockingIOError:
@@ -232,15 +292,20 @@ class KmsgReader:
             if not data:
                 break
             got_any = True
-            for raw in self._splitter.feed(data):
-                self._record(raw)
+            budget_bytes -= len(data)
+            records = self._splitter.feed(data)
             if self._live:
-                for raw in self._splitter.flush():  # /dev/kmsg: one whole record per read
-                    self._record(raw)
-        for raw in self._splitter.flush():
-            self._record(raw)
+                records += self._splitter.flush()  # /dev/kmsg: one whole record per read
+            budget_records -= len(records)
+            for raw in records:
+                self._record(raw)
+        if not more:
+            for raw in self._splitter.flush():
+                self._record(raw)
+        self.ingest.stats.records_cut = self._splitter.cut
         if got_any:
             self._schedule_save()
+        return more
 
     def _record(self, raw: bytes) -> None:
         rec = parse_record(raw)
