@@ -12,6 +12,11 @@ through :class:`ConnectionGuard`:
 
 The guard wraps aiohttp's protocol factory (``SockSite`` below); the middleware tells it when a request is being
 handled. The body of a request is bounded by its handler (``notify/json_body.py``).
+
+With TLS the guard sits *under* the encryption: a connection is counted from ``accept``, before its handshake, and
+the handshake itself must finish within ``header_timeout`` (``loop.start_tls`` on the accepted socket). Handing
+``ssl=`` to ``create_server`` instead counted a connection only once its handshake was done, so 1100 clients that
+never sent a ClientHello held 1100 descriptors the guard never saw.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
@@ -47,6 +53,8 @@ MIN_CONNECTIONS = 16
 SWEEP_SECONDS = 1.0
 CloseReason = str  # "idle_timeout", "header_timeout", "evicted"
 CLOSE_REASONS = ("idle_timeout", "header_timeout", "evicted")
+# Why a TLS handshake did not complete: the client's fault each time, counted and never logged per connection.
+HANDSHAKE_FAILURES = ("timeout", "error", "closed")
 
 
 def effective_limit(configured: int, nofile_soft: int | None = None) -> int:
@@ -74,10 +82,12 @@ class _Conn:
 class _GuardedProtocol(asyncio.Protocol):
     """aiohttp's per-connection protocol, with the guard told of every arrival, byte and departure."""
 
-    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, tls: ssl.SSLContext | None) -> None:
         self._guard = guard
         self._inner = inner
+        self._tls = tls
         self._conn: _Conn | None = None
+        self._handshake: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -85,12 +95,37 @@ class _GuardedProtocol(asyncio.Protocol):
         if self._conn is None:
             transport.abort()  # refused: every connection is busy (no protocol ever sees it)
             return
-        self._inner.connection_made(transport)
+        if self._tls is None:
+            self._inner.connection_made(transport)
+            return
+        # Not a byte of the ClientHello may reach us before start_tls puts its SSL protocol in our place.
+        transport.pause_reading()
+        self._conn.head_started = self._conn.last_active  # the handshake is held to the header deadline
+        self._handshake = asyncio.ensure_future(self._start_tls(transport, self._conn, self._tls))
+
+    async def _start_tls(self, raw: asyncio.Transport, conn: _Conn, tls: ssl.SSLContext) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            wrapped = await loop.start_tls(raw, self, tls, server_side=True,
+                                           ssl_handshake_timeout=self._guard.header_timeout)
+        except ConnectionAbortedError:  # the handshake timeout (asyncio's message says so)
+            self._guard.handshake_failed(conn, "timeout")
+            return
+        except (OSError, ValueError, RuntimeError):  # ssl.SSLError is an OSError; a reset peer; a closed transport
+            self._guard.handshake_failed(conn, "error")
+            return
+        if wrapped is None or wrapped.is_closing():  # closed (by the client or the guard) during the handshake
+            self._guard.handshake_failed(conn, "closed")
+            return
+        self._guard.handshake_done(conn, wrapped)
+        self._inner.connection_made(wrapped)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._conn is None:
             return
         self._guard.closed(self._conn)
+        if self._handshake is not None and not self._handshake.done():
+            return  # lost during the handshake: the inner protocol never saw the connection
         self._inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -124,15 +159,20 @@ class ConnectionGuard:
         self.accepted = 0
         self.refused = 0
         self.closed_by: dict[CloseReason, int] = dict.fromkeys(CLOSE_REASONS, 0)
+        self.handshake_failures: dict[str, int] = dict.fromkeys(HANDSHAKE_FAILURES, 0)
         self._refusal_logged = 0.0
+        self.serves_tls = False  # some site handshakes through the guard: the handshake family is exported
 
     @property
     def open(self) -> int:
         return len(self._conns)
 
-    def protocol_factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        """Wrap aiohttp's protocol factory (``runner.server``)."""
-        return lambda: _GuardedProtocol(self, inner())
+    def protocol_factory(
+        self, inner: Callable[[], asyncio.Protocol], tls: ssl.SSLContext | None = None
+    ) -> Callable[[], asyncio.Protocol]:
+        """Wrap aiohttp's protocol factory (``runner.server``); with ``tls``, the guard does the handshake."""
+        self.serves_tls = self.serves_tls or tls is not None
+        return lambda: _GuardedProtocol(self, inner(), tls)
 
     # -- connection events ---------------------------------------------------------------------------------------
     def opened(self, transport: asyncio.Transport) -> _Conn | None:
@@ -155,6 +195,22 @@ class ConnectionGuard:
 
     def closed(self, conn: _Conn) -> None:
         self._conns.pop(conn.transport, None)
+
+    def handshake_done(self, conn: _Conn, wrapped: asyncio.Transport) -> None:
+        """The TLS handshake finished: from now on the connection is known by its TLS transport (the one requests
+        carry), and it is idle, no longer held to the header deadline."""
+        if self._conns.pop(conn.transport, None) is None:
+            return
+        conn.transport = wrapped
+        conn.head_started = None
+        conn.last_active = time.monotonic()
+        self._conns[wrapped] = conn
+
+    def handshake_failed(self, conn: _Conn, why: str) -> None:
+        if conn.transport in self._conns:
+            self._conns.pop(conn.transport, None)
+            conn.transport.abort()
+        self.handshake_failures[why] += 1
 
     def touched(self, conn: _Conn) -> None:
         if conn.transport in self._conns:
@@ -249,7 +305,15 @@ CLOSED = spec(
     "(the connection idle longest, closed to make room at the limit).",
     labels=["reason"],
 )
-CONNECTION_SPECS = (OPEN, LIMIT, ACCEPTED, REFUSED, CLOSED)
+HANDSHAKES_FAILED = spec(
+    "gpuwatchd_http_tls_handshake_failures_total",
+    "counter",
+    "TLS handshakes that did not complete: timeout (no ClientHello or a slow one within http.header_timeout), error"
+    " (not TLS, no shared protocol or cipher, a client certificate refused), closed (by the client or the guard"
+    " during the handshake). Counted, never logged per connection.",
+    labels=["reason"],
+)
+CONNECTION_SPECS = (OPEN, LIMIT, ACCEPTED, REFUSED, CLOSED, HANDSHAKES_FAILED)
 
 
 class _GuardCollector(Collector):
@@ -265,4 +329,7 @@ class _GuardCollector(Collector):
         fams.add(REFUSED, (), g.refused)
         for reason, n in g.closed_by.items():
             fams.add(CLOSED, (reason,), n)
+        if g.serves_tls:
+            for reason, n in g.handshake_failures.items():
+                fams.add(HANDSHAKES_FAILED, (reason,), n)
         yield from fams.metrics()

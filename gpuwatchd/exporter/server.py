@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import socket
 import ssl
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -30,6 +33,42 @@ KEEPALIVE_BACKSTOP_SECONDS = 5.0
 # How long a request's body may linger unread after its answer (aiohttp reads and drops it), then the connection
 # is closed.
 LINGER_SECONDS = 5.0
+# One line per this many seconds for the event loop's per-connection errors (below), however many there are.
+CONNECTION_ERROR_LOG_SECONDS = 60.0
+
+log = logging.getLogger(__name__)
+
+
+class ConnectionErrorLog:
+    """The event loop's exception handler, for errors of single connections: one line a minute with a count.
+
+    asyncio reports a failed ``accept`` (EMFILE), a reset peer or an SSL failure on one socket to the loop's handler,
+    which logs a traceback each time: under a flood that is thousands of tracebacks a second (50 MB of log in 40 s)
+    for what is the client's doing. Those (any ``OSError``: ``ssl.SSLError`` and ``ConnectionError`` are ones) are
+    counted and summarized; anything else still goes to the default handler, traceback and all.
+    """
+
+    def __init__(self, previous: Any = None) -> None:
+        self._previous = previous
+        self.count = 0
+        self._since_logged = 0
+        self._logged = 0.0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if not isinstance(exc, OSError):
+            if self._previous is not None:
+                self._previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+            return
+        self.count += 1
+        self._since_logged += 1
+        now = time.monotonic()
+        if now - self._logged >= CONNECTION_ERROR_LOG_SECONDS:
+            log.warning("http: %d connection error(s) in the last minute, latest: %s: %s",
+                        self._since_logged, context.get("message", "error"), exc.strerror or exc)
+            self._logged, self._since_logged = now, 0
 
 
 def listen_sockets(host: str, port: int) -> list[socket.socket]:
@@ -87,7 +126,7 @@ class GuardedSite(web.SockSite):
         server = self._runner.server
         assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
-            self._guard.protocol_factory(server), sock=self._sock, backlog=self._backlog, ssl=self._tls
+            self._guard.protocol_factory(server, self._tls), sock=self._sock, backlog=self._backlog
         )
 
 
@@ -117,6 +156,9 @@ async def start_server(
     """
     guard = ConnectionGuard(config)
     request_log = RequestLogger()
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop.get_exception_handler(), ConnectionErrorLog):
+        loop.set_exception_handler(ConnectionErrorLog(loop.get_exception_handler()))
     app.middlewares.append(guard.middleware())
     app.middlewares.extend(middlewares)
 

@@ -7,11 +7,14 @@ hot-add) asks for a fresh worker. Links are read from sysfs, not NVML, so they a
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from gpuwatchd.model import LinkSample
-from gpuwatchd.sources.sysfs_pcie import nvidia_devices, read_links
+from gpuwatchd.sources.sysfs_pcie import SysfsUnreadable, nvidia_devices, read_links
+
+log = logging.getLogger(__name__)
 
 # Floor of the scan period (real seconds): with ``sim --speed 60`` the poll interval is ~17 ms, and a directory
 # scan at that rate would cost the event loop more than hot-plug detection is worth.
@@ -34,21 +37,41 @@ class SysfsWatch:
         self._on_links = on_links
         self.seen: set[str] = set()
         self.bus_ids: list[str] = []  # the GPUs of the last snapshot, by PCI bus id: whose links to read
+        self.unreadable = 0  # scans skipped because sysfs could not be read (EMFILE, EIO): state unknown
+        self._unreadable_logged = False
 
     def baseline(self) -> None:
         """What a worker about to start will enumerate: changes are counted from here."""
-        self.seen = nvidia_devices(self._root())
+        try:
+            self.seen = nvidia_devices(self._root())
+        except SysfsUnreadable as e:
+            self._unreadable(e)  # keep the last set: unknown is not "none"
+
+    def _unreadable(self, e: SysfsUnreadable) -> None:
+        self.unreadable += 1
+        if not self._unreadable_logged:
+            self._unreadable_logged = True
+            log.warning("sysfs watch: %s; the PCI device set and links are unknown until it can be read again (not"
+                        " taken as removed)", e.strerror)
 
     async def run(self) -> None:
         """Until cancelled."""
         while True:
             await asyncio.sleep(max(self._period(), MIN_PERIOD_SECONDS))
             root = self._root()
-            current = nvidia_devices(root)
+            try:
+                current = nvidia_devices(root)
+                links = read_links(root, self.bus_ids) if self._on_links is not None and self.bus_ids else None
+            except SysfsUnreadable as e:
+                self._unreadable(e)
+                continue
+            if self._unreadable_logged:
+                self._unreadable_logged = False
+                log.info("sysfs watch: sysfs readable again")
             if current != self.seen:
                 added = sorted(current - self.seen)
                 removed = sorted(self.seen - current)
                 self.seen = current
                 self._on_change(f"pci_devices_changed: added={added} removed={removed}")
-            if self._on_links is not None and self.bus_ids:
-                self._on_links(read_links(root, self.bus_ids))
+            if self._on_links is not None and links is not None:
+                self._on_links(links)

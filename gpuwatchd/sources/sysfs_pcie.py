@@ -2,10 +2,15 @@
 
 Independent of NVML on purpose: a hung or lost driver still leaves these files readable, and a device directory
 that vanishes is how a Thunderbolt detach or a ``remove`` shows up.
+
+Only "no such file" means gone. Any other failure to read (EMFILE when descriptors run out, EACCES, EIO) raises
+:class:`SysfsUnreadable`: the state is unknown this time, and callers keep what they knew. Taking a failed read for
+an empty directory made a descriptor flood look like every GPU being removed.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +27,18 @@ GENERATION_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 # (the 6-bit Negotiated Link Width field of the PCIe Link Status register reads 0x3f).
 DEAD_LINK_WIDTH = 63
 DEAD_VENDOR = "0xffff"
+
+
+# errno values that mean "not there" (a device removed between listing and reading it); anything else is unknown.
+GONE_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ENODEV, errno.ENXIO})
+
+
+class SysfsUnreadable(OSError):
+    """sysfs could not be read (not: the device is gone). The state is unknown; keep the last one."""
+
+
+def _unreadable(path: Path, e: OSError) -> SysfsUnreadable:
+    return SysfsUnreadable(e.errno, f"cannot read {path}: {e.strerror or e}")
 
 
 def sysfs_bus_id(bus_id: str) -> str:
@@ -41,6 +58,16 @@ def read_attr(path: Path) -> str | None:
         return path.read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         return None
+
+
+def read_attr_or_gone(path: Path) -> str | None:
+    """A sysfs attribute's text, stripped; None when it is gone; :class:`SysfsUnreadable` for any other failure."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError as e:
+        if e.errno in GONE_ERRNOS:
+            return None
+        raise _unreadable(path, e) from None
 
 
 def parse_speed(text: str | None) -> int | None:
@@ -72,9 +99,13 @@ def read_link(root: Path, bus_id: str) -> LinkSample:
     """One device's link; ``present=False`` when the directory is gone or the device reads as dead."""
     bdf = sysfs_bus_id(bus_id)
     d = root / PCI_DEVICES / bdf
-    if not d.is_dir():
-        return LinkSample(pci_bus_id=bdf, present=False)
-    vendor = read_attr(d / "vendor")
+    try:
+        os.stat(d)
+    except OSError as e:
+        if e.errno in GONE_ERRNOS:
+            return LinkSample(pci_bus_id=bdf, present=False)
+        raise _unreadable(d, e) from None
+    vendor = read_attr_or_gone(d / "vendor")
     cur_speed = read_attr(d / "current_link_speed")
     cur_width_raw = read_attr(d / "current_link_width")
     dead = vendor == DEAD_VENDOR or (cur_speed or "").lower() == "unknown" or cur_width_raw == str(DEAD_LINK_WIDTH)
@@ -89,7 +120,7 @@ def read_link(root: Path, bus_id: str) -> LinkSample:
 
 
 def read_links(root: Path, bus_ids: Iterable[str]) -> list[LinkSample]:
-    """PCIe link of each device (NVML or sysfs bus id form), in the order given."""
+    """PCIe link of each device (NVML or sysfs bus id form), in the order given; SysfsUnreadable when unknown."""
     return [read_link(root, b) for b in bus_ids]
 
 
@@ -98,12 +129,14 @@ def nvidia_devices(root: Path) -> set[str]:
     base = root / PCI_DEVICES
     try:
         names = os.listdir(base)
-    except OSError:
-        return set()
+    except OSError as e:
+        if e.errno in GONE_ERRNOS:
+            return set()  # no sysfs PCI tree at all (a container, a test root): nothing to watch
+        raise _unreadable(base, e) from None
     found: set[str] = set()
     for name in names:
         d = base / name
-        if read_attr(d / "vendor") != NVIDIA_VENDOR:
+        if read_attr_or_gone(d / "vendor") != NVIDIA_VENDOR:
             continue
         cls = read_attr(d / "class")
         if cls is not None and cls.lower().startswith(DISPLAY_CLASS_PREFIX):

@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwatchd.model import DockSample
-from gpuwatchd.sources.sysfs_pcie import PCI_DEVICES, nvidia_devices, read_attr
+from gpuwatchd.sources.sysfs_pcie import (
+    GONE_ERRNOS,
+    PCI_DEVICES,
+    SysfsUnreadable,
+    nvidia_devices,
+    read_attr,
+)
 
 if TYPE_CHECKING:
     from gpuwatchd.config.loader import Config
@@ -102,17 +108,22 @@ def _gpu_domain(root: Path, gpu_path: list[str], domains: Iterable[str]) -> str 
     return best
 
 
-def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None) -> tuple[DockSample, ...]:
+def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None, *, strict: bool = False
+               ) -> tuple[DockSample, ...]:
     """Every attached Thunderbolt/USB4 device but the host routers, with the GPUs behind each.
 
-    ``gpu_bus_ids`` (sysfs form) defaults to the NVIDIA display functions present under ``root``.
+    ``gpu_bus_ids`` (sysfs form) defaults to the NVIDIA display functions present under ``root``. ``strict`` (the
+    daemon's watch): a directory that exists but cannot be read raises SysfsUnreadable instead of reading as "no
+    devices", which would detach every dock.
     """
     base = root / TB_DEVICES
     security = domain_security(root)
     try:
         names = sorted(os.listdir(base))
-    except OSError:
-        return ()
+    except OSError as e:
+        if e.errno in GONE_ERRNOS or not strict:
+            return ()
+        raise SysfsUnreadable(e.errno, f"cannot read {base}: {e.strerror or e}") from None
     routers: list[tuple[str, str, Path]] = []
     for n in names:
         m = _ROUTER.match(n)
@@ -122,7 +133,12 @@ def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None) -> tuple[Do
         return ()
     authorized = {n: read_attr(d / "authorized") == "1" for n, _, d in routers}
     behind: dict[str, list[str]] = {}
-    gpus = sorted(nvidia_devices(root) if gpu_bus_ids is None else gpu_bus_ids)
+    try:
+        gpus = sorted(nvidia_devices(root) if gpu_bus_ids is None else gpu_bus_ids)
+    except SysfsUnreadable:
+        if strict:
+            raise
+        gpus = []
     for bdf in gpus:
         path = _pci_path(root / PCI_DEVICES / bdf)
         if not path or not _tunnelled(root / PCI_DEVICES / bdf):
@@ -162,10 +178,16 @@ async def watch_docks(
     Polled like the PCI tree's hot-plug scan: authorization and link training change without a PCI event, and a
     handful of small sysfs reads per interval costs nothing.
     """
+    unreadable = False
     while True:
         cfg = config()
         try:
-            on_docks(read_docks(cfg.sysfs.root))
+            on_docks(read_docks(cfg.sysfs.root, strict=True))
+            unreadable = False
+        except SysfsUnreadable as e:  # unknown, not detached: keep the docks last read (one line until it recovers)
+            if not unreadable:
+                log.warning("thunderbolt watch: %s; docks unknown until it can be read again", e.strerror)
+            unreadable = True
         except Exception:  # a reader bug must not end the watch (the daemon stops when a core task dies)
             log.exception("reading Thunderbolt devices under %s failed", cfg.sysfs.root)
         await asyncio.sleep(max(cfg.nvml.poll_interval / clock.speed, WATCH_MIN_SECONDS))

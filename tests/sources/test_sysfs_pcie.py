@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
 from pathlib import Path
 
 import pytest
 
 from gpuwatchd.model import LinkSample
-from gpuwatchd.sources.sysfs_pcie import nvidia_devices, parse_speed, parse_width, read_links, sysfs_bus_id
+from gpuwatchd.sources import sysfs_pcie
+from gpuwatchd.sources.hotplug import SysfsWatch
+from gpuwatchd.sources.sysfs_pcie import (
+    SysfsUnreadable,
+    nvidia_devices,
+    parse_speed,
+    parse_width,
+    read_links,
+    sysfs_bus_id,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 
@@ -69,3 +81,38 @@ def test_parse_width(text: str | None, width: int | None) -> None:
 )
 def test_sysfs_bus_id(bus_id: str, bdf: str) -> None:
     assert sysfs_bus_id(bus_id) == bdf
+
+
+def _emfile(*_args: object, **_kwargs: object) -> None:
+    raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_a_failed_read_is_unknown_not_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EMFILE (a connection flood used every descriptor) is not an empty PCI tree: the watch keeps what it knew."""
+    root = FIXTURES / "two-gpus"
+    changes: list[str] = []
+    links: list[list[LinkSample]] = []
+    watch = SysfsWatch(lambda: root, lambda: 0.0, changes.append, links.append)
+    watch.baseline()
+    watch.bus_ids = ["0000:0c:00.0"]
+    monkeypatch.setattr(sysfs_pcie.os, "listdir", _emfile)
+    with pytest.raises(SysfsUnreadable):
+        nvidia_devices(root)
+    monkeypatch.setattr(sysfs_pcie.os, "stat", _emfile)
+    with pytest.raises(SysfsUnreadable):
+        read_links(root, ["0000:0c:00.0"])
+
+    async def a_few_scans() -> None:
+        task = asyncio.ensure_future(watch.run())
+        for _ in range(200):
+            if watch.unreadable >= 3:
+                break
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(a_few_scans())
+    assert watch.unreadable >= 3
+    assert changes == [] and links == []  # no "removed", no dead links
+    assert watch.seen == {"0000:0c:00.0", "0000:05:00.0"}
