@@ -217,6 +217,7 @@ def cmd_status(url: str | None, config_path: Path | None, as_json: bool, timeout
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from gpuwatchd.sim.runner import list_scenarios, run_sim
+    from gpuwatchd.sim.scenario import looks_like_path
 
     scenarios = dict(list_scenarios())
     if args.list:
@@ -237,9 +238,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if bad_web_config is not None:
         return bad_web_config
     scenario = args.scenario if args.scenario or args.from_xml or args.from_csv else "idle"
-    is_file = scenario is not None and (scenario.endswith((".yml", ".yaml")) or not missing(scenario))
-    if scenario is not None and scenario not in scenarios and not is_file:
-        _err(f"unknown scenario {scenario!r}; choose one of: {', '.join(scenarios)}, or give a scenario file (.yml)")
+    if scenario is not None and scenario not in scenarios and not looks_like_path(scenario):
+        # a bare word is a built-in name, never a file of the current directory that happens to be called so
+        hint = f"; for the file {scenario!r} in this directory write ./{scenario}" if not missing(scenario) else ""
+        _err(f"unknown scenario {shown_path(scenario)!r}; choose one of: {', '.join(scenarios)}, or give a scenario "
+             f"file (./NAME or NAME.yml){hint}")
         return EXIT_USAGE
     try:
         return asyncio.run(

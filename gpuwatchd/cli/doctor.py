@@ -7,12 +7,13 @@ Exit 0 when everything passes, 1 on any warning, 2 on any failure. ``--sim DIR``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
+from gpuwatchd.cli.arg_types import MAX_DEADLINE_SECONDS, daemon_url, deadline_seconds
 from gpuwatchd.cli.daemon_client import ClientSetupError, add_client_args, client_from_args
+from gpuwatchd.config.files import shown_path
 from gpuwatchd.config.loader import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 from gpuwatchd.doctor.context import DEFAULT_DEADLINE, SERVICE_USER, Host
 from gpuwatchd.runtime.exitcodes import EXIT_USAGE
@@ -29,11 +30,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     d.add_argument("--json", action="store_true", help="print the results as JSON")
     d.add_argument("--config", type=Path, help=f"the daemon's config (default: {DEFAULT_CONFIG_PATH} if it exists)")
-    d.add_argument("--url", help="the daemon's base URL (default: from the config's listen address)")
+    d.add_argument("--url", type=daemon_url,
+                   help="the daemon's base URL (default: from the config's listen address)")
     d.add_argument("--root", type=Path, default=Path("/"), help="prefix of /proc, /sys and /dev (default: /)")
     d.add_argument("--user", default=SERVICE_USER, help=f"the user the daemon runs as (default: {SERVICE_USER})")
-    d.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE,
-                   help=f"seconds before a hung NVML or torch probe is killed (default {DEFAULT_DEADLINE:g})")
+    d.add_argument("--deadline", type=deadline_seconds, default=DEFAULT_DEADLINE,
+                   help=f"seconds before a hung NVML or torch probe is killed (default {DEFAULT_DEADLINE:g}, at most "
+                   f"{MAX_DEADLINE_SECONDS:g})")
     d.add_argument("--kernel-log", type=Path, metavar="FILE",
                    help="read recent Xids from this saved kernel log (dmesg, journalctl -k) instead of the daemon's")
     d.add_argument("--sim", type=Path, metavar="DIR",
@@ -61,19 +64,28 @@ def host_from_args(args: argparse.Namespace) -> Host:
 
 
 def _simulated(host: Host, state_dir: Path, url: str | None) -> None:
-    from gpuwatchd.sim.state import read_state
+    import argparse
 
-    doc = json.loads((state_dir / MANIFEST).read_text())
+    from gpuwatchd.sim.host_tree import read_manifest
+    from gpuwatchd.sim.state import read_state_file
+
+    doc = read_manifest(state_dir)
+    try:
+        sim_url = daemon_url(doc["url"])
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"'url': {e}") from None
     host.root = Path(doc["root"])
-    host.url = url or doc["url"]
+    host.url = url or sim_url
     host.env = {**os.environ, STATE_ENV: doc["state"]}
     host.config = host.config.model_copy(
         update={"nvml": host.config.nvml.model_copy(update={"library_path": Path(doc["library_dir"])}),
                 "state_dir": Path(doc["state_dir"])}
     )  # fmt: skip
-    state = read_state(Path(doc["state"]))
-    n = len(state.get("devices") or [])
-    host.torch_facts = state.get("torch") or {
+    state = read_state_file(Path(doc["state"]))
+    devices = state.get("devices")
+    n = len(devices) if isinstance(devices, list) else 0
+    torch = state.get("torch")
+    host.torch_facts = torch if isinstance(torch, dict) else {
         "installed": True, "version": "2.5.1+cu121", "cuda": "12.1", "available": n > 0, "device_count": n,
     }  # fmt: skip
 
@@ -84,14 +96,23 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except ClientSetupError as e:
         print(f"gpuwatchd doctor: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError) as e:
         # Not a check result: the simulation to examine is not there (not started, or another --state-dir).
-        print(f"gpuwatchd doctor: --sim {args.sim}: cannot read the simulation's {MANIFEST}: {e}", file=sys.stderr)
+        print(f"gpuwatchd doctor: --sim {shown_path(args.sim)}: cannot read the simulation's {MANIFEST}: {e}",
+              file=sys.stderr)
         return EXIT_USAGE
     # Imported here: `gpuwatchd --help` and the other commands need none of the checks (aiohttp, sim, rules).
+    from gpuwatchd.doctor.kernel_log import read_file
     from gpuwatchd.doctor.report import exit_code, render_json, render_text
     from gpuwatchd.doctor.run import run_checks
 
-    results = run_checks(host)
+    klog = None
+    if host.kernel_log is not None:
+        # a file the user named: one that cannot be read (a FIFO, /dev/zero, too large) is the command's error
+        klog = read_file(host.kernel_log)
+        if klog.error is not None:
+            print(f"gpuwatchd doctor: --kernel-log {klog.error.removeprefix('cannot read ')}", file=sys.stderr)
+            return EXIT_USAGE
+    results = run_checks(host, klog)
     print(render_json(results) if args.json else render_text(results))
     return exit_code(results)

@@ -4,7 +4,9 @@ same version as the kernel module (the "Driver/library version mismatch" after a
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+from gpuwatchd.config.files import InputFileError, read_bytes_file
 from gpuwatchd.doctor.context import Host
 from gpuwatchd.doctor.nvml_probe import NvmlFacts
 from gpuwatchd.doctor.report import Result, fail, ok
@@ -23,16 +25,28 @@ REBOOT_FIX = (
 
 def kernel_module_version(host: Host) -> str | None:
     """The loaded nvidia.ko's version, from /proc/driver/nvidia/version or /sys/module/nvidia/version."""
-    try:
-        m = _NVRM.search(host.path("/proc/driver/nvidia/version").read_text(errors="replace"))
-        if m:
-            return m.group(1)
-    except OSError:
-        pass
-    try:
-        return host.path("/sys/module/nvidia/version").read_text(errors="replace").strip() or None
-    except OSError:
+    proc = _small_file(host.path("/proc/driver/nvidia/version"))
+    m = _NVRM.search(proc) if proc is not None else None
+    if m:
+        return m.group(1)
+    sys_version = _small_file(host.path("/sys/module/nvidia/version"))
+    if sys_version is None:
         return None
+    return sys_version.strip() or None
+
+
+# /proc/driver/nvidia/version is two lines; more than this under --root is not the driver's file.
+MAX_VERSION_FILE_BYTES = 64 << 10
+
+
+def _small_file(path: Path) -> str | None:
+    """The text of a small kernel file under the host's root, through the capped, non-blocking reader (a FIFO or
+    /dev/zero placed there must not hang doctor); None when it cannot be read."""
+    try:
+        data = read_bytes_file(path, max_bytes=MAX_VERSION_FILE_BYTES)
+    except InputFileError:
+        return None
+    return data.decode("utf-8", "replace")
 
 
 def check_driver(host: Host, nvml: NvmlFacts) -> list[Result]:

@@ -10,7 +10,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuwatchd.config.files import InputFileError, read_bytes_file, shown_path
 from gpuwatchd.doctor.context import Host
+from gpuwatchd.sim.kmsg_replay import MAX_KERNEL_LOG_BYTES
 from gpuwatchd.sim.kmsg_text import parse_text
 from gpuwatchd.sources.kmsg_parse import FallenOffBus, KernelEvent, Xid, classify_message, parse_record
 from gpuwatchd.sources.kmsg_reader import READ_SIZE, RecordSplitter
@@ -36,11 +38,11 @@ def _collect(log: KernelLog, events: list[KernelEvent | None]) -> None:
 
 def read_file(path: Path) -> KernelLog:
     """A pasted kernel log (dmesg, dmesg -T, dmesg -x, journalctl -k, /dev/kmsg records)."""
-    log = KernelLog(str(path))
+    log = KernelLog(shown_path(path))
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        log.error = f"cannot read {path}: {e.strerror}"
+        data = read_bytes_file(path, max_bytes=MAX_KERNEL_LOG_BYTES)
+    except InputFileError as e:
+        log.error = f"cannot read {shown_path(path)}: {e}"
         return log
     for entry in parse_text(data):
         _collect(log, classify_message(entry.message))
@@ -52,7 +54,7 @@ def read_ring(host: Host) -> KernelLog:
     path = host.path("/dev/kmsg")
     log = KernelLog(str(path))
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except PermissionError:
         log.error = (f"cannot read {path} (kernel.dmesg_restrict=1 needs root or CAP_SYSLOG): run doctor with sudo, "
                      "or pass --kernel-log with a saved `sudo dmesg`")  # fmt: skip
@@ -60,8 +62,8 @@ def read_ring(host: Host) -> KernelLog:
     except OSError as e:
         log.error = f"cannot read {path}: {e.strerror}"
         return log
-    splitter = RecordSplitter()
-    records: list[bytes] = []
+    chunks: list[bytes] = []
+    read = 0
     try:
         while True:
             try:
@@ -71,12 +73,20 @@ def read_ring(host: Host) -> KernelLog:
                     continue
                 if e.errno == errno.EAGAIN:  # the end of the ring
                     break
-                raise
+                log.error = f"cannot read {path}: {e.strerror}"  # a directory, a device that refuses reads
+                break
             if not chunk:  # a regular file (a test's or a simulation's): its end
                 break
-            records += splitter.feed(chunk)
+            chunks.append(chunk)
+            read += len(chunk)
+            if read > MAX_KERNEL_LOG_BYTES:  # a real ring holds at most a few MiB; /dev/zero under --root never ends
+                log.error = f"{path}: more than {MAX_KERNEL_LOG_BYTES >> 20} MiB, read no further"
+                break
     finally:
         os.close(fd)
+    # split once, when everything is read: feeding a growing buffer chunk by chunk re-splits it each time
+    splitter = RecordSplitter()
+    records = splitter.feed(b"".join(chunks))
     records += splitter.flush()
     for raw in records:
         rec = parse_record(raw)

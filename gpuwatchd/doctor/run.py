@@ -8,17 +8,19 @@ from gpuwatchd.doctor.daemon import check_daemon, fetch
 from gpuwatchd.doctor.devices import check_devices, check_persistence
 from gpuwatchd.doctor.driver import check_driver
 from gpuwatchd.doctor.gpus import check_docks, check_gpu, gpu_docks
-from gpuwatchd.doctor.kernel_log import read_file, read_ring
+from gpuwatchd.doctor.kernel_log import KernelLog, read_file, read_ring
 from gpuwatchd.doctor.nvml_probe import probe_nvml
 from gpuwatchd.doctor.report import Result
 
 
-def run_checks(host: Host) -> list[Result]:
+def run_checks(host: Host, kernel_log: KernelLog | None = None) -> list[Result]:
+    """``kernel_log``: the ``--kernel-log`` file already read (the CLI reads it first: an unreadable one is a usage
+    error, not a check result)."""
     nvml = probe_nvml(host)
     status, why = fetch(host)
     xids = status.get("recent_xids") if status is not None else None
-    klog = None
-    if host.kernel_log is not None:
+    klog = kernel_log
+    if host.kernel_log is not None and klog is None:
         klog = read_file(host.kernel_log)
     elif xids is None:
         klog = read_ring(host)

@@ -74,3 +74,35 @@ def write_manifest(state_dir: Path, *, root: Path, library_dir: Path, state: Pat
            "state_dir": str(state_dir)}  # fmt: skip
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
+
+
+# The manifest is five paths and a URL: a few hundred bytes. Anything larger was not written by the sim.
+MAX_MANIFEST_BYTES = 64 << 10
+MANIFEST_KEYS = ("root", "library_dir", "state", "url", "state_dir")
+
+
+def read_manifest(state_dir: Path) -> dict[str, str]:
+    """The manifest :func:`write_manifest` wrote in ``state_dir``, read through the capped, non-blocking reader
+    (``config/files.py``); anything else (a FIFO, ``[]``, ``null``, deep JSON, a missing key) is a one-line
+    ``ValueError``."""
+    from gpuwatchd.config.files import InputFileError, read_text_file
+
+    try:
+        text = read_text_file(state_dir / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+    except InputFileError as e:
+        raise ValueError(str(e)) from None
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except ValueError as e:
+        raise ValueError(f"not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
+    out: dict[str, str] = {}
+    for key in MANIFEST_KEYS:
+        value = doc.get(key)
+        if not isinstance(value, str) or not value or "\0" in value:
+            raise ValueError(f"{key!r}: expected a non-empty string")
+        out[key] = value
+    return out

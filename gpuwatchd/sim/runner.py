@@ -32,7 +32,14 @@ from gpuwatchd.sim.kmsg_replay import KernelLogError, ReplayRing, feed_when_read
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import Player
 from gpuwatchd.sim.resume import load_sim_clock, save_sim_clock
-from gpuwatchd.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_names
+from gpuwatchd.sim.scenario import (
+    SCENARIO_DIR,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    load_scenario_file,
+    scenario_names,
+)
 from gpuwatchd.sim.standin_abi import MAX_SIM_GPUS, STATE_ENV
 from gpuwatchd.sim.worker import WORKER_MODULE as SIM_WORKER_MODULE
 
@@ -47,7 +54,14 @@ FIRST_SNAPSHOT_WAIT_S = 30.0  # wall seconds the scenario clock waits for the da
 
 def list_scenarios() -> list[tuple[str, str]]:
     """(name, what the user should see) of every built-in scenario, sorted by name."""
-    return [(name, load_scenario(name).description) for name in scenario_names()]
+    out = []
+    for name in scenario_names():
+        try:
+            description = load_scenario_file(SCENARIO_DIR / f"{name}.yml").description
+        except ScenarioError as e:  # a broken install must not take the list with it
+            description = f"(cannot be loaded: {e})"
+        out.append((name, description))
+    return out
 
 
 async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | None, speed: float,

@@ -34,6 +34,7 @@ when it is removed and re-inserted at another NVML index. Validation errors name
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -419,13 +420,34 @@ def scenario_names() -> list[str]:
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.yml"))
 
 
+SCENARIO_SUFFIXES = (".yml", ".yaml")
+
+
+def looks_like_path(name_or_path: str | Path) -> bool:
+    """True when ``name_or_path`` names a file rather than a built-in scenario: it has a directory part (``./idle``,
+    ``/tmp/x``) or a YAML suffix. A bare word is a scenario name, whatever the current directory holds: a leftover
+    ``./idle`` state dir must not shadow the built-in ``idle``."""
+    if isinstance(name_or_path, Path):
+        return True
+    text = name_or_path
+    return "/" in text or os.sep in text or text in (".", "..") or text.endswith(SCENARIO_SUFFIXES)
+
+
+def builtin_path(name: str) -> Path | None:
+    """The file of the built-in scenario ``name``; None when there is none of that name."""
+    if name not in scenario_names():
+        return None
+    return SCENARIO_DIR / f"{name}.yml"
+
+
 def load_scenario(name_or_path: str | Path) -> Scenario:
-    """A built-in scenario by name (``leak``) or a scenario file by path."""
-    p = Path(name_or_path)
-    if p.suffix in (".yml", ".yaml") or not missing(p):
-        return load_scenario_file(p)
-    builtin = SCENARIO_DIR / f"{name_or_path}.yml"
-    if not builtin.is_file():
+    """A built-in scenario by name (``leak``) or a scenario file by path (``./leak.yml``, ``dir/x``; a ``Path``)."""
+    if looks_like_path(name_or_path):
+        return load_scenario_file(Path(name_or_path))
+    name = str(name_or_path)
+    builtin = builtin_path(name)
+    if builtin is None:
         known = ", ".join(scenario_names())
-        raise ScenarioError(str(name_or_path), [f"no such scenario (built-in: {known})"])
+        hint = f"; for the file {name!r} in this directory write ./{name}" if not missing(name) else ""
+        raise ScenarioError(shown_path(name), [f"no such scenario (built-in: {known}){hint}"])
     return load_scenario_file(builtin)

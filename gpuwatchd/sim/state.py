@@ -476,12 +476,37 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
         raise
 
 
+# A state file the sim writes: 256 GPUs with a maximal process population each stays below 32 MiB.
+MAX_STATE_BYTES = 64 << 20
+
+
 def read_state(path: Path) -> dict[str, Any]:
     """The state dict that ``write_state`` wrote to ``path`` (ValueError if the file is not a state file)."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return _decode_state(path, lines)
+
+
+def read_state_file(path: Path) -> dict[str, Any]:
+    """:func:`read_state` for a path a user named (``doctor --sim``): a regular file of at most
+    :data:`MAX_STATE_BYTES`, read without blocking; every problem is a one-line ``ValueError``."""
+    from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
+
+    try:
+        text = read_text_file(path, max_bytes=MAX_STATE_BYTES)
+    except InputFileError as e:
+        raise ValueError(f"{shown_path(path)}: {e}") from None
+    try:
+        return _decode_state(Path(shown_path(path)), text.splitlines())
+    except RecursionError:
+        raise ValueError(f"{shown_path(path)}: JSON nested too deeply") from None
+
+
+def _decode_state(path: Path, lines: list[str]) -> dict[str, Any]:
     if len(lines) < 2 or lines[0] != MAGIC or not lines[1].startswith(_JSON_PREFIX) or lines[-1] != "END":
         raise ValueError(f"{path}: not a complete stand-in state file (expected {MAGIC!r} ... 'END')")
-    result: dict[str, Any] = json.loads(lines[1][len(_JSON_PREFIX) :])
+    result = json.loads(lines[1][len(_JSON_PREFIX) :])
+    if not isinstance(result, dict):
+        raise ValueError(f"{path}: the state is not a JSON object")
     return result
 
 

@@ -1,0 +1,109 @@
+"""`gpuwatchd doctor` with hostile arguments and files (issue 21 item 10): every bad option value or user-named file
+is one ``gpuwatchd doctor: ...`` line and exit 2, never a traceback, a hang or GiBs of memory. Files are read through
+the capped, non-blocking reader of ``config/files.py``, as `run` reads its config."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from measured import Measured, one_line_error, run_forked
+from support import ROOT
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "GPUWATCHD_LOG_LEVEL": "warning"}
+TIMEOUT = 120.0  # a hang shows up as this, not as a slow pass on a busy host
+MAX_RSS_MIB = 400  # doctor's own start is ~60 MiB; the unbounded reads grew to GiBs
+pytestmark = pytest.mark.timeout(600)
+
+
+def _run_all(cases: list[tuple[str, ...]], timeout: float = TIMEOUT) -> list[Measured]:
+    """Each case as its own process, forked from a server that imported the CLI once (measured.py)."""
+    return run_forked([("doctor", *c) for c in cases], env=ENV, cwd=ROOT, timeout=timeout)
+
+
+def _assert_refused(results: list[Measured]) -> None:
+    problems = []
+    for m in results:
+        why = one_line_error(m)
+        if m.max_rss_mib > MAX_RSS_MIB:
+            why.append(f"{m.max_rss_mib:.0f} MiB > {MAX_RSS_MIB}")
+        if not why and "gpuwatchd doctor: " not in m.stderr:
+            why.append("the line does not say it is doctor's")
+        if m.rc not in (None, 0) and m.rc != 2:
+            why.append(f"exit {m.rc}, not 2 (usage)")
+        if why:
+            problems.append(f"{', '.join(why)}: {m.describe()}")
+    assert not problems, "\n".join(problems)
+
+
+def _manifest(state_dir: Path, url: str = "http://127.0.0.1:1", state: str | None = None) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"root": str(state_dir), "library_dir": str(state_dir), "state": state or str(state_dir / "state"),
+           "url": url, "state_dir": str(state_dir)}  # fmt: skip
+    import json
+
+    (state_dir / "sim-host.json").write_text(json.dumps(doc))
+
+
+def test_bad_option_values() -> None:
+    cases = [(f"--deadline={v}",) for v in ("nan", "inf", "-inf", "1e308", "-1", "0", "ten", "1e-400")]
+    cases += [("--url", u) for u in ("http://[::1", "ftp://127.0.0.1:9945", "http://127.0.0.1:99999", "http://",
+                                     "127.0.0.1:9945", "http://127.0.0.1:9945/?x#y", "http://a b", "x" * 5000)]
+    _assert_refused(_run_all(cases))
+
+
+def test_hostile_kernel_log_files(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.log"
+    with huge.open("wb") as f:  # sparse: 40 MiB of size, no disk
+        f.truncate(40 << 20)
+    cases = [("--kernel-log", p) for p in ("/dev/zero", "/dev/urandom", str(fifo), str(tmp_path), str(huge),
+                                          str(tmp_path / "missing.log"), "/" + "d" * 5000)]  # fmt: skip
+    _assert_refused(_run_all(cases))
+
+
+def test_hostile_sim_manifests(tmp_path: Path) -> None:
+    """``--sim DIR``: the manifest and the state file it names, whatever they hold."""
+    cases: list[tuple[str, ...]] = []
+    bodies = {"list": "[]", "null": "null", "number": "5", "string": '"x"', "huge-int": "9" * 5000,
+              "deep": "[" * 100_000 + "]" * 100_000, "deep-small": "[" * 20_000 + "]" * 20_000,
+              "not-json": "{", "wrong-types": '{"root": 1, "url": []}', "non-utf8": "\udcff"}  # fmt: skip
+    for name, body in bodies.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / "sim-host.json").write_bytes(body.encode("utf-8", "surrogateescape"))
+        cases.append(("--sim", str(d)))
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "sim-host.json")
+    zero = tmp_path / "zero"
+    zero.mkdir()
+    (zero / "sim-host.json").symlink_to("/dev/zero")
+    cases += [("--sim", str(fifo)), ("--sim", str(zero)), ("--sim", str(tmp_path / "absent"))]
+    _manifest(tmp_path / "bad-url", url="http://[::1")
+    _manifest(tmp_path / "state-zero", state="/dev/zero")
+    _manifest(tmp_path / "state-deep")
+    (tmp_path / "state-deep" / "state").write_text("GWSIM 1\n# json " + "[" * 100_000 + "]" * 100_000 + "\nEND\n")
+    _manifest(tmp_path / "state-list")
+    (tmp_path / "state-list" / "state").write_text("GWSIM 1\n# json []\nEND\n")
+    cases += [("--sim", str(tmp_path / n)) for n in ("bad-url", "state-zero", "state-deep", "state-list")]
+    _assert_refused(_run_all(cases))
+
+
+def test_hostile_host_root_is_read_bounded(tmp_path: Path) -> None:
+    """``--root``: /dev/kmsg that never ends (/dev/zero), a FIFO as the driver's version file. doctor reports and
+    ends; reading the ring is capped (it used to grow without end, and to re-split its buffer: 77 s for 32 MiB)."""
+    root = tmp_path / "root"
+    (root / "dev").mkdir(parents=True)
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    (root / "sys/module/nvidia").mkdir(parents=True)
+    (root / "dev/kmsg").symlink_to("/dev/zero")
+    os.mkfifo(root / "proc/driver/nvidia/version")
+    (root / "sys/module/nvidia/version").symlink_to("/dev/urandom")
+    [m] = _run_all([("--root", str(root), "--deadline", "10", "--url", "http://127.0.0.1:1")])
+    assert m.rc is not None and m.rc in (1, 2), m.describe()  # failures (no driver), not a crash or a hang
+    assert "Traceback" not in m.stdout + m.stderr, m.describe()
+    assert m.max_rss_mib < MAX_RSS_MIB, m.describe()
+    assert "[FAIL] driver" in m.stdout, m.describe()
