@@ -47,6 +47,7 @@ from gpuwatchd.sources.supervisor import NvmlSupervisor
 from gpuwatchd.sources.thunderbolt import watch_docks
 from gpuwatchd.sources.worker_protocol import WORKER_MODULE
 from gpuwatchd.store import Store
+from gpuwatchd.web.detail import add_details
 
 __all__ = ["Daemon", "DaemonError", "ListenError", "ReloadResult", "StateDirError", "resolve_state_dir"]
 
@@ -435,7 +436,7 @@ class Daemon:
             out["probes"] = self.probes.status()
         if self.status_extra is not None:
             out.update(self.status_extra())  # gpuwatchd sim: the scenario clock
-        return out
+        return add_details(out, self.store, self.alerts, self._dispatcher, self.clock.now())
 
     def _status_line(self) -> str:
         snap = self.store.latest

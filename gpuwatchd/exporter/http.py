@@ -1,4 +1,4 @@
-"""The aiohttp application: ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/status`` and a landing page.
+"""The aiohttp application: ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/status`` and the status page (``web/``).
 
 Every handler runs on the daemon's event loop and reads only in-memory state, so a hung NVML worker can never
 stall a scrape. ``/metrics`` renders the registry on the loop (CPU only) with the encoders of ``encode`` (same bytes
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
-import html
 import json
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -24,6 +23,7 @@ from prometheus_client.exposition import choose_encoder
 
 from gpuwatchd.exporter.encode import Encoder, encode_yielding, fast_encoder, openmetrics_latest, text_latest
 from gpuwatchd.store import Store
+from gpuwatchd.web.page import page_routes
 
 NOT_READY_REASON = "waiting for the first NVML poll (a snapshot or a definitive NVML failure)"
 
@@ -208,22 +208,11 @@ def make_app(
     async def api_status(request: web.Request) -> web.Response:
         return _json(status())
 
-    links = ["/metrics", "/healthz", "/readyz", "/api/v1/status"]
-    links += [r.path for r in extra_routes if r.method == "GET" and "{" not in r.path and r.path not in links]
-
-    async def index(request: web.Request) -> web.Response:
-        items = "".join(f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in links)
-        page = (
-            "<!DOCTYPE html><html><head><title>gpuwatchd</title></head><body>"
-            f"<h1>gpuwatchd</h1><p>GPU monitoring daemon.</p><ul>{items}</ul></body></html>"
-        )
-        return web.Response(text=page, content_type="text/html")
-
     app = web.Application()
     app[METRICS_RENDERER] = metrics
     app.add_routes(
         [
-            web.get("/", index),
+            *page_routes(),
             web.get("/metrics", metrics.handle),
             web.get("/healthz", healthz),
             web.get("/readyz", readyz),

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,6 +53,8 @@ GC_INTERVAL_SECONDS = 3600.0
 FINISHED_ROW_RETENTION_SECONDS = 7 * 86400.0
 # Scheduler nap when no group is due: new alerts wake it anyway.
 IDLE_NAP_SECONDS = 60.0
+# Finished deliveries (delivered or given up) remembered per receiver for the status page and `status --watch`.
+RECENT_DELIVERIES = 20
 
 
 @dataclass
@@ -105,6 +108,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self._next_gc = clock.now()
+        self._recent: dict[str, deque[dict[str, Any]]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -371,6 +375,16 @@ class Dispatcher:
 
     def _row_changed(self, row: OutboxRow, status: str) -> None:
         self._depths[row.receiver] = max(0, self._depths.get(row.receiver, 0) - 1)
+        w = self._workers.get(row.receiver)
+        self._recent.setdefault(row.receiver, deque(maxlen=RECENT_DELIVERIES)).append({
+            "time": self._clock.now(),
+            "status": status,
+            "group_key": row.group_key,
+            "firing": len(row.firing),
+            "resolved": len(row.resolved),
+            "attempts": row.attempts + 1,
+            "error": w.last_error if status == "failed" and w is not None else None,
+        })
         gid = (row.receiver, row.group_key)
         if status == "failed" and row.group_key != "alertmanager":
             # Given up: dedup falls back to what was delivered, so the next group_interval tries again.
@@ -423,6 +437,21 @@ class Dispatcher:
         self._wake.set()
         for w in self._workers.values():
             w.wake.set()
+
+    def receivers_status(self) -> list[dict[str, Any]]:
+        """Per configured receiver: type, queued notifications, last error (redacted), recent deliveries (newest
+        first). No URL: receivers are named, never described."""
+        out = []
+        for rc in self.config.receivers:
+            w = self._workers.get(rc.name)
+            out.append({
+                "name": rc.name,
+                "type": rc.type,
+                "queued": self._depths.get(rc.name, 0),
+                "last_error": w.last_error if w is not None else None,
+                "recent": list(reversed(self._recent.get(rc.name, ()))),
+            })
+        return out
 
     def last_errors(self) -> dict[str, str | None]:
         """Latest delivery error per receiver (already redacted)."""

@@ -1,0 +1,379 @@
+// gpuwatchd status page: fills itself from /api/v1/status and /api/v1/alerts (docs/status-page.md).
+// No inline code, no eval, no innerHTML with daemon data: every text goes through textContent.
+"use strict";
+
+(function () {
+  const POLL_MS = 3000;          // refresh interval while the tab is visible
+  const BACKOFF_MAX_MS = 30000;  // slowest retry while the daemon does not answer
+  const GIB = 1024 ** 3;
+  const MIB = 1024 ** 2;
+  const charts = new Map();      // uuid -> uPlot instance
+  let delay = POLL_MS;
+  let timer = null;
+  let lastOk = null;
+
+  // -- small DOM helpers ------------------------------------------------------------------------------------------
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k === "data") for (const [dk, dv] of Object.entries(v)) el.dataset[dk] = dv;
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue;
+      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return el;
+  }
+  const $ = (id) => document.getElementById(id);
+  function replace(id, ...nodes) { $(id).replaceChildren(...nodes.flat().filter(Boolean)); }
+
+  // -- formatting -------------------------------------------------------------------------------------------------
+  const num = (v) => typeof v === "number" && Number.isFinite(v);
+  function bytes(v) {
+    if (!num(v)) return "–";
+    if (Math.abs(v) >= GIB) return (v / GIB).toFixed(1) + " GiB";
+    if (Math.abs(v) >= MIB) return (v / MIB).toFixed(0) + " MiB";
+    return (v / 1024).toFixed(0) + " KiB";
+  }
+  function duration(s) {
+    if (!num(s)) return "–";
+    s = Math.max(0, Math.round(s));
+    if (s < 90) return s + " s";
+    if (s < 5400) return Math.round(s / 60) + " min";
+    if (s < 172800) return (s / 3600).toFixed(1) + " h";
+    return (s / 86400).toFixed(1) + " d";
+  }
+  function ago(ts, now) { return num(ts) ? duration(now - ts) + " ago" : "–"; }
+  function clock(ts) { return num(ts) ? new Date(ts * 1000).toLocaleTimeString() : "–"; }
+  function stamp(ts) { return num(ts) ? new Date(ts * 1000).toLocaleString() : "–"; }
+  function pct(v) { return num(v) ? Math.round(v * 100) + "%" : "–"; }
+  function rate(bps) {
+    if (!num(bps)) return "–";
+    const perMin = bps * 60;
+    return (perMin >= 0 ? "+" : "−") + bytes(Math.abs(perMin)) + "/min";
+  }
+  function mhz(hz) { return num(hz) ? Math.round(hz / 1e6) + " MHz" : "–"; }
+  function gbit(bps) { return num(bps) ? (bps / 1e9).toFixed(0) + " Gb/s" : "?"; }
+
+  // -- fetching ---------------------------------------------------------------------------------------------------
+  async function getJSON(path) {
+    const r = await fetch(path, { cache: "no-store", credentials: "same-origin" });
+    if (!r.ok) throw new Error(path + ": HTTP " + r.status);
+    return r.json();
+  }
+
+  async function refresh() {
+    timer = null;
+    try {
+      const [status, alerts] = await Promise.all([getJSON("/api/v1/status"), getJSON("/api/v1/alerts")]);
+      render(status, Array.isArray(alerts) ? alerts : []);
+      lastOk = Date.now();
+      delay = POLL_MS;
+      setConn("", "live, every " + POLL_MS / 1000 + " s");
+    } catch (e) {
+      delay = Math.min(BACKOFF_MAX_MS, delay * 2);
+      const since = lastOk ? " (last answer " + duration((Date.now() - lastOk) / 1000) + " ago)" : "";
+      setConn("down", "daemon not answering" + since + "; retrying in " + Math.round(delay / 1000) + " s: " +
+        e.message);
+    }
+    schedule();
+  }
+  function schedule() {
+    if (timer === null && !document.hidden) timer = setTimeout(refresh, delay);
+  }
+  function setConn(cls, text) { const c = $("conn"); c.className = "conn " + cls; c.textContent = text; }
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && timer === null) refresh();
+  });
+
+  // -- rendering --------------------------------------------------------------------------------------------------
+  function render(st, alerts) {
+    const now = Date.now() / 1000;
+    const d = st.daemon || {};
+    const nv = st.nvml || {};
+    $("host").textContent = d.host ? "on " + d.host : "";
+    document.title = (alertsFiring(alerts) ? "(" + alertsFiring(alerts) + ") " : "") + "gpuwatchd " + (d.host || "");
+    const parts = ["version " + (d.version || "?")];
+    if (nv.ok === true) parts.push("NVML up, driver " + (nv.driver_version || "?"));
+    else if (nv.ok === false) parts.push("NVML down: " + (nv.error || "unknown"));
+    else parts.push("waiting for the first NVML poll");
+    if (nv.stale) parts.push("data stale");
+    parts.push("last poll " + ago(nv.last_poll_timestamp, now));
+    if (st.scenario) parts.push("sim scenario " + st.scenario.name + " at " + duration(st.scenario.time));
+    $("daemon").textContent = parts.join(" · ");
+    renderAlerts(alerts);
+    renderGpus(st, alerts, now);
+    renderDocks(st.docks || []);
+    renderXids(st, now);
+    renderProbes(st, now);
+    renderReceivers(st.receivers || [], now);
+  }
+
+  function alertsFiring(alerts) {
+    return alerts.filter((a) => a.state === "firing" && (a.status || {}).state !== "suppressed").length;
+  }
+
+  function alertState(a) {
+    const s = a.status || {};
+    if (a.state === "firing" && (s.silencedBy || []).length) return ["silenced", "silenced"];
+    if (a.state === "firing" && (s.inhibitedBy || []).length) return ["inhibited", "inhibited"];
+    return [a.state || "?", a.state || ""];
+  }
+
+  function renderAlerts(alerts) {
+    const order = { firing: 0, pending: 1, resolved: 2 };
+    const rows = alerts.slice().sort((a, b) => (order[a.state] ?? 3) - (order[b.state] ?? 3));
+    if (!rows.length) { replace("alerts", h("p", { class: "ok" }, "No alerts.")); return; }
+    replace("alerts", h("ul", { class: "alerts" }, rows.map((a) => {
+      const l = a.labels || {};
+      const [label, cls] = alertState(a);
+      const sev = l.severity || "";
+      return h("li", { class: "alert " + cls + " sev-" + sev, data: { alertname: l.alertname || "" } },
+        h("span", { class: "badge " + cls }, label),
+        h("strong", {}, l.alertname || "?"), " ",
+        h("span", { class: "muted" }, [sev, l.gpu !== undefined ? "GPU " + l.gpu : "", l.dock || ""]
+          .filter(Boolean).join(" · ")),
+        h("p", {}, (a.annotations || {}).summary || ""));
+    })));
+  }
+
+  function health(g) {
+    if (g.health && g.health.state) return g.health;
+    if (g.state === "lost") {
+      return { state: "unhealthy", reason: "lost: the GPU stopped answering (fell off the bus or its dock was pulled)",
+        action: "Check the cable or dock and the power; see the alerts for what to do." };
+    }
+    if (g.state === "removed") {
+      return { state: "unhealthy", reason: "removed: the GPU is gone from the bus",
+        action: "Re-attach it (replug the dock) or check the slot; it comes back under the same UUID." };
+    }
+    return null;
+  }
+
+  function renderGpus(st, alerts, now) {
+    const gpus = st.gpus || [];
+    const seen = new Set();
+    if (!gpus.length) {
+      replace("gpus", h("p", { class: "muted" }, st.nvml && st.nvml.ok === false ? "No GPU data: NVML is down." :
+        "No GPUs."));
+    }
+    const container = $("gpus");
+    if (gpus.length && container.querySelector("p.muted")) container.replaceChildren();
+    for (const g of gpus) {
+      seen.add(g.uuid);
+      let card = container.querySelector('article[data-uuid="' + CSS.escape(g.uuid) + '"]');
+      if (!card) {
+        card = h("article", { class: "gpu", data: { uuid: g.uuid } },
+          h("div", { class: "gpu-body" }), h("div", { class: "chart", "aria-label": "memory over time" }),
+          h("div", { class: "gpu-procs" }));
+        container.append(card);
+      }
+      card.className = "gpu state-" + g.state;
+      card.querySelector(".gpu-body").replaceChildren(...gpuBody(g, st, now));
+      card.querySelector(".gpu-procs").replaceChildren(...processes(g, now));
+      drawChart(card.querySelector(".chart"), g);
+    }
+    for (const card of container.querySelectorAll("article.gpu")) {
+      if (!seen.has(card.dataset.uuid)) {
+        const c = charts.get(card.dataset.uuid);
+        if (c) { c.destroy(); charts.delete(card.dataset.uuid); }
+        card.remove();
+      }
+    }
+  }
+
+  function kv(label, value, cls) {
+    return h("div", { class: "kv " + (cls || "") }, h("dt", {}, label), h("dd", {}, value));
+  }
+
+  function gpuBody(g, st, now) {
+    const r = g.readings || {};
+    const out = [];
+    out.push(h("h3", {}, "GPU " + g.index + " · " + (g.name || "?"),
+      h("span", { class: "badge state-" + g.state }, g.state)));
+    out.push(h("p", { class: "muted small" }, g.uuid + " · " + (g.pci_bus_id || "")));
+    const hl = health(g);
+    if (hl) {
+      out.push(h("div", { class: "health health-" + hl.state },
+        h("strong", {}, "Health: " + hl.state), hl.reason ? " — " + hl.reason : "",
+        hl.action ? h("p", { class: "action" }, "What to do: ", hl.action) : null));
+    }
+    if (g.state !== "present") {
+      out.push(h("p", { class: "gone" }, "Not answering since " + stamp(g.since) + " (" + ago(g.since, now) +
+        "); last seen " + stamp(g.last_seen) + "."));
+    }
+    const dl = h("dl", { class: "readings" });
+    const used = r.memory_used_bytes, total = r.memory_total_bytes;
+    if (num(used) && num(total)) {
+      dl.append(kv("Memory", h("span", {}, bytes(used) + " / " + bytes(total),
+        h("meter", { min: 0, max: total, value: used, high: total * 0.9 }))));
+    }
+    dl.append(kv("Utilization", pct(r.utilization_gpu_ratio)));
+    dl.append(kv("Temperature", num(r.temperature_celsius) ? r.temperature_celsius.toFixed(0) + " °C" +
+      (num(r.temperature_slowdown_celsius) ? " (slowdown " + r.temperature_slowdown_celsius + " °C)" : "") : "–"));
+    dl.append(kv("Power", num(r.power_watts) ? r.power_watts.toFixed(0) + " W" +
+      (num(r.power_limit_watts) ? " / " + r.power_limit_watts.toFixed(0) + " W" : "") : "–"));
+    const c = r.clocks_hz || {}, mc = r.max_clocks_hz || {};
+    if (num(c.graphics)) {
+      dl.append(kv("Clocks", "SM " + mhz(c.sm) + " / " + mhz(mc.sm) + ", mem " + mhz(c.memory) + " / " +
+        mhz(mc.memory)));
+    }
+    if (num(r.pstate)) dl.append(kv("P-state", "P" + r.pstate));
+    const link = g.link;
+    const gen = link ? link.current_generation : r.pcie_link_generation;
+    const maxGen = link ? link.max_generation : r.pcie_link_max_generation;
+    const width = link ? link.current_width : r.pcie_link_width;
+    const maxWidth = link ? link.max_width : r.pcie_link_max_width;
+    if (num(gen) || num(width)) {
+      const degraded = (num(gen) && num(maxGen) && gen < maxGen) || (num(width) && num(maxWidth) && width < maxWidth);
+      dl.append(kv("PCIe link", "Gen" + (gen ?? "?") + " x" + (width ?? "?") + " (max Gen" + (maxGen ?? "?") +
+        " x" + (maxWidth ?? "?") + ")" + (degraded && r.pstate !== 8 ? " — below max" : ""), degraded ? "warn" : ""));
+    }
+    if (g.dock) {
+      const dk = g.dock;
+      dl.append(kv("Dock", (dk.vendor ? dk.vendor + " " : "") + (dk.name || dk.unique_id) + " (Thunderbolt " +
+        (dk.generation ?? "?") + ", " + gbit(dk.rx_speed_bps) + " × " + (dk.rx_lanes ?? "?") + " lanes" +
+        (dk.authorized === false ? ", NOT authorized" : "") + ")", dk.authorized === false ? "bad" : ""));
+    }
+    const reasons = r.clocks_event_reasons_active || [];
+    const throttle = reasons.filter((x) => x !== "gpu_idle" && x !== "applications_clocks_setting");
+    dl.append(kv("Throttle", reasons.length ? reasons.join(", ") : "none", throttle.length ? "warn" : ""));
+    const p = g.probe;
+    dl.append(kv("Probe", p ? p.verdict + (p.detail ? " — " + p.detail : "") + " (" + ago(p.timestamp, now) + ")" :
+      "not run yet", p && /FAILED|degraded/.test(p.verdict) ? "bad" : ""));
+    out.push(dl);
+    return out;
+  }
+
+  function processes(g, now) {
+    const procs = g.processes || [];
+    if (!procs.length) return g.state === "present" ? [h("p", { class: "muted" }, "No processes.")] : [];
+    const total = g.processes_total ?? procs.length;
+    const rows = procs.map((p) => {
+      const t = p.memory_trend || {};
+      const leak = t.leak;
+      return h("tr", { class: leak ? "leak " + leak.state : "", data: { pid: String(p.pid) } },
+        h("td", {}, String(p.pid)), h("td", {}, p.name || "?"), h("td", {}, p.user || "?"),
+        h("td", { class: "num" }, bytes(p.used_memory_bytes)),
+        h("td", { class: "num" }, rate(t.rate_bytes_per_second)),
+        h("td", { class: "eta" }, leak ? "leak " + leak.state + ": full in " + duration(leak.eta_seconds) : ""));
+    });
+    const table = h("table", { class: "procs" },
+      h("thead", {}, h("tr", {}, h("th", {}, "PID"), h("th", {}, "Process"), h("th", {}, "User"),
+        h("th", { class: "num" }, "GPU memory"), h("th", { class: "num" }, "Trend"), h("th", {}, "Leak"))),
+      h("tbody", {}, rows));
+    const out = [h("div", { class: "scroll" }, table)];
+    if (total > procs.length) {
+      out.push(h("p", { class: "muted more" }, (total - procs.length) + " more processes (" + total +
+        " in all; the largest " + procs.length + " are listed)"));
+    }
+    return out;
+  }
+
+  function drawChart(el, g) {
+    const hist = g.memory_history || [];
+    const total = (g.readings || {}).memory_total_bytes;
+    if (typeof uPlot === "undefined" || hist.length < 2) {
+      el.hidden = true;
+      return;
+    }
+    el.hidden = false;
+    const data = [hist.map((p) => p[0]), hist.map((p) => p[1] / GIB)];
+    let u = charts.get(g.uuid);
+    const width = Math.max(200, Math.min(el.parentElement.clientWidth - 16, 900));
+    if (u && u.width !== width) { u.destroy(); u = null; charts.delete(g.uuid); }
+    if (!u) {
+      u = new uPlot({
+        width, height: 140, legend: { show: false }, cursor: { show: false },
+        scales: { y: { range: [0, num(total) ? total / GIB : null] } },
+        axes: [{ stroke: "#888" }, { stroke: "#888", size: 64, values: (_, ticks) => ticks.map((v) => v.toFixed(0) + " GiB") }],
+        series: [{}, { label: "memory used", stroke: "#3b82f6", fill: "rgba(59,130,246,0.15)", width: 2 }],
+      }, data, el);
+      charts.set(g.uuid, u);
+    } else {
+      u.setData(data);
+    }
+  }
+
+  function renderDocks(docks) {
+    $("docks-section").hidden = !docks.length;
+    replace("docks", docks.map((d) => h("div", { class: "dock " + (d.authorized === false ? "bad" : ""),
+      data: { uniqueId: d.unique_id } },
+    h("strong", {}, (d.vendor ? d.vendor + " " : "") + (d.name || "?")), " ",
+    h("span", { class: "muted" }, d.unique_id + " · route " + d.route + " · security " + (d.security || "?")),
+    h("p", {}, d.authorized === false ? "Attached but NOT authorized: the GPU behind it cannot appear." :
+      "Authorized; link " + gbit(d.rx_speed_bps) + " × " + (d.rx_lanes ?? "?") + " lanes" +
+      (d.gpus && d.gpus.length ? "; GPUs: " + d.gpus.join(", ") : "; no GPU behind it")),
+    d.action ? h("p", { class: "action" }, "Authorize it: ", h("code", {}, d.action)) : null)));
+  }
+
+  function renderXids(st, now) {
+    const xids = (st.recent_xids || []).slice().reverse();
+    const idx = new Map((st.gpus || []).map((g) => [g.uuid, g.index]));
+    if (!xids.length) { replace("xids", h("p", { class: "ok" }, "No Xid errors since the daemon started.")); return; }
+    replace("xids", h("ol", { class: "timeline" }, xids.map((x) => h("li", { data: { xid: String(x.xid) } },
+      h("time", { datetime: new Date(x.timestamp * 1000).toISOString() }, clock(x.timestamp)), " ",
+      h("strong", {}, "Xid " + x.xid), " on ", x.uuid ? "GPU " + (idx.get(x.uuid) ?? x.uuid) : (x.pci_bus_id || "?"),
+      h("span", { class: "muted" }, " (" + ago(x.timestamp, now) + ", " + (x.source || "") + ")"),
+      x.meaning ? h("p", {}, x.meaning) : null,
+      x.action ? h("p", { class: "action" }, "What to do: " + x.action) : null))));
+  }
+
+  function renderProbes(st, now) {
+    const pr = st.probes || {};
+    const results = st.probe_results || {};
+    const idx = new Map((st.gpus || []).map((g) => [g.uuid, g.index]));
+    const out = [];
+    if (pr.available === false) out.push(h("p", { class: "muted" }, "Probes unavailable: " + pr.unavailable_reason));
+    for (const [uuid, recs] of Object.entries(results)) {
+      const rows = [];
+      for (const r of recs) {
+        const measures = Object.keys(r.measures || {});
+        const cells = measures.length ? measures : [null];
+        for (const m of cells) {
+          const ratio = m ? (r.ratios || {})[m] : undefined;
+          rows.push(h("tr", { class: r.result },
+            h("td", {}, r.probe), h("td", {}, r.result), h("td", {}, m || "–"),
+            h("td", { class: "num" }, m ? Number(r.measures[m]).toPrecision(3) : "–"),
+            h("td", { class: "num" + (num(ratio) && ratio < 0.9 ? " bad" : "") },
+              num(ratio) ? Math.round(ratio * 100) + "% of baseline" : "building baseline"),
+            h("td", {}, r.problem || (r.degraded || {})[m] || ""),
+            h("td", { class: "muted" }, ago(r.timestamp, now))));
+        }
+      }
+      out.push(h("h3", {}, "GPU " + (idx.get(uuid) ?? uuid)));
+      out.push(h("div", { class: "scroll" }, h("table", { class: "probes" },
+        h("thead", {}, h("tr", {}, ["Probe", "Result", "Measure", "Value", "vs baseline", "Detail", "When"].map((x) =>
+          h("th", {}, x)))), h("tbody", {}, rows))));
+    }
+    if (!out.length) {
+      const verdicts = Object.entries(pr.gpus || {});
+      out.push(h("p", { class: "muted" }, verdicts.length ? "No probe has run yet: " + verdicts.map(([u, v]) =>
+        "GPU " + (idx.get(u) ?? u) + " " + v.verdict).join("; ") : "No probe has run yet."));
+    }
+    replace("probes", out);
+  }
+
+  function renderReceivers(receivers, now) {
+    if (!receivers.length) {
+      replace("receivers", h("p", { class: "warn" },
+        "No receiver configured: alerts are shown here and in /api/v1/alerts only (docs/notifications.md)."));
+      return;
+    }
+    replace("receivers", receivers.map((r) => h("div", { class: "receiver", data: { receiver: r.name } },
+      h("strong", {}, r.name), h("span", { class: "muted" }, " (" + r.type + ")" + (r.queued ? ", " + r.queued +
+        " queued" : "")),
+      r.last_error ? h("p", { class: "bad" }, "Last error: " + r.last_error) : null,
+      r.recent.length ? h("ul", { class: "deliveries" }, r.recent.map((d) => h("li", { class: d.status },
+        h("span", { class: "badge " + d.status }, d.status), " " + clock(d.time) + " · " +
+        (d.firing ? d.firing + " firing " : "") + (d.resolved ? d.resolved + " resolved " : "") +
+        "· " + d.attempts + " attempt" + (d.attempts === 1 ? "" : "s"),
+        d.error ? h("span", { class: "bad" }, " · " + d.error) : null))) :
+        h("p", { class: "muted" }, "Nothing sent yet."))));
+  }
+
+  refresh();
+})();

@@ -1,0 +1,235 @@
+"""The status page at ``/`` in a real headless Chromium (Debian's ``chromium``, driven by Playwright) against real
+sims: it loads without a console error under its strict CSP, and shows each scenario's key fact (the leaking pid
+and its time to full, the unauthorized dock and its ``boltctl`` command, the lost eGPU). Screenshots are saved for
+a person to look at: in ``$GPUWATCHD_SCREENSHOT_DIR`` when set, else in pytest's temporary directory (printed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+import yaml
+from support import ROOT, DaemonProcess, free_port, wait_until
+
+CHROMIUM = os.environ.get("GPUWATCHD_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+USER, PASSWORD = "ops", "s3cret"
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra installs playwright")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not installed (.ci/run installs Debian's chromium)")
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    given = os.environ.get("GPUWATCHD_SCREENSHOT_DIR")
+    out = Path(given) if given else tmp_path_factory.mktemp("screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"status page screenshots in {out}")
+    return out
+
+
+def _start(tmp: Path, *args: str) -> DaemonProcess:
+    port = free_port()
+    log_path = tmp / "sim.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwatchd", "sim", *args, "--listen", f"127.0.0.1:{port}"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    return DaemonProcess(proc, f"http://127.0.0.1:{port}", tmp / "unused.yml", log_path)
+
+
+def serving(d: DaemonProcess) -> bool:
+    assert d.proc.poll() is None, f"sim exited with {d.proc.returncode}:\n{d.log()}"
+    try:
+        return d.get("/readyz", timeout=1)[0] == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, DaemonProcess]]:
+    """The three scenarios, started together (they overlap their warm-up)."""
+    running = {
+        "leak": _start(tmp_path_factory.mktemp("leak"), "--scenario", "leak", "--speed", "30"),
+        "dock-unauthorized": _start(tmp_path_factory.mktemp("dock"), "--scenario", "dock-unauthorized"),
+        "egpu-unplug": _start(tmp_path_factory.mktemp("unplug"), "--scenario", "egpu-unplug", "--speed", "4"),
+    }
+
+    try:
+        for d in running.values():
+            wait_until(lambda d=d: serving(d), "gpuwatchd sim to serve")
+        yield running
+    finally:
+        for d in running.values():
+            d.proc.terminate()
+        for d in running.values():
+            try:
+                d.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                d.proc.kill()
+                d.proc.wait()
+
+
+def status(d: DaemonProcess) -> dict[str, Any]:
+    code, body = d.get("/api/v1/status")
+    assert code == 200, body
+    out: dict[str, Any] = json.loads(body)
+    return out
+
+
+class PageLog:
+    """Console messages, page errors and failed requests of one page load."""
+
+    def __init__(self, page: Any) -> None:
+        self.errors: list[str] = []
+        page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        page.on("requestfailed", lambda r: self.errors.append(f"request failed: {r.url} {r.failure}"))
+
+
+def open_page(browser: Any, url: str, viewport: dict[str, int], **context: Any) -> tuple[Any, Any, PageLog]:
+    ctx = browser.new_context(viewport=viewport, **context)
+    page = ctx.new_page()
+    log = PageLog(page)
+    resp = page.goto(url + "/")
+    assert resp is not None and resp.status == 200
+    page.wait_for_selector("#conn:has-text('live')")
+    return ctx, page, log
+
+
+def check_csp(d: DaemonProcess) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(d.url + "/", timeout=5) as r:
+        csp = r.headers["Content-Security-Policy"]
+    directives = dict(x.strip().split(" ", 1) for x in csp.split(";"))
+    assert directives["script-src"] == "'self'" and directives["default-src"] == "'none'"
+    assert "unsafe" not in csp and "*" not in csp and "data:" not in csp and "http" not in csp
+
+
+def test_leak_shows_the_leaking_pid_and_its_eta(browser: Any, sims: dict[str, DaemonProcess], shots: Path) -> None:
+    d = sims["leak"]
+    check_csp(d)
+
+    def leak_seen() -> bool:
+        procs = [p for g in status(d)["gpus"] for p in g["processes"]]
+        return any((p.get("memory_trend") or {}).get("leak") for p in procs)
+
+    wait_until(leak_seen, "the leak rule to suspect pid 4242", timeout=120)
+    for name, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
+        ctx, page, log = open_page(browser, d.url, viewport)
+        row = page.locator("tr[data-pid='4242']")
+        row.wait_for()
+        text = row.inner_text()
+        assert "python" in text and "alice" in text
+        assert "full in" in row.locator("td.eta").inner_text()
+        assert "/min" in text  # the trend column
+        page.wait_for_selector(".chart canvas")  # uPlot drew the memory history
+        if name == "phone":  # fits: nothing wider than the screen but the scrollable tables
+            assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+        page.screenshot(path=str(shots / f"leak-{name}.png"), full_page=True)
+        assert log.errors == []
+        ctx.close()
+
+
+def test_dock_unauthorized_shows_the_dock_and_boltctl(browser: Any, sims: dict[str, DaemonProcess],
+                                                      shots: Path) -> None:
+    d = sims["dock-unauthorized"]
+    wait_until(lambda: status(d)["docks"], "the dock in /api/v1/status")
+    uid = status(d)["docks"][0]["unique_id"]
+    ctx, page, log = open_page(browser, d.url, PHONE)
+    dock = page.locator(f".dock[data-unique-id='{uid}']")
+    dock.wait_for()
+    assert "NOT authorized" in dock.inner_text()
+    assert dock.locator("code").inner_text() == f"boltctl enroll {uid}"
+    page.screenshot(path=str(shots / "dock-unauthorized-phone.png"), full_page=True)
+    assert log.errors == []
+    ctx.close()
+
+
+def test_egpu_unplug_shows_the_lost_gpu(browser: Any, sims: dict[str, DaemonProcess], shots: Path) -> None:
+    d = sims["egpu-unplug"]
+    # The eGPU (index 0) falls off the bus 58 s into the scenario (15 s at 4x), then is removed.
+    wait_until(lambda: any(g["state"] != "present" for g in status(d)["gpus"]), "the eGPU gone", timeout=90)
+    gone = next(g for g in status(d)["gpus"] if g["state"] != "present")
+    ctx, page, log = open_page(browser, d.url, DESKTOP)
+    card = page.locator(f"article.gpu[data-uuid='{gone['uuid']}']")
+    card.wait_for()
+    page.wait_for_function(f"document.querySelector(\"article.gpu[data-uuid='{gone['uuid']}']\")"
+                           ".className.includes('state-present') === false")
+    text = card.inner_text()
+    assert "Core X Chroma" in text  # the dock it was in
+    assert "Not answering since" in text
+    assert card.locator(".badge").first.inner_text().lower() in ("lost", "removed")
+    page.wait_for_selector("#xids li[data-xid='79']")
+    assert "fallen off the bus" in page.locator("#xids li[data-xid='79']").inner_text().lower()
+    page.screenshot(path=str(shots / "egpu-unplug-desktop.png"), full_page=True)
+    assert log.errors == []
+    ctx.close()
+
+
+def test_page_keeps_going_when_the_daemon_goes_away(browser: Any, tmp_path: Path) -> None:
+    """The page says the daemon is not answering (and keeps retrying) instead of freezing on old numbers."""
+    d = _start(tmp_path, "--scenario", "idle")
+    try:
+        wait_until(lambda: serving(d), "gpuwatchd sim to serve")
+        ctx, page, _ = open_page(browser, d.url, DESKTOP)
+        d.proc.terminate()
+        d.proc.wait(timeout=30)
+        page.wait_for_selector("#conn.down", timeout=30_000)
+        assert "not answering" in page.locator("#conn").inner_text()
+        ctx.close()
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+def test_page_behind_tls_and_basic_auth(browser: Any, tmp_path: Path, tls_files: Any) -> None:
+    """The page and its assets are guarded like /metrics: 401 without the password; with it, the page works."""
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({
+        "tls_server_config": {"cert_file": str(tls_files.cert), "key_file": str(tls_files.key)},
+        "basic_auth_users": {USER: bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()},
+    }))  # fmt: skip
+    d = _start(tmp_path, "--scenario", "idle", "--web.config.file", str(web))
+    url = d.url.replace("http://", "https://")
+    try:
+        ctx = browser.new_context(ignore_https_errors=True)
+        for path in ("/", "/static/app.js", "/api/v1/status"):
+            def answered(path: str = path) -> int | None:
+                assert d.proc.poll() is None, d.log()
+                try:
+                    return int(ctx.request.get(url + path).status)
+                except Exception:  # not listening yet
+                    return None
+            assert wait_until(answered, f"{path} to answer") == 401
+        ctx.close()
+        ctx, page, log = open_page(browser, url, DESKTOP, ignore_https_errors=True,
+                                   http_credentials={"username": USER, "password": PASSWORD})
+        page.wait_for_selector("article.gpu")
+        assert log.errors == []
+        ctx.close()
+    finally:
+        d.proc.terminate()
+        d.proc.wait(timeout=30)
