@@ -72,6 +72,7 @@ class GpuSample:
     encoder_average_latency_seconds: float | None = None
     # thermal
     temperature_celsius: float | None = None
+    temperature_margin_celsius: float | None = None  # to the nearest slowdown threshold; negative past it (R565+)
     temperature_slowdown_celsius: float | None = None
     temperature_shutdown_celsius: float | None = None
     temperature_gpu_max_celsius: float | None = None
@@ -115,7 +116,9 @@ class GpuSample:
     pcie_rx_bytes_per_second: float | None = None
     pcie_replay_total: int | None = None
     pcie_replay_rollover_total: int | None = None  # field values: the replay counter's rollovers
-    pcie_errors_total: dict[str, int] = field(default_factory=dict)  # correctable, non_fatal, fatal (field values)
+    # correctable, non_fatal, fatal, naks_received, naks_sent, bad_tlp, bad_dllp, lcrc, receiver, unsupported_request
+    pcie_errors_total: dict[str, int] = field(default_factory=dict)  # (field values)
+    pcie_lane_errors_total: dict[str, int] = field(default_factory=dict)  # lane number -> errors (field values)
     nvlink_links_active: int | None = None
     # NVLink per link, keyed by the link number as a string (sources/nvml_nvlink.py): state 1 up / 0 down; error
     # counters by kind (crc_flit, crc_data, replay, recovery); data bytes sent and received (field values)

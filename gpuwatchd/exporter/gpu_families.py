@@ -47,6 +47,11 @@ TEMPERATURE_THRESHOLD = spec(
     "Temperature thresholds the driver acts on: slowdown, shutdown, gpu_max, memory_max (operating limits).",
     ("uuid", "threshold"), "celsius",
 )
+TEMPERATURE_MARGIN = spec(
+    "gpuwatchd_gpu_temperature_margin_celsius", "gauge",
+    "Degrees left before the GPU's nearest slowdown threshold (negative: past it); nvmlDeviceGetMarginTemperature.",
+    _U, "celsius",
+)
 MEMORY_TEMPERATURE = spec(
     "gpuwatchd_gpu_memory_temperature_celsius", "gauge", "Temperature of the GPU's memory (HBM on datacenter parts).",
     _U, "celsius",
@@ -171,8 +176,14 @@ PCIE_REPLAY_ROLLOVERS = spec(
 )
 PCIE_ERRORS = spec(
     "gpuwatchd_gpu_pcie_errors_total", "counter",
-    "PCIe errors the GPU counted, by type=correctable|non_fatal|fatal (non_fatal + fatal = uncorrectable).",
+    "PCIe errors the GPU counted, by type=correctable|non_fatal|fatal (non_fatal + fatal = uncorrectable) and the "
+    "link-layer counters naks_received|naks_sent|bad_tlp|bad_dllp|lcrc|receiver|unsupported_request.",
     ("uuid", "type"),
+)
+PCIE_LANE_ERRORS = spec(
+    "gpuwatchd_gpu_pcie_lane_errors_total", "counter",
+    "PCIe errors the GPU counted per lane (0-based); one lane rising alone = one bad lane, cable or connector pin.",
+    ("uuid", "lane"),
 )
 
 # -- processes ------------------------------------------------------------------------------------------------
@@ -229,6 +240,7 @@ def value_families(gpus: Iterable[GpuSample]) -> list[Metric]:
             ("memory_max", g.temperature_memory_max_celsius),
         ):
             f.add(TEMPERATURE_THRESHOLD, (g.uuid, threshold), value)
+        f.add(TEMPERATURE_MARGIN, u, g.temperature_margin_celsius)
         f.add(MEMORY_TEMPERATURE, u, g.memory_temperature_celsius)
         for fan, ratio in enumerate(g.fan_speed_ratios or ()):
             f.add(FAN_SPEED, (g.uuid, str(fan)), ratio)
@@ -297,6 +309,8 @@ def pcie_families(gpus: Iterable[GpuSample]) -> list[Metric]:
         f.add(PCIE_REPLAY_ROLLOVERS, u, g.pcie_replay_rollover_total)
         for kind, count in sorted(g.pcie_errors_total.items()):
             f.add(PCIE_ERRORS, (g.uuid, kind), count)
+        for lane, count in sorted(g.pcie_lane_errors_total.items(), key=lambda lc: int(lc[0])):
+            f.add(PCIE_LANE_ERRORS, (g.uuid, lane), count)
     return f.metrics()
 
 

@@ -124,6 +124,12 @@ def device_schema() -> dict[str, Any]:
         from gpuwatchd.sim.state import NVLINK_COUNTER_KEYS
 
         schema["nvlink_counters"] = [dict.fromkeys(NVLINK_COUNTER_KEYS, 0)]
+    from gpuwatchd.sim.state import FIELD_VALUE_KEYS
+
+    if schema.get("field_values") is None:  # devices[N].field_values.pcie_bad_tlp
+        schema["field_values"] = dict.fromkeys(FIELD_VALUE_KEYS, 0)
+    schema.setdefault("pcie_lane_errors", [0])  # devices[N].pcie_lane_errors[L]
+    schema.setdefault("temperature_margin", 0)
     if schema.get("recovery_action") is None:
         schema["recovery_action"] = 0
     from gpuwatchd.sim.gpm_state import gpm_schema

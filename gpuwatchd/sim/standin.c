@@ -624,6 +624,23 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperatu
 }
 #endif
 
+#ifndef OMIT_nvmlDeviceGetMarginTemperature
+/* nvmlMarginTemperature_v1_t (nvml.h): version, int marginTemperature -- the distance to the nearest slowdown
+ * threshold; a struct of another version is refused like every versioned call here. */
+EXPORT nvmlReturn_t nvmlDeviceGetMarginTemperature(nvmlDevice_t device, nvmlMarginTemperature_t *m) {
+    if (m && m->version != nvmlMarginTemperature_v1) {
+        pthread_mutex_lock(&mu);
+        return leave(refcount ? NVML_ERROR_ARGUMENT_VERSION_MISMATCH : NVML_ERROR_UNINITIALIZED);
+    }
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetMarginTemperature, device, m != NULL, &d);
+    if (r) return r;
+    if (d->margin == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    m->marginTemperature = (int)d->margin;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
 #ifndef OMIT_nvmlDeviceGetTemperatureThreshold
 EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t type,
                                                       unsigned int *temp) {
@@ -757,12 +774,19 @@ EXPORT nvmlReturn_t nvmlDeviceGetEncoderStats(nvmlDevice_t device, unsigned int 
 static const struct {
     unsigned int id;
     nvmlValueType_t type;
-} FIELD_VALUES[5] = {
+} FIELD_VALUES[FIELD_VALUE_COUNT] = {
     {NVML_FI_DEV_MEMORY_TEMP, NVML_VALUE_TYPE_UNSIGNED_INT},
     {NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER, NVML_VALUE_TYPE_UNSIGNED_INT},
     {NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
     {NVML_FI_DEV_PCIE_COUNT_NON_FATAL_ERROR, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
     {NVML_FI_DEV_PCIE_COUNT_FATAL_ERROR, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
+    {NVML_FI_DEV_PCIE_COUNT_NAKS_RECEIVED, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
+    {NVML_FI_DEV_PCIE_COUNT_NAKS_SENT, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
+    {NVML_FI_DEV_PCIE_COUNT_BAD_TLP, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
+    {NVML_FI_DEV_PCIE_COUNT_BAD_DLLP, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
+    {NVML_FI_DEV_PCIE_COUNT_LCRC_ERROR, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
+    {NVML_FI_DEV_PCIE_COUNT_RECEIVER_ERROR, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
+    {NVML_FI_DEV_PCIE_COUNT_UNSUPPORTED_REQ, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG},
 };
 
 #ifndef OMIT_nvmlDeviceGetFieldValues
@@ -782,6 +806,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
             v->valueType = FIELD_VALUES[k].type;
             if (v->valueType == NVML_VALUE_TYPE_UNSIGNED_INT) v->value.uiVal = (unsigned int)d->fv[k];
             else v->value.ullVal = (unsigned long long)d->fv[k];
+            v->nvmlReturn = NVML_SUCCESS;
+        }
+        /* NVML_FI_DEV_PCIE_COUNT_LANE_ERROR: "per lane error counter with scope as PCIe lane number" (NVML
+         * release notes, r550); a lane past the state's list is NOT_SUPPORTED like an unknown id */
+        if (v->fieldId == NVML_FI_DEV_PCIE_COUNT_LANE_ERROR && v->scopeId < (unsigned int)(d->pcie_lanes.n > 0 ? d->pcie_lanes.n : 0)
+            && d->pcie_lanes.v[v->scopeId] != UNSET) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            v->value.ullVal = (unsigned long long)d->pcie_lanes.v[v->scopeId];
             v->nvmlReturn = NVML_SUCCESS;
         }
         if (v->nvmlReturn == NVML_ERROR_NOT_SUPPORTED) nvlink_field_value(d, v); /* standin_nvlink.c */

@@ -51,7 +51,7 @@
     X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses) \
     X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetPowerManagementDefaultLimit) \
     X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetFieldValues) \
-    X(nvmlDeviceGetEncoderStats) \
+    X(nvmlDeviceGetEncoderStats) X(nvmlDeviceGetMarginTemperature) \
     X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetProcessesUtilizationInfo) \
     X(nvmlGpmQueryDeviceSupport) X(nvmlGpmSampleGet) X(nvmlGpmMigSampleGet) X(nvmlGpmMetricsGet) \
     X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetMigDeviceHandleByIndex) X(nvmlDeviceIsMigDeviceHandle) \
@@ -60,6 +60,11 @@
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,
 enum { FUNCS(AS_ENUM) NFUNCS };
+
+/* nvmlDeviceGetFieldValues ids served from sdev.fv (standin.c FIELD_VALUES) */
+#define FIELD_VALUE_COUNT 12
+/* PCIe lanes whose NVML_FI_DEV_PCIE_COUNT_LANE_ERROR (scopeId = lane) the state can set: x16 is the widest link */
+#define PCIE_MAX_LANES 16
 
 /* NVLink per-link counters the state can set (standin_nvlink.c) */
 #define NVLINK_COUNTERS 6
@@ -89,7 +94,9 @@ typedef struct {
     long long pdefault; /* nvmlDeviceGetPowerManagementDefaultLimit, mW */
     long long persist;  /* nvmlDeviceGetPersistenceMode: nvmlEnableState_t */
     long long codec[2]; /* nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization: percent */
-    long long fv[5];    /* nvmlDeviceGetFieldValues, in FIELD_VALUES order (standin.c) */
+    long long fv[FIELD_VALUE_COUNT]; /* nvmlDeviceGetFieldValues, in FIELD_VALUES order (standin.c) */
+    slist pcie_lanes;   /* NVML_FI_DEV_PCIE_COUNT_LANE_ERROR per lane (scopeId); n -1: not supported */
+    long long margin;   /* nvmlDeviceGetMarginTemperature: degrees C to the nearest slowdown threshold */
     long long encstats[3]; /* nvmlDeviceGetEncoderStats: sessionCount, averageFps, averageLatency (us) */
     long long clk[4], maxclk[4]; /* nvmlClockType_t order: graphics, sm, mem, video */
     long long cer, scer;

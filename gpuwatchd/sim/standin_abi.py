@@ -121,7 +121,9 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         "nvmlDeviceGetEncoderUtilization",
         "nvmlDeviceGetDecoderUtilization",
         "nvmlDeviceGetEncoderStats",
-        # Field values (nvml.h NVML_FI_*): memory temperature, PCIe error counters
+        # Thermal margin (nvml.h nvmlMarginTemperature_v1_t, R565+): degrees to the nearest slowdown threshold
+        "nvmlDeviceGetMarginTemperature",
+        # Field values (nvml.h NVML_FI_*): memory temperature, PCIe error counters (incl. per lane)
         "nvmlDeviceGetFieldValues",
         # Per-process utilization (nvml.h): the versioned call (R550+) and the older sample-buffer call
         "nvmlDeviceGetProcessesUtilizationInfo",

@@ -17,6 +17,7 @@ void free_dev(sdev *d) {
     free(d->proc[0]);
     free(d->proc[1]);
     free(d->putil.v);
+    free(d->pcie_lanes.v);
     free_gpm(d);
     free_migs(d); /* standin_mig.c */
 }
@@ -33,16 +34,17 @@ void dev_defaults(sdev *d) {
     memset(d, 0, sizeof(*d));
     long long *unset[] = {&d->minor, &d->temp, &d->power, &d->plimit, &d->energy, &d->cer, &d->scer,
                           &d->pstate, &d->rp_pending, &d->pdefault, &d->persist,
-                          &d->codec[0], &d->codec[1], &d->mig_max, &d->gi, &d->ci};
+                          &d->codec[0], &d->codec[1], &d->mig_max, &d->gi, &d->ci, &d->margin};
     for (size_t i = 0; i < sizeof(unset) / sizeof(unset[0]); i++) *unset[i] = UNSET;
     long long *arrs[] = {d->pci, d->mem, d->util, d->tthr, d->pcons, d->clk, d->maxclk, d->viol, d->ecc_mode,
                          d->ecc, d->remap, d->pcie, d->mig, d->fv, d->encstats};
-    size_t lens[] = {5, 3, 2, 4, 2, 4, 4, NVML_PERF_POLICY_COUNT, 2, 4, 4, 8, 2, 5, 3};
+    size_t lens[] = {5, 3, 2, 4, 2, 4, 4, NVML_PERF_POLICY_COUNT, 2, 4, 4, 8, 2, FIELD_VALUE_COUNT, 3};
     for (size_t a = 0; a < sizeof(arrs) / sizeof(arrs[0]); a++)
         for (size_t i = 0; i < lens[a]; i++) arrs[a][i] = UNSET;
     d->fans.n = d->nvlink.n = d->rp[0].n = d->rp[1].n = -1;
     d->nproc[0] = d->nproc[1] = -1;
     d->putil.n = -1;
+    d->pcie_lanes.n = -1;
     d->evtypes = (long long)nvmlEventTypeAll; /* docs/sim-state.md: default is every event bit */
     nvlink_defaults(d);
 }
@@ -166,7 +168,10 @@ int parse_device_line(sdev *d, const char *key, char *a) {
     else if (!strcmp(key, "persistence_mode")) return parse_fixed(a, &d->persist, 1);
     else if (!strcmp(key, "encoder_utilization")) return parse_fixed(a, &d->codec[0], 1);
     else if (!strcmp(key, "decoder_utilization")) return parse_fixed(a, &d->codec[1], 1);
-    else if (!strcmp(key, "field_values")) return parse_fixed(a, d->fv, 5);
+    else if (!strcmp(key, "field_values")) return parse_fixed(a, d->fv, FIELD_VALUE_COUNT);
+    else if (!strcmp(key, "pcie_lane_errors"))
+        return parse_list(a, &d->pcie_lanes) || d->pcie_lanes.n > PCIE_MAX_LANES ? -1 : 0;
+    else if (!strcmp(key, "temperature_margin")) return parse_fixed(a, &d->margin, 1);
     else if (!strcmp(key, "encoder_stats")) return parse_fixed(a, d->encstats, 3);
     else if (!strcmp(key, "energy")) return parse_fixed(a, &d->energy, 1);
     else if (!strcmp(key, "clocks")) return parse_fixed(a, d->clk, 4);

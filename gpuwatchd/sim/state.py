@@ -88,9 +88,13 @@ _VIOLATION_KEYS = (
 )
 _ECC_KEYS = ("corrected_volatile", "uncorrected_volatile", "corrected_aggregate", "uncorrected_aggregate")
 # nvmlDeviceGetFieldValues ids the stand-in serves, in its order (standin.c FIELD_VALUES): NVML_FI_DEV_MEMORY_TEMP,
-# _PCIE_REPLAY_ROLLOVER_COUNTER, _PCIE_COUNT_CORRECTABLE_ERRORS, _PCIE_COUNT_NON_FATAL_ERROR, _PCIE_COUNT_FATAL_ERROR.
-_FIELD_VALUE_KEYS = ("memory_temp", "pcie_replay_rollover", "pcie_correctable_errors", "pcie_non_fatal_errors",
-                     "pcie_fatal_errors")
+# _PCIE_REPLAY_ROLLOVER_COUNTER, _PCIE_COUNT_CORRECTABLE_ERRORS, _PCIE_COUNT_NON_FATAL_ERROR, _PCIE_COUNT_FATAL_ERROR,
+# _PCIE_COUNT_NAKS_RECEIVED, _NAKS_SENT, _BAD_TLP, _BAD_DLLP, _LCRC_ERROR, _RECEIVER_ERROR, _UNSUPPORTED_REQ.
+FIELD_VALUE_KEYS = ("memory_temp", "pcie_replay_rollover", "pcie_correctable_errors", "pcie_non_fatal_errors",
+                     "pcie_fatal_errors", "pcie_naks_received", "pcie_naks_sent", "pcie_bad_tlp", "pcie_bad_dllp",
+                     "pcie_lcrc_errors", "pcie_receiver_errors", "pcie_unsupported_requests")
+# NVML_FI_DEV_PCIE_COUNT_LANE_ERROR is asked per lane (scopeId); standin.h PCIE_MAX_LANES
+_PCIE_MAX_LANES = 16
 _ENCODER_STATS_KEYS = ("session_count", "average_fps", "average_latency_us")
 # One per-process utilization sample (standin_procutil.c), in its line order; the six percentages are
 # nvmlProcessUtilizationInfo_v1_t's (nvml.h), the older nvmlProcessUtilizationSample_t has the first four.
@@ -189,6 +193,8 @@ _DEVICE_KEYS = {
     "encoder_utilization",
     "decoder_utilization",
     "field_values",
+    "pcie_lane_errors",
+    "temperature_margin",
     "encoder_stats",
     "power_constraints_mw",
     "energy_mj",
@@ -319,7 +325,7 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
     _opt_fields(e, p, d, "violation_ns", names=_VIOLATION_KEYS, line="violation", hi=_I64)
     _opt_fields(e, p, d, "ecc_errors", names=_ECC_KEYS, line="ecc_errors", hi=_I64)
     _opt_fields(e, p, d, "pcie", names=_PCIE_KEYS, line="pcie", hi=_U32)
-    _opt_fields(e, p, d, "field_values", names=_FIELD_VALUE_KEYS, line="field_values", hi=_I64)
+    _opt_fields(e, p, d, "field_values", names=FIELD_VALUE_KEYS, line="field_values", hi=_I64)
     if d.get("encoder_stats") is not None:  # one call answers all three: all or nothing
         es = _dict(f"{p}.encoder_stats", d["encoder_stats"], set(_ENCODER_STATS_KEYS), required=_ENCODER_STATS_KEYS)
         e.put("encoder_stats", *(_int(f"{p}.encoder_stats.{k}", es[k], 0, _U32) for k in _ENCODER_STATS_KEYS))
@@ -333,7 +339,10 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
             if len(pair) != 2:
                 raise _fail(f"{p}.{key}", "expected [current, pending] / [min, max]")
             e.put(line, *(_int(f"{p}.{key}[{i}]", x, 0, _U32) for i, x in enumerate(pair)))
-    for key, hi, cap in (("fans", 100, 64), ("nvlink", 1, _NVLINK_MAX_LINKS)):
+    if d.get("temperature_margin") is not None:  # signed: a GPU past its slowdown threshold has a negative margin
+        e.put("temperature_margin", _int(f"{p}.temperature_margin", d["temperature_margin"], -273, 255))
+    for key, hi, cap in (("fans", 100, 64), ("nvlink", 1, _NVLINK_MAX_LINKS),
+                         ("pcie_lane_errors", _I64, _PCIE_MAX_LANES)):
         if d.get(key) is not None:
             vals = _list(f"{p}.{key}", d[key])
             if len(vals) > cap:

@@ -125,15 +125,33 @@ def _decoder(h: Handle, out: Out) -> None:
     out["decoder_utilization_ratio"] = util / 100.0
 
 
-# nvmlDeviceGetFieldValues ids -> (GpuSample field, key within it or None). One call per poll for all of them.
-FIELD_VALUES: dict[int, tuple[str, str | None]] = {
+# nvmlDeviceGetFieldValues ids (or (id, scope id)) -> (GpuSample field, key within it or None). One call per poll
+# for all of them; ids a device answers NOT_SUPPORTED are asked once.
+FIELD_VALUES: dict[FieldId, tuple[str, str | None]] = {
     N.NVML_FI_DEV_MEMORY_TEMP: ("memory_temperature_celsius", None),
     N.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER: ("pcie_replay_rollover_total", None),
     N.NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS: ("pcie_errors_total", "correctable"),
     N.NVML_FI_DEV_PCIE_COUNT_NON_FATAL_ERROR: ("pcie_errors_total", "non_fatal"),
     N.NVML_FI_DEV_PCIE_COUNT_FATAL_ERROR: ("pcie_errors_total", "fatal"),
+    N.NVML_FI_DEV_PCIE_COUNT_NAKS_RECEIVED: ("pcie_errors_total", "naks_received"),
+    N.NVML_FI_DEV_PCIE_COUNT_NAKS_SENT: ("pcie_errors_total", "naks_sent"),
+    N.NVML_FI_DEV_PCIE_COUNT_BAD_TLP: ("pcie_errors_total", "bad_tlp"),
+    N.NVML_FI_DEV_PCIE_COUNT_BAD_DLLP: ("pcie_errors_total", "bad_dllp"),
+    N.NVML_FI_DEV_PCIE_COUNT_LCRC_ERROR: ("pcie_errors_total", "lcrc"),
+    N.NVML_FI_DEV_PCIE_COUNT_RECEIVER_ERROR: ("pcie_errors_total", "receiver"),
+    N.NVML_FI_DEV_PCIE_COUNT_UNSUPPORTED_REQ: ("pcie_errors_total", "unsupported_request"),
     N.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: ("recovery_action", None),  # nvmlDeviceGpuRecoveryAction_t
 }
+# "per lane error counter with scope as PCIe lane number" (NVML r550 release notes): every lane of an x16 link; the
+# lanes a narrower board answers NOT_SUPPORTED for drop out after the first poll.
+PCIE_MAX_LANES = 16
+FIELD_VALUES.update({(N.NVML_FI_DEV_PCIE_COUNT_LANE_ERROR, lane): ("pcie_lane_errors_total", str(lane))
+                     for lane in range(PCIE_MAX_LANES)})
+
+
+def _temperature_margin(h: Handle, out: Out) -> None:
+    # nvmlMarginTemperature_v1_t: degrees to the nearest slowdown threshold (negative past it); R565+
+    out["temperature_margin_celsius"] = float(N.nvmlDeviceGetMarginTemperature(h))
 
 
 def _field_values(nvlink: NvLink | None = None) -> Reader:
@@ -318,6 +336,7 @@ def readings() -> list[tuple[str, tuple[Reader, ...]]]:
         ("utilization_gpu_ratio", (_utilization,)),
         ("pstate", (_pstate,)),
         ("temperature_celsius", (_temperature_v, _temperature_v0)),
+        ("temperature_margin_celsius", (_temperature_margin,)),
         ("temperature_slowdown_celsius",
          (_threshold("temperature_slowdown_celsius", N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),)),
         ("temperature_shutdown_celsius",
