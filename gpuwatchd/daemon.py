@@ -224,6 +224,7 @@ class Daemon:
             if web_config.basic_auth_users:
                 auth = BasicAuth(web_config.basic_auth_users)
                 middlewares.append(auth.middleware())
+                self.registry.register(auth.collector())
 
                 async def close_auth(_: web.Application) -> None:
                     auth.close()

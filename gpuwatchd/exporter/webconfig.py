@@ -19,6 +19,7 @@ file not found``.
 
 from __future__ import annotations
 
+import re
 import ssl
 from pathlib import Path
 from typing import Any, Literal
@@ -45,6 +46,12 @@ CLIENT_AUTH = {
 }
 # bcrypt's modular-crypt prefixes (htpasswd writes $2y$, Go's bcrypt $2a$, Python's $2b$).
 BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
+# $2y$10$ + 22 characters of salt + 31 of hash, in bcrypt's base64 alphabet.
+_BCRYPT = re.compile(r"\$2[aby]\$([0-9]{2})\$[./A-Za-z0-9]{53}")
+# bcrypt's own minimum; and the most a check may cost: each step doubles it (cost 10 is ~0.1 s of a core, 12 ~0.4 s,
+# 17 ~14 s), and a check runs for every request of a client that is not yet cached, wrong passwords included.
+MIN_BCRYPT_COST = 4
+MAX_BCRYPT_COST = 12
 
 
 class WebConfigError(Exception):
@@ -92,8 +99,15 @@ class WebConfig(_Strict):
         for user, hashed in v.items():
             if not user or ":" in user:
                 raise ValueError(f"user {user!r}: must be non-empty and without ':' (HTTP basic auth)")
-            if not hashed.startswith(BCRYPT_PREFIXES) or len(hashed) != 60:
-                raise ValueError(f"user {user!r}: not a bcrypt hash (60 characters starting $2y$, $2a$ or $2b$)")
+            m = _BCRYPT.fullmatch(hashed)
+            if not hashed.startswith(BCRYPT_PREFIXES) or len(hashed) != 60 or m is None:
+                raise ValueError(f"user {user!r}: not a bcrypt hash (60 characters starting $2y$, $2a$ or $2b$,"
+                                 " a 2-digit cost, then 53 of ./A-Za-z0-9)")
+            cost = int(m.group(1))
+            if not MIN_BCRYPT_COST <= cost <= MAX_BCRYPT_COST:
+                raise ValueError(f"user {user!r}: bcrypt cost {cost} is outside {MIN_BCRYPT_COST}..{MAX_BCRYPT_COST}"
+                                 f" (each check at cost {cost} would take ~{0.1 * 2.0 ** (cost - 10):.2g} s of CPU;"
+                                 " htpasswd -nBC 10 makes a cost-10 hash)")
         return v
 
     def ssl_context(self) -> ssl.SSLContext | None:

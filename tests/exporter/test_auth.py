@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ssl
 
@@ -52,6 +53,38 @@ async def test_successes_are_cached_failures_are_not(monkeypatch: pytest.MonkeyP
         assert await auth.verify("bob", "s3cret")
         assert await auth.verify("alice", "s3cret")
         assert auth.checks == 6
+    finally:
+        auth.close()
+
+
+async def test_a_flood_is_bounded_and_a_cached_login_skips_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checks beyond MAX_WAITING are refused at once, a gone client's check is dropped, and a credential that passed
+    before is answered from the cache while the queue is full."""
+    auth = BasicAuth({"alice": HASH})
+    release = asyncio.Event()
+    started = 0
+    real_check = auth._check
+
+    def slow_check(password: str, hashed: bytes) -> bool:
+        nonlocal started
+        started += 1
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+        return real_check(password, hashed)
+
+    loop = asyncio.get_running_loop()
+    try:
+        assert await auth.verify("alice", "s3cret")  # cached from now on
+        monkeypatch.setattr(auth, "_check", slow_check)
+        flood = [asyncio.ensure_future(auth.verify("alice", f"wrong{i}")) for i in range(auth_module.MAX_WAITING - 1)]
+        gone = asyncio.ensure_future(auth.verify("alice", "wrong-gone", gone=lambda: True))
+        await asyncio.sleep(0.1)
+        assert await auth.verify("alice", "wrong-extra") is None  # the queue is full: refused, not queued
+        assert await auth.verify("alice", "s3cret") is True  # the fast path does not wait
+        release.set()
+        assert await asyncio.gather(*flood) == [False] * (auth_module.MAX_WAITING - 1)
+        assert await gone is None  # dropped: never run
+        assert auth.results["refused"] == 1 and auth.results["dropped"] == 1 and auth.results["cached"] == 1
+        assert started == auth_module.MAX_WAITING - 1  # the gone client's check was the one not run
     finally:
         auth.close()
 
