@@ -8,10 +8,11 @@ Webhook URLs, HMAC secrets and header values are ``SecretStr``: their repr/str i
 from __future__ import annotations
 
 import re
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from gpuwatchd.config.types import Duration, PositiveDuration, Section
 from gpuwatchd.notify.matchers import Matcher, parse_matcher
@@ -57,14 +58,56 @@ def _matchers(values: list[str]) -> tuple[Matcher, ...]:
     return tuple(parse_matcher(v) for v in values)
 
 
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One URL a receiver posts to, with the key its outbox rows, retry state and metrics are kept under.
+
+    A receiver with one URL has one member keyed by the receiver's name. An ``alertmanager`` receiver with ``urls``
+    (an HA cluster) has one per URL: member 0 keeps the receiver's name (so adding a second URL keeps the first one's
+    queue), member i > 0 is ``name#i`` (``#`` cannot occur in a receiver name, so keys never collide).
+    """
+
+    key: str
+    url: SecretStr
+    endpoint: str  # redacted name for logs and errors, e.g. ``alertmanager:fleet#1``
+
+
+def check_url(v: SecretStr) -> SecretStr:
+    """An http(s) URL with a host, a valid port and no control characters; the message never echoes it (a secret)."""
+    url = v.get_secret_value()
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        port = parts.port  # raises for a port that is not a number in 0..65535
+    except ValueError:  # its text can quote the URL
+        raise ValueError("not a valid URL") from None
+    if not ok:
+        raise ValueError("not an http(s) URL")
+    if port == 0:
+        raise ValueError("not a valid URL (port 0)")
+    if not url.isprintable():  # CR, LF, TAB, NUL...: the HTTP client refuses the request at every attempt
+        raise ValueError("not a valid URL (contains control characters)")
+    return v
+
+
+def member_key(name: str, index: int) -> str:
+    """The outbox/metrics key of member ``index`` of receiver ``name``."""
+    return name if index == 0 else f"{name}#{index}"
+
+
 class ReceiverConfig(Section):
-    """One destination: a chat webhook, a generic JSON webhook or an Alertmanager."""
+    """One destination: a chat webhook, a generic JSON webhook or an Alertmanager (or an HA cluster of them)."""
 
     # pydantic quotes the offending input in ValidationError texts: here the input is a secret.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
     type: ReceiverType
+    # ``url`` or ``urls``, not both. Alertmanager HA: ``urls`` lists every member of the cluster and every alert is
+    # posted to each (Alertmanager's README: never through a load balancer); the cluster deduplicates the
+    # notifications. Each member has its own outbox rows and retry timing (``members``). Given ``urls``, ``url`` is
+    # its first entry, so code that reads ``url`` keeps working.
+    urls: tuple[SecretStr, ...] = ()
     url: SecretStr
     # Generic webhook only: HMAC-SHA256 of the body with this key in the ``X-Gpuwatchd-Signature`` header.
     hmac_secret: SecretStr | None = None
@@ -74,23 +117,38 @@ class ReceiverConfig(Section):
     timeout: PositiveDuration = 10.0
     send_resolved: bool = True
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_of_url_urls(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        has_url, has_urls = data.get("url") is not None, data.get("urls") is not None
+        if has_url and has_urls:
+            raise ValueError("give either url or urls, not both")
+        if has_urls:
+            urls = data["urls"]
+            if not isinstance(urls, list | tuple) or not urls:
+                raise ValueError("urls: must be a non-empty list of URLs")
+            return {**data, "url": urls[0]}
+        if not has_url:
+            raise ValueError("url (or, for an alertmanager cluster, urls) is required")
+        return data
+
     @field_validator("url")
     @classmethod
-    def _url(cls, v: SecretStr) -> SecretStr:
-        # The message never echoes the URL: it is a secret.
-        url = v.get_secret_value()
-        try:
-            parts = urlsplit(url)
-            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-            port = parts.port  # raises for a port that is not a number in 0..65535
-        except ValueError:  # its text can quote the URL
-            raise ValueError("not a valid URL") from None
-        if not ok:
-            raise ValueError("not an http(s) URL")
-        if port == 0:
-            raise ValueError("not a valid URL (port 0)")
-        if not url.isprintable():  # CR, LF, TAB, NUL...: the HTTP client refuses the request at every attempt
-            raise ValueError("not a valid URL (contains control characters)")
+    def _url(cls, v: SecretStr, info: ValidationInfo) -> SecretStr:
+        if "urls" not in info.data or info.data["urls"]:
+            return v  # taken from urls, which reported on it already (or failed)
+        return check_url(v)
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, v: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        for i, u in enumerate(v):
+            try:
+                check_url(u)
+            except ValueError as e:
+                raise ValueError(f"entry {i}: {e}") from None
         return v
 
     @field_validator("headers")
@@ -105,10 +163,33 @@ class ReceiverConfig(Section):
                 raise ValueError(f"header {name!r}: value must be visible ASCII (no CR, LF or control characters)")
         return v
 
+    @model_validator(mode="after")
+    def _members(self) -> ReceiverConfig:
+        if len(self.urls) > 1 and self.type != "alertmanager":
+            raise ValueError(
+                f"urls: several URLs are for an alertmanager receiver (an HA cluster); a {self.type} receiver posts"
+                " to one url (define one receiver per destination)"
+            )
+        values = [u.get_secret_value() for u in self.urls]
+        for i, u in enumerate(values):
+            if u in values[:i]:
+                raise ValueError(f"urls: entry {i} repeats a URL (every alert would be posted twice to one member)")
+        return self
+
     @property
     def endpoint(self) -> str:
         """Redacted name used in logs, metrics and errors, e.g. ``slack:team-alerts``."""
         return f"{self.type}:{self.name}"
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """One :class:`Member` per URL (one for every receiver but an Alertmanager cluster)."""
+        urls = self.urls or (self.url,)
+        if len(urls) == 1:
+            return (Member(self.name, urls[0], self.endpoint),)
+        return tuple(
+            Member(member_key(self.name, i), u, f"{self.endpoint}#{i}") for i, u in enumerate(urls)
+        )
 
 
 class RouteConfig(Section):

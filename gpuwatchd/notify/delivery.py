@@ -16,7 +16,7 @@ from collections.abc import Callable
 import aiohttp
 
 from gpuwatchd.notify import alertmanager, webhook
-from gpuwatchd.notify.config import NotifyConfig, ReceiverConfig
+from gpuwatchd.notify.config import Member, NotifyConfig, ReceiverConfig
 from gpuwatchd.notify.metrics import NotifyMetrics
 from gpuwatchd.notify.redaction import describe_error, redact, secret_fragments
 from gpuwatchd.notify.retry import TokenBucket, Verdict, backoff, classify_status
@@ -40,7 +40,7 @@ LOG_RETENTION_FACTOR = 2
 
 def receiver_secrets(rc: ReceiverConfig) -> list[str]:
     """Every secret string of one receiver (URL, HMAC key, header values)."""
-    out = [rc.url.get_secret_value()]
+    out = [rc.url.get_secret_value(), *(u.get_secret_value() for u in rc.urls)]
     if rc.hmac_secret is not None:
         out.append(rc.hmac_secret.get_secret_value())
     out.extend(v.get_secret_value() for v in rc.headers.values())
@@ -71,7 +71,8 @@ async def _read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes:
 
 
 class Worker:
-    """Delivers one receiver's outbox."""
+    """Delivers one receiver member's outbox (one URL; an Alertmanager cluster has a worker per member, each with
+    its own rows, retries and backoff, so a member that is down delays nothing for the others)."""
 
     def __init__(
         self,
@@ -83,8 +84,12 @@ class Worker:
         metrics: NotifyMetrics,
         session: aiohttp.ClientSession,
         on_change: Callable[[OutboxRow, str], None],
+        member: Member | None = None,
     ) -> None:
         self.rc = rc
+        self.member = member if member is not None else rc.members[0]
+        self.key = self.member.key  # outbox rows and metrics are kept under it
+        self.endpoint = self.member.endpoint
         self.config = config
         self._outbox = outbox
         self._clock = clock
@@ -104,7 +109,7 @@ class Worker:
     async def run(self) -> None:
         """Loop until cancelled or ``stopping``."""
         while not self.stopping:
-            row = self._outbox.next_pending(self.rc.name)
+            row = self._outbox.next_pending(self.key)
             now = self._clock.now()
             if row is None:
                 await nap(self._clock, now + 3600, self.wake)
@@ -119,7 +124,7 @@ class Worker:
                 # The row is on disk before its first attempt, and the outcome of the previous one too: a kill
                 # during this request re-sends this row only (the outbox writes on its own thread).
                 await self._outbox.drain()
-                head = self._outbox.next_pending(self.rc.name)
+                head = self._outbox.next_pending(self.key)
                 if head is None or head.id != row.id:
                     continue
                 row = head
@@ -145,7 +150,7 @@ class Worker:
         headers.update({k: v.get_secret_value() for k, v in self.rc.headers.items()})
         if self.rc.type == "webhook" and self.rc.hmac_secret is not None:
             headers[webhook.SIGNATURE_HEADER] = webhook.signature(body, self.rc.hmac_secret.get_secret_value())
-        url = self.rc.url.get_secret_value()
+        url = self.member.url.get_secret_value()
         if self.rc.type == "alertmanager":
             url = alertmanager.alerts_url(url)
         t0 = time.monotonic()
@@ -160,16 +165,16 @@ class Worker:
                 text = await _read_capped(resp.content, MAX_RESPONSE_BYTES)  # an answer can be any size
                 verdict = classify_status(resp.status, dict(resp.headers), text, self._clock.now())
                 if verdict.outcome != "success":
-                    self.last_error = f"{self.rc.endpoint}: HTTP {resp.status}: {self._snippet(text)}"
+                    self.last_error = f"{self.endpoint}: HTTP {resp.status}: {self._snippet(text)}"
         except asyncio.TimeoutError:
-            self.last_error = f"{self.rc.endpoint}: timed out after {self.rc.timeout:g}s"
+            self.last_error = f"{self.endpoint}: timed out after {self.rc.timeout:g}s"
             verdict = Verdict("retry", "timeout")
         except (aiohttp.ClientError, OSError, ValueError) as e:
             # aiohttp puts the URL in many of these texts: redact before it reaches a log or the API.
-            self.last_error = f"{self.rc.endpoint}: {describe_error(e, self._secrets)}"
+            self.last_error = f"{self.endpoint}: {describe_error(e, self._secrets)}"
             verdict = Verdict("retry", "connection")
         finally:
-            self._metrics.latency.labels(self.rc.name, self.rc.type).observe(time.monotonic() - t0)
+            self._metrics.latency.labels(self.key, self.rc.type).observe(time.monotonic() - t0)
         return verdict
 
     def _snippet(self, body: bytes) -> str:
@@ -187,9 +192,9 @@ class Worker:
             log_it = self.rc.type != "alertmanager"
             expires = now + LOG_RETENTION_FACTOR * self.config.repeat_interval
             self._outbox.mark_delivered(row, now, expires, log=log_it)
-            self._metrics.outcome(self.rc.name, self.rc.type, "success")
+            self._metrics.outcome(self.key, self.rc.type, "success")
             self.last_error = None
-            log.debug("%s: delivered notification %d (%s)", self.rc.endpoint, row.id, row.group_key)
+            log.debug("%s: delivered notification %d (%s)", self.endpoint, row.id, row.group_key)
             self._on_change(row, "delivered")
             return
         if verdict.outcome == "permanent":
@@ -200,11 +205,11 @@ class Worker:
         if delay is None:
             delay = backoff(attempt, self.config.retry_initial, self.config.retry_max, self._rng)
         self._outbox.mark_retry(row.id, now + delay, self.last_error or verdict.reason)
-        self._metrics.outcome(self.rc.name, self.rc.type, "retry", verdict.reason)
+        self._metrics.outcome(self.key, self.rc.type, "retry", verdict.reason)
         log.warning("%s (attempt %d, retry in %.1fs)", self.last_error or verdict.reason, attempt, delay)
 
     def _give_up(self, row: OutboxRow, reason: str, error: str) -> None:
         self._outbox.mark_failed(row.id, self._clock.now(), error)
-        self._metrics.outcome(self.rc.name, self.rc.type, "failure", reason)
-        log.error("%s: notification %d dropped: %s", self.rc.endpoint, row.id, error)
+        self._metrics.outcome(self.key, self.rc.type, "failure", reason)
+        log.error("%s: notification %d dropped: %s", self.endpoint, row.id, error)
         self._on_change(row, "failed")

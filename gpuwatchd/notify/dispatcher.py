@@ -4,7 +4,8 @@
 and ``group_by`` values. A group is flushed ``group_wait`` after it appears, then every ``group_interval``; a flush
 drops muted alerts (silences, inhibition), asks :func:`nflog.needs_update` whether the receiver must hear about
 it, and if so renders the message and writes it to the outbox. Delivery workers (``delivery.py``) send it.
-Alertmanager receivers bypass grouping: they get every firing alert re-posted every ``alertmanager_resend``.
+Alertmanager receivers bypass grouping: they get every firing alert re-posted every ``alertmanager_resend``, to
+every member of a cluster (``urls``), each member through its own worker and outbox rows.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from gpuwatchd.model import Alert
 from gpuwatchd.notify import alertmanager, discord, mattermost, slack, teams, webhook
-from gpuwatchd.notify.config import NotifyConfig, ReceiverConfig
+from gpuwatchd.notify.config import Member, NotifyConfig, ReceiverConfig
 from gpuwatchd.notify.delivery import Worker, nap
 from gpuwatchd.notify.fingerprints import alert_fp
 from gpuwatchd.notify.inhibition import Inhibitor
@@ -112,10 +113,11 @@ class Dispatcher:
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start the scheduler and one delivery worker per receiver (undelivered rows from before resume now)."""
+        """Start the scheduler and one delivery worker per receiver member (undelivered rows from before resume)."""
         self._session = aiohttp.ClientSession()
         for rc in self.config.receivers:
-            self._start_worker(rc)
+            for m in rc.members:
+                self._start_worker(rc, m)
         self._abandon_orphans()
         self._scheduler = asyncio.create_task(self._schedule(), name="notify-scheduler")
 
@@ -146,7 +148,7 @@ class Dispatcher:
         self.config = config
         changed = [n for n in old if n not in {rc.name for rc in config.receivers} or old[n] != config.receiver(n)]
         if self._session is not None:
-            stopping = [n for n in changed if n in self._workers]
+            stopping = [k for k, w in self._workers.items() if w.rc.name in changed]
             for n in stopping:
                 self._workers[n].stopping = True
                 self._workers[n].wake.set()
@@ -162,11 +164,12 @@ class Dispatcher:
     async def _restart_workers(self, names: list[str]) -> None:
         await self._stop_workers(names)
         for rc in self.config.receivers:
-            if rc.name not in self._workers:
-                self._start_worker(rc)
+            for m in rc.members:
+                if m.key not in self._workers:
+                    self._start_worker(rc, m)
         self._abandon_orphans()
 
-    def _start_worker(self, rc: ReceiverConfig) -> None:
+    def _start_worker(self, rc: ReceiverConfig, member: Member) -> None:
         assert self._session is not None
         w = Worker(
             rc,
@@ -176,11 +179,12 @@ class Dispatcher:
             metrics=self._metrics,
             session=self._session,
             on_change=self._row_changed,
+            member=member,
         )
-        self._workers[rc.name] = w
-        task = asyncio.create_task(w.run(), name=f"notify-{rc.endpoint}")
+        self._workers[member.key] = w
+        task = asyncio.create_task(w.run(), name=f"notify-{member.endpoint}")
         task.add_done_callback(self._worker_done)
-        self._tasks[rc.name] = task
+        self._tasks[member.key] = task
 
     def _worker_done(self, task: asyncio.Task[None]) -> None:
         # A crashed worker would silently stop a receiver's deliveries: say so loudly (rows stay pending).
@@ -205,8 +209,8 @@ class Dispatcher:
             self._workers.pop(n, None)
 
     def _abandon_orphans(self) -> None:
-        """Rows queued for receivers no longer configured can never be sent: fail them, loudly."""
-        names = {rc.name for rc in self.config.receivers}
+        """Rows queued for receivers (or cluster members) no longer configured can never be sent: fail them, loudly."""
+        names = {m.key for rc in self.config.receivers for m in rc.members}
         now = self._clock.now()
         for name in [r for r in self.outbox.depths() if r not in names]:
             for row in self.outbox.rows(name):
@@ -362,16 +366,18 @@ class Dispatcher:
         if not alerts or (not due and state == self._am_sent.get(rc.name)):
             return
         body = alertmanager.render(sort_alerts(alerts), now, self.config.alertmanager_resend, self.config.external_url)
-        row = self.outbox.enqueue(
-            rc.name, "alertmanager", json.dumps(body, separators=(",", ":")), firing=(), resolved=(), now=now
-        )
-        # Each push carries the full current state, so an older one still queued (outage) is pointless.
-        self.outbox.supersede(rc.name, row.id, now)
+        payload = json.dumps(body, separators=(",", ":"))
+        # Every member of a cluster gets every push, through its own row: a member that is down retries on its
+        # own schedule while the others are posted to at once (Alertmanager's README, "High Availability").
+        for m in rc.members:
+            row = self.outbox.enqueue(m.key, "alertmanager", payload, firing=(), resolved=(), now=now)
+            # Each push carries the full current state, so an older one still queued (outage) is pointless.
+            self.outbox.supersede(m.key, row.id, now)
+            if m.key in self._workers:
+                self._workers[m.key].wake.set()
         self._depths = self.outbox.depths()
         self._am_sent[rc.name] = state
         self._am_next[rc.name] = now + self.config.alertmanager_resend
-        if rc.name in self._workers:
-            self._workers[rc.name].wake.set()
 
     def _row_changed(self, row: OutboxRow, status: str) -> None:
         self._depths[row.receiver] = max(0, self._depths.get(row.receiver, 0) - 1)
@@ -454,5 +460,5 @@ class Dispatcher:
         return out
 
     def last_errors(self) -> dict[str, str | None]:
-        """Latest delivery error per receiver (already redacted)."""
+        """Latest delivery error per receiver member (already redacted; cluster members are ``name#i``)."""
         return {n: w.last_error for n, w in self._workers.items()}
