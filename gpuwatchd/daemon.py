@@ -30,6 +30,7 @@ from gpuwatchd.exporter.http import make_app
 from gpuwatchd.exporter.server import start_server
 from gpuwatchd.exporter.status import status_from_store
 from gpuwatchd.exporter.webconfig import WebConfigError, load_web_config
+from gpuwatchd.gpu.health_view import update_health
 from gpuwatchd.model import Alert, Snapshot, SourceStatus
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.probes.api import probe_routes
@@ -396,7 +397,9 @@ class Daemon:
         """Run the rules on the store now and hand the result to the dispatcher."""
         if self._engine is None or self._dispatcher is None:
             raise RuntimeError("daemon not started")
-        self.alerts = list(self._engine.evaluate(self.store, self.clock.now()))
+        now = self.clock.now()
+        self.alerts = list(self._engine.evaluate(self.store, now))
+        update_health(self.store, self.alerts, now)
         self._generation += 1
         self._dispatcher.update(self.alerts)
         status = self._status_line()

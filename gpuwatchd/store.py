@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpuwatchd.gpu.health import GpuHealth
 from gpuwatchd.model import (
     HANG_SUSPECTED,
     DockSample,
@@ -158,6 +159,8 @@ class Store:
         self.config_reload_success = True
         self.config_reload_timestamp: float | None = None
         self.probes = ProbeLedger()  # what the torch health probes found (gpuwatchd.probes.service writes it)
+        # uuid -> health state, reason and action (gpuwatchd/gpu/health.py), set at every rule evaluation
+        self.health: dict[str, GpuHealth] = {}
         # Bumped by every writer method, so readers (the /metrics cache) can tell "nothing changed" cheaply.
         # The runtime facts above are plain attributes: readers that cache include them in their key.
         self.version = 0

@@ -96,6 +96,7 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
     gpus = [g for g in status.get("gpus", []) if isinstance(g, dict)]
     rows = []
     procs = []
+    notes: list[str] = []  # one line per GPU that is not healthy: the reason and what to do
     for entry in gpus:
         # Readings sit under "readings" (absent for a lost or removed GPU); identity and state at the top.
         g = {**(entry.get("readings") or {}), **entry}
@@ -109,9 +110,14 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
                 _num(_pick(g, "temperature_celsius"), "{:.0f}C"),
                 _num(_pick(g, "power_watts"), "{:.0f}W"),
                 _probe(g.get("probe")),
+                _health_state(g.get("health")),
                 str(g.get("uuid", "-")),
             ]
         )
+        health = g.get("health")
+        if isinstance(health, dict) and health.get("state") not in (None, "healthy"):
+            action = health.get("action_text") or health.get("action") or "-"
+            notes.append(f"GPU {rows[-1][0]} {health.get('state')}: {health.get('reason') or '-'}; action: {action}")
         for p in g.get("processes", []) or []:
             if isinstance(p, dict):
                 procs.append(
@@ -123,8 +129,10 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
                         _num(_pick(p, "used_memory_bytes", "memory_used_bytes"), "{:.2f} GiB", 1 / GIB),
                     ]
                 )
-    headers = ["GPU", "NAME", "STATE", "MEMORY", "UTIL", "TEMP", "POWER", "PROBE", "UUID"]
+    headers = ["GPU", "NAME", "STATE", "MEMORY", "UTIL", "TEMP", "POWER", "PROBE", "HEALTH", "UUID"]
     out += ["", _table(headers, rows) if rows else "No GPUs."]
+    if notes:
+        out += ["", *notes]
     if procs:
         out += ["", _table(["GPU", "PID", "PROCESS", "USER", "GPU MEMORY"], procs)]
     arows = []
@@ -146,6 +154,11 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
 def _probe(verdict: Any) -> str:
     """Last probe verdict of a GPU: "pass", "degraded", "FAILED", "skipped (busy_process)", or "-"."""
     return str(verdict.get("verdict") or "-") if isinstance(verdict, dict) else "-"
+
+
+def _health_state(health: Any) -> str:
+    """healthy, degraded, unhealthy or unknown (gpuwatchd/gpu/health.py); "-" from a daemon without it."""
+    return str(health.get("state") or "-") if isinstance(health, dict) else "-"
 
 
 def _header(status: Mapping[str, Any]) -> str:

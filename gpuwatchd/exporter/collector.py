@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from gpuwatchd.exporter import dock_families as df
 from gpuwatchd.exporter import gpm_families as gm
 from gpuwatchd.exporter import gpu_families as gf
+from gpuwatchd.exporter import health_families as hf
 from gpuwatchd.exporter import kernel_log_families as kf
 from gpuwatchd.exporter import mig_families as mf
 from gpuwatchd.exporter import nvlink_families as nf
@@ -46,7 +47,7 @@ Group = Callable[[Store], Iterable[Metric]]
 
 def store_specs() -> list[Spec]:
     """Every family the store collector can export."""
-    found = [v for mod in (rf, gf, df, kf, pf, nf, gm, mf) for v in vars(mod).values() if isinstance(v, Spec)]
+    found = [v for mod in (rf, gf, df, kf, pf, nf, gm, mf, hf) for v in vars(mod).values() if isinstance(v, Spec)]
     return [*found, COLLECT_ERRORS]
 
 
@@ -95,6 +96,7 @@ class StoreCollector(Collector):
             "nvlink": self._per_gpu("nvlink", nf.nvlink_families),
             "gpm": self._per_gpu("gpm", gm.gpm_families),
             "mig": self._per_gpu("mig", mf.mig_families),
+            "gpu_health": hf.health_families,
         }
         self.errors: dict[str, int] = dict.fromkeys(self.groups, 0)
         # group -> (the GPU samples its families were built from, the families, frozen)

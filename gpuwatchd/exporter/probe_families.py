@@ -1,7 +1,9 @@
 """Families of the torch health probes (docs/probes.md), from the probe ledger in the store.
 
-Nothing is exported for a GPU before its first run; ``gpuwatchd_probe_available`` appears once the daemon knows
-(torch looked up, CUDA checked by a one-shot worker).
+Nothing is exported for a GPU before its first run. ``gpuwatchd_probe_available`` is exported from the start, with
+or without GPUs and whether or not the driver answers: the daemon finds out as it starts (torch looked up, its
+``version.py`` read for a CUDA build, and only for a CUDA build a one-shot worker asked whether CUDA works, a few
+seconds); before that answer it is absent, never a guessed 0.
 """
 
 from __future__ import annotations

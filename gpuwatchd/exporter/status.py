@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from gpuwatchd.gpu.clock_events import decode
+from gpuwatchd.gpu.health import ACTION_TEXT
 from gpuwatchd.model import GpuSample, ProcessSample
 from gpuwatchd.store import Store
 
@@ -39,6 +40,16 @@ def _probe_verdict(store: Store, uuid: str) -> dict[str, Any] | None:
     return dataclasses.asdict(v) if v is not None else None
 
 
+def _health(store: Store, uuid: str) -> dict[str, Any]:
+    """``{state, reason, action, action_text, since, evidence}`` (gpuwatchd/gpu/health.py); unknown before the
+    first rule evaluation."""
+    h = store.health.get(uuid)
+    if h is None:
+        return {"state": "unknown", "reason": "not assessed yet (no rule evaluation since the GPU appeared)",
+                "action": "none", "action_text": ACTION_TEXT["none"], "since": None, "evidence": []}
+    return h.as_dict()
+
+
 def status_from_store(store: Store) -> dict[str, Any]:
     """NVML status, GPUs (presence, identity, readings, processes), links, sources and Xid counts."""
     snap = store.latest
@@ -61,6 +72,7 @@ def status_from_store(store: Store) -> dict[str, Any]:
                 "processes_total": sample.processes_total if sample is not None else None,
                 "errors": dict(sample.errors) if sample is not None else {},
                 "probe": _probe_verdict(store, uuid),
+                "health": _health(store, uuid),
             }
         )
     return {

@@ -11,7 +11,9 @@ import asyncio
 import importlib.util
 import logging
 import os
+import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,21 @@ def behind_thunderbolt(sysfs_root: Path, bus_id: str | None) -> bool:
     return False
 
 
+def torch_cuda_build(locations: Iterable[str] | None) -> bool | None:
+    """Whether the torch package at ``locations`` is a CUDA build, from its ``version.py`` (``cuda = None`` in a
+    CPU-only build; "12.4" in a CUDA one), without importing it; None when that file cannot be read."""
+    for loc in locations or ():
+        try:
+            text = (Path(loc) / "version.py").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        m = re.search(r"^cuda\s*(?::[^=]*)?=\s*(.+)$", text, re.MULTILINE)
+        if m is None:
+            return None
+        return m.group(1).strip() != "None"
+    return None
+
+
 class ProbeService:
     def __init__(self, config: Config, store: Store, clock: Clock, state_dir: Path | None, *,
                  sim: SimProbes | None = None, env: dict[str, str] | None = None) -> None:
@@ -119,8 +136,12 @@ class ProbeService:
         return ok
 
     async def _check(self) -> tuple[bool, str | None]:
-        if self.cfg.python is None and importlib.util.find_spec("torch") is None:
-            return False, "torch_not_installed"
+        if self.cfg.python is None:
+            spec = importlib.util.find_spec("torch")
+            if spec is None:
+                return False, "torch_not_installed"
+            if self.device == "cuda" and torch_cuda_build(spec.submodule_search_locations) is False:
+                return False, "torch_without_cuda"  # read from torch/version.py: no torch import, no subprocess
         if self.device == "cpu":
             return True, None  # sim: torch imports (find_spec) and the CPU device always exists
         argv = [self.python, "-m", "gpuwatchd.probes.worker", "--check", "--device", "cuda"]
@@ -154,7 +175,12 @@ class ProbeService:
     # -- schedule ------------------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """The daemon task: look at the schedule every TICK_S clock seconds, run what is due."""
+        """The daemon task: say at once whether probes can run (``gpuwatchd_probe_available`` from the start, with
+        or without GPUs or a driver), then look at the schedule every TICK_S clock seconds and run what is due."""
+        try:
+            await self.ensure_available()
+        except Exception:
+            log.exception("the probe availability check failed; it is tried again when a probe is due")
         while True:
             try:
                 await self.step()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuwatchd.gpu.health import HealthAction
 from gpuwatchd.model import Severity, XidEvent
 from gpuwatchd.rules.condition import Condition, RuleView, fmt_duration, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
@@ -111,6 +112,23 @@ def severity(code: int) -> Severity:
     if code in INFORMATIONAL:
         return "info"
     return "warning"
+
+
+def health_actions() -> dict[int, HealthAction]:
+    """Per known code, what the GPU's health state suggests (gpuwatchd/gpu/health.py); others reset the GPU."""
+    out: dict[int, HealthAction] = {}
+    for code in CATALOG:
+        if code == 79:
+            out[code] = "reboot"
+        elif code in RESET_NEEDED or code in HARDWARE_OR_LINK:
+            out[code] = "reset_gpu"
+        elif code == 54:
+            out[code] = "inspect_hardware"
+        elif code in INFORMATIONAL:
+            out[code] = "none"
+        else:
+            out[code] = "restart_app"
+    return out
 
 
 def describe(code: int) -> tuple[str, str]:

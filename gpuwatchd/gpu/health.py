@@ -1,0 +1,184 @@
+"""One health state per GPU, the way gpud and DCGM present it: healthy, degraded, unhealthy or unknown, with the
+reason and the one thing to do (no I/O).
+
+Derived at every rule evaluation from the evidence the daemon already holds: the firing alerts on the GPU (the Xid
+history enters through ``GpuXidError`` and the repetition rules, which read it), the torch probes' last verdicts,
+and whether NVML can see the GPU at all. Nothing is sticky: when the alerts resolve and a probe passes again, the
+state is healthy again at the next evaluation (a device marked unhealthy forever is a known complaint about other
+tools, NVIDIA/k8s-device-plugin#1014). ``/readyz`` does not look at it.
+
+The worst evidence wins: unhealthy > degraded > healthy; among evidence of one state, the most invasive action
+wins (reboot > reseat/inspect > reset > check the cable > restart the app), because doing it also covers the
+lesser ones. ``unknown`` is for a GPU the daemon cannot see now (NVML down or its data stale, the GPU not
+answering yet, or removed) and no alert says more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuwatchd.model import Alert
+
+HealthState = Literal["healthy", "degraded", "unhealthy", "unknown"]
+HealthAction = Literal["none", "restart_app", "reset_gpu", "reboot", "inspect_hardware", "check_cable"]
+
+STATES: tuple[HealthState, ...] = ("healthy", "degraded", "unhealthy", "unknown")
+ACTIONS: tuple[HealthAction, ...] = ("none", "restart_app", "check_cable", "reset_gpu", "inspect_hardware", "reboot")
+_STATE_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "unhealthy": 3}
+_ACTION_RANK = {a: i for i, a in enumerate(ACTIONS)}
+
+ACTION_TEXT: dict[HealthAction, str] = {
+    "none": "nothing to do",
+    "restart_app": "restart the application on the GPU",
+    "reset_gpu": "reset the GPU (stop its processes, then nvidia-smi -r -i <index>)",
+    "reboot": "reboot the machine",
+    "inspect_hardware": "reseat and inspect the GPU (power cables, slot, riser, cooling)",
+    "check_cable": "check the eGPU's cable, dock and enclosure power, then re-plug it",
+}
+
+# Alerts that say something about the GPU itself -> (state when critical, state when warning, action, action on
+# an eGPU). Alerts about a job (GpuMemoryLeak, GpuUnderutilized) or the daemon (GpuwatchdRuleFailing) are not
+# evidence about the GPU's health and are left out. GpuXidError's action comes from the Xid catalog.
+_ALERT_EVIDENCE: dict[str, tuple[HealthState, HealthState, HealthAction, HealthAction]] = {
+    "GpuLost": ("unhealthy", "unhealthy", "reboot", "check_cable"),
+    "GpuEccError": ("unhealthy", "degraded", "reset_gpu", "reset_gpu"),
+    "GpuProbeFailed": ("unhealthy", "unhealthy", "reset_gpu", "reset_gpu"),
+    "GpuPerformanceDegraded": ("degraded", "degraded", "inspect_hardware", "check_cable"),
+    "GpuPcieLinkDegraded": ("degraded", "degraded", "inspect_hardware", "check_cable"),
+    "GpuPcieReplays": ("degraded", "degraded", "inspect_hardware", "check_cable"),
+    "GpuTemperatureHigh": ("unhealthy", "degraded", "inspect_hardware", "inspect_hardware"),
+    "GpuThrottled": ("degraded", "degraded", "inspect_hardware", "inspect_hardware"),
+    "GpuNvlinkErrors": ("unhealthy", "degraded", "reset_gpu", "reset_gpu"),
+    "GpuRecoveryActionRequired": ("unhealthy", "degraded", "reset_gpu", "reset_gpu"),
+    "GpuMemoryHeldByDeadProcess": ("degraded", "degraded", "reset_gpu", "reset_gpu"),
+    "GpuXidRepeated": ("unhealthy", "degraded", "inspect_hardware", "inspect_hardware"),
+    "GpuXidSupportCase": ("unhealthy", "unhealthy", "inspect_hardware", "inspect_hardware"),
+}
+# GpuRecoveryActionRequired's ``action`` label -> what to do.
+_RECOVERY: dict[str, HealthAction] = {
+    "node_reboot": "reboot", "system_reboot": "reboot", "gpu_reset": "reset_gpu", "drain_and_reset": "reset_gpu",
+    "bus_reset": "reset_gpu", "drain_p2p": "restart_app", "recover_imex_domain": "restart_app",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    state: HealthState
+    reason: str
+    action: HealthAction
+    since: float  # when the GPU entered this state (daemon clock)
+    evidence: tuple[str, ...] = ()  # alertnames (and "probe") behind the state
+
+    def as_dict(self) -> dict[str, object]:
+        return {"state": self.state, "reason": self.reason, "action": self.action,
+                "action_text": ACTION_TEXT[self.action], "since": self.since, "evidence": list(self.evidence)}
+
+
+@dataclass(frozen=True, slots=True)
+class _Evidence:
+    state: HealthState
+    action: HealthAction
+    reason: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What the daemon knows about one GPU apart from its alerts."""
+
+    presence: str  # present | lost | removed
+    has_sample: bool  # a reading of it is in the latest snapshot
+    egpu: bool  # behind a Thunderbolt dock
+    probe_failed: str | None = None  # the problem of a probe whose last run failed (wrong numbers, hang, crash)
+
+
+def xid_action(immediate: str) -> HealthAction:
+    """The health action for an Xid catalog immediate-action bucket (RESTART_APP, RESET_GPU, RESTART_BM ...)."""
+    b = immediate.upper()
+    if b in ("RESTART_BM", "RESTART_VM"):
+        return "reboot"
+    if b == "CHECK_MECHANICALS":
+        return "inspect_hardware"
+    if b.startswith(("RESET_GPU", "WORKFLOW_XID_48", "WORKFLOW_NVLINK", "XID_154", "CHECK_UVM")):
+        return "reset_gpu"
+    if b in ("RESTART_APP", "WORKFLOW_XID_45"):
+        return "restart_app"
+    if b == "IGNORE":
+        return "none"
+    return "reset_gpu"  # CONTACT_SUPPORT, UPDATE_SWFW, blank, new buckets: the conservative recovery
+
+
+def _from_alert(a: Alert, egpu: bool, xid_actions: Mapping[int, HealthAction]) -> _Evidence | None:
+    if a.state != "firing" or a.severity == "info":
+        return None
+    if a.name == "GpuXidError":
+        try:
+            code = int(a.labels.get("xid", ""))
+        except ValueError:
+            code = -1
+        action = xid_actions.get(code, "reset_gpu")
+        if code == 79 and egpu:
+            action = "check_cable"
+        state: HealthState = "unhealthy" if a.severity == "critical" else "degraded"
+        return _Evidence(state, action, a.summary, a.name)
+    spec = _ALERT_EVIDENCE.get(a.name)
+    if spec is None:
+        return None
+    crit, warn, action, egpu_action = spec
+    state = crit if a.severity == "critical" else warn
+    if a.name == "GpuRecoveryActionRequired":
+        action = _RECOVERY.get(a.labels.get("action", ""), action)
+    return _Evidence(state, egpu_action if egpu else action, a.summary, a.name)
+
+
+def assess(
+    facts: Mapping[str, GpuFacts],
+    alerts: Iterable[Alert],
+    now: float,
+    previous: Mapping[str, GpuHealth],
+    *,
+    nvml_ok: bool,
+    xid_actions: Mapping[int, HealthAction],
+) -> dict[str, GpuHealth]:
+    """The health of every GPU in ``facts`` (the GPUs the daemon has seen), from its evidence now."""
+    by_gpu: dict[str, list[_Evidence]] = {u: [] for u in facts}
+    for a in alerts:
+        uuid = a.labels.get("uuid", "")
+        if uuid not in facts:
+            continue
+        ev = _from_alert(a, facts[uuid].egpu, xid_actions)
+        if ev is not None:
+            by_gpu[uuid].append(ev)
+    out: dict[str, GpuHealth] = {}
+    for uuid, f in facts.items():
+        evidence = by_gpu[uuid]
+        if f.probe_failed is not None and not any(e.source == "GpuProbeFailed" for e in evidence):
+            # GpuProbeFailed turned off in the config: the probe's own verdict is still evidence.
+            evidence.append(_Evidence("unhealthy", "reset_gpu", f"torch probe failed: {f.probe_failed}", "probe"))
+        health = _judge(f, evidence, nvml_ok=nvml_ok)
+        prev = previous.get(uuid)
+        since = prev.since if prev is not None and prev.state == health[0] else now
+        out[uuid] = GpuHealth(health[0], health[1], health[2], since, tuple(sorted({e.source for e in evidence})))
+    return out
+
+
+def _judge(f: GpuFacts, evidence: list[_Evidence], *, nvml_ok: bool) -> tuple[HealthState, str, HealthAction]:
+    if evidence:
+        worst = max(_STATE_RANK[e.state] for e in evidence)
+        top = [e for e in evidence if _STATE_RANK[e.state] == worst]
+        top.sort(key=lambda e: -_ACTION_RANK[e.action])
+        first = top[0]
+        others = sorted({e.source for e in evidence if e is not first})
+        reason = first.reason + (f" (also: {', '.join(others)})" if others else "")
+        return first.state, reason, first.action
+    if not nvml_ok:
+        return "unknown", "NVML cannot be read now: the GPU's health is not known", "none"
+    if f.presence == "removed":
+        return "unknown", "the GPU is gone from enumeration (removed or unplugged)", "check_cable" if f.egpu else "none"
+    if f.presence == "lost":
+        return "unknown", "the GPU does not answer (lost); waiting for the GpuLost evidence", "none"
+    if not f.has_sample:
+        return "unknown", "no reading of the GPU yet, or its readings are stale", "none"
+    return "healthy", "no firing alert, probe failure or Xid evidence on this GPU", "none"

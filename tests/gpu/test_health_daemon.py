@@ -1,0 +1,112 @@
+"""The health state inside the real daemon against the stand-in NVML driver: healthy GPUs, an Xid 48 making one
+GPU unhealthy (reason and action in /api/v1/status and /metrics), recovery when the Xid's alert resolves; and the
+probe availability metrics exported from the start, with or without GPUs and with the driver down."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gpuwatchd.cli.status import fetch_status, render_status
+from gpuwatchd.config.loader import config_from_dict
+from gpuwatchd.daemon import Daemon
+from gpuwatchd.probes.service import torch_cuda_build
+from gpuwatchd.sim.standin_abi import STATE_ENV
+from gpuwatchd.sim.state import make_state
+
+WAIT_S = 120.0  # liveness bound on a loaded machine; each wait returns as soon as its condition holds
+
+
+def _config(tmp_path: Path, libdir: Path, **probes: Any) -> dict[str, Any]:
+    return {
+        "listen": "127.0.0.1:0",
+        "state_dir": str(tmp_path / "state"),
+        "nvml": {"library_path": str(libdir), "poll_interval": "100ms", "restart_backoff_max": "500ms"},
+        "sysfs": {"root": str(tmp_path / "sysfs")},
+        "rules": {"xid": {"resolve_after": "4s"}},
+        "probes": {"enabled": False, **probes},
+    }
+
+
+async def _until(cond: Callable[[], Any], what: str) -> Any:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + WAIT_S
+    while not (result := cond()):
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+    return result
+
+
+def _health(daemon: Daemon, uuid: str) -> dict[str, Any]:
+    return next(g["health"] for g in daemon.status()["gpus"] if g["uuid"] == uuid)
+
+
+async def _get(url: str) -> tuple[str, Any]:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url + "/metrics") as r:
+            metrics = await r.text()
+        async with s.get(url + "/api/v1/status") as r:
+            return metrics, await r.json()
+
+
+async def test_xid_makes_a_gpu_unhealthy_then_it_recovers(tmp_path: Path, standin_libdir: Path,
+                                                         write_sim_state: Callable[[dict[str, Any]], Path]) -> None:
+    state = make_state(2)
+    path = write_sim_state(state)
+    daemon = Daemon(config_from_dict(_config(tmp_path, standin_libdir)), worker_env={STATE_ENV: str(path)})
+    await daemon.start()
+    try:
+        bad, good = state["devices"][0]["uuid"], state["devices"][1]["uuid"]
+        await _until(lambda: daemon.store.health.get(bad) and daemon.store.health[bad].state == "healthy",
+                     "GPU 0 assessed healthy")
+        state["events"] = [{"seq": 1, "uuid": bad, "type": "xid", "data": 48}]
+        write_sim_state(state)
+        await _until(lambda: _health(daemon, bad)["state"] == "unhealthy", "GPU 0 unhealthy after Xid 48")
+        metrics, status = await _get(daemon.url)
+        h = next(g["health"] for g in status["gpus"] if g["uuid"] == bad)
+        assert h["action"] == "reset_gpu" and "Xid 48" in h["reason"] and h["evidence"] == ["GpuXidError"]
+        assert f'gpuwatchd_gpu_health_state{{state="unhealthy",uuid="{bad}"}} 1.0' in metrics
+        assert f'gpuwatchd_gpu_health_state{{state="healthy",uuid="{bad}"}} 0.0' in metrics
+        assert f'gpuwatchd_gpu_health_state{{state="healthy",uuid="{good}"}} 1.0' in metrics
+        assert next(g["health"] for g in status["gpus"] if g["uuid"] == good)["state"] == "healthy"
+        assert daemon.ready()  # /readyz does not look at health
+        text = render_status(*await fetch_status(daemon.url))  # what `gpuwatchd status` prints
+        row = next(line for line in text.splitlines() if line.rstrip().endswith(bad))
+        assert " unhealthy " in row
+        assert any(line.startswith("GPU 0 unhealthy: ") and "Xid 48" in line and "action: reset the GPU" in line
+                   for line in text.splitlines()), text
+        # The Xid alert resolves after rules.xid.resolve_after without a repeat: the GPU is healthy again.
+        await _until(lambda: _health(daemon, bad)["state"] == "healthy", "GPU 0 healthy again")
+    finally:
+        await daemon.stop()
+
+
+async def test_probe_availability_is_exported_from_the_start_without_gpus_or_driver(
+        tmp_path: Path, standin_libdir: Path, write_sim_state: Callable[[dict[str, Any]], Path]) -> None:
+    for name, state, probes in (("no GPUs", make_state(0), {"enabled": False}),
+                                ("driver down", make_state(1, init_error="DRIVER_NOT_LOADED"), {"enabled": True})):
+        path = write_sim_state(state)
+        daemon = Daemon(config_from_dict(_config(tmp_path / name, standin_libdir, **probes)),
+                        worker_env={STATE_ENV: str(path)})
+        await daemon.start()
+        try:
+            await _until(lambda d=daemon: d.store.latest is not None, f"{name}: the first NVML result")
+            metrics, status = await _get(daemon.url)
+            assert "gpuwatchd_probe_available 0.0" in metrics, name
+            reason = status["probes"]["unavailable_reason"]
+            assert f'gpuwatchd_probe_unavailable_info{{reason="{reason}"}} 1.0' in metrics, name
+            spec = importlib.util.find_spec("torch")
+            if not probes["enabled"]:
+                assert reason == "disabled"
+            elif spec is not None and torch_cuda_build(spec.submodule_search_locations) is False:
+                assert reason == "torch_without_cuda"  # CI's torch: read from version.py, no worker started
+            else:
+                assert reason in ("torch_not_installed", "no_cuda_device", "driver_too_old", "check_failed"), reason
+        finally:
+            await daemon.stop()
