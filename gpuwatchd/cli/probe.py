@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import os
 import subprocess
@@ -30,10 +31,22 @@ from gpuwatchd.model import Snapshot, snapshot_from_dict
 from gpuwatchd.probes.verdict import fmt_measure
 
 NVML_POLL_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 5.0
+MAX_ANSWER_BYTES = 16 * 1024 * 1024  # a probe result of 64 GPUs is tens of KB
 
 
 class NoDaemon(Exception):
-    pass
+    """Nothing listens at the URL (connection refused): the only case in which ``probe`` runs the probes itself."""
+
+
+def _answer(status: int, raw: bytes) -> Any:
+    """The JSON of an answer; RuntimeError saying what came instead (an HTML 500 page, a truncated body)."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        text = raw[:200].decode("utf-8", "replace").strip().replace("\n", " ")
+        raise RuntimeError(f"the daemon answered HTTP {status} with a body that is not JSON"
+                           f"{': ' + repr(text) if text else ' (empty)'}") from None
 
 
 async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], timeout: float,
@@ -42,7 +55,7 @@ async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], 
     ``client``: TLS trust and basic auth for a daemon with a web config (cli/daemon_client.py)."""
     import aiohttp  # here, not at the top: every CLI start imports this module
 
-    t = aiohttp.ClientTimeout(total=timeout, connect=5.0)
+    t = aiohttp.ClientTimeout(total=timeout, connect=CONNECT_TIMEOUT_S)
     try:
         args = (client or DaemonClient()).session_args()
     except ClientSetupError as e:
@@ -53,18 +66,38 @@ async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], 
         ) as resp:
             if resp.status == 401:
                 raise RuntimeError(f"the daemon refused: HTTP 401 ({AUTH_HINT})")
-            body = await resp.json(content_type=None)
+            raw = await resp.content.read(MAX_ANSWER_BYTES + 1)
+            if len(raw) > MAX_ANSWER_BYTES:
+                raise RuntimeError(f"the daemon's answer is larger than {MAX_ANSWER_BYTES} bytes")
+            body = _answer(resp.status, raw)
             if resp.status != 200:
                 err = body.get("error") if isinstance(body, dict) else None
                 raise RuntimeError(f"the daemon refused: HTTP {resp.status}: {err or body}")
             if not isinstance(body, dict):
                 raise RuntimeError("the daemon answered something that is not a probe result")
             return body
-    except (aiohttp.ClientConnectionError, OSError) as e:
+    except (aiohttp.ClientConnectionError, OSError, asyncio.TimeoutError) as e:
         problem = tls_problem(base_url, e)
         if problem is not None:  # a daemon answers: never run the probes beside it
             raise RuntimeError(f"{base_url}: {problem}") from None
-        raise NoDaemon(str(e) or type(e).__name__) from None
+        if _refused(e):
+            raise NoDaemon(str(e) or type(e).__name__) from None
+        # Something is there: a timeout, a reset, a name that does not resolve. Running the probes here as well could
+        # put two probe runs on one GPU (a daemon busy probing answers late), so this is an error, not "no daemon".
+        if isinstance(e, asyncio.TimeoutError):
+            raise RuntimeError(f"{base_url}: no answer within {timeout:g} s (connect {CONNECT_TIMEOUT_S:g} s); a"
+                               " timeout is not 'no daemon', so the probes were not run here. A daemon running"
+                               " probes answers when they end: raise --timeout") from None
+        raise RuntimeError(f"{base_url}: {str(e)[:200] or type(e).__name__}; the probes were not run") from None
+
+
+def _refused(e: BaseException) -> bool:
+    """Nothing listens: the connection was refused (ECONNREFUSED; ENOENT for a unix socket path)."""
+    import aiohttp
+
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return e.os_error.errno in (errno.ECONNREFUSED, errno.ENOENT)
+    return isinstance(e, ConnectionRefusedError)
 
 
 def nvml_snapshot(config: Config) -> Snapshot:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -81,3 +83,52 @@ def test_through_a_daemon(tmp_path: Path) -> None:
             sim.kill()  # never leave it running (and unreaped) behind a failing test
             sim.wait()
             raise
+
+
+def test_a_listener_that_never_answers_is_not_no_daemon(tmp_path: Path) -> None:
+    """A timeout means something is there (a daemon busy running probes answers late): running the probes here as
+    well could put two runs on one GPU. One line, exit 1, the probes not run."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # accepted by the kernel, never read, never answered
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        out = _gpuwatchd("probe", "--config", str(_plain_config(tmp_path)), "--url", url, "--timeout", "2")
+    assert out.returncode == 1
+    assert "no daemon running" not in out.stdout
+    assert f"gpuwatchd probe: {url}: no answer within 2 s" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+class _Html500(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        body = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
+        self.send_response(500)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def test_a_non_json_500_is_one_line_saying_so(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Html500)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        out = _gpuwatchd("probe", "--config", str(_plain_config(tmp_path)), "--url", url, "--timeout", "30")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode == 1
+    assert "gpuwatchd probe: the daemon answered HTTP 500 with a body that is not JSON: '<html>" in out.stderr
+    assert "Expecting value" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert "no daemon running" not in out.stdout
+
+
+def _plain_config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "gpuwatchd.yml"
+    cfg.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state-dir")}))
+    return cfg
