@@ -40,6 +40,7 @@ from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.rules.history_file import HistoryFile
 from gpuwatchd.rules.metrics import AlertsCollector
 from gpuwatchd.runtime.clock import Clock, RealClock
+from gpuwatchd.runtime.gc_tuning import freeze_survivors, keep_frozen
 from gpuwatchd.runtime.nvml_outage import NvmlOutageLog
 from gpuwatchd.runtime.sdnotify import SdNotifier
 from gpuwatchd.runtime.startup import DaemonError, ListenError, StateDirError, listen_error, resolve_state_dir
@@ -88,8 +89,11 @@ class Daemon:
         worker_module: str = WORKER_MODULE,
         probe_sim: SimProbes | None = None,
         web_config_file: Path | None = None,
+        freeze_gc: bool = False,
     ) -> None:
         self.config = config
+        # runtime/gc_tuning.py: only where the daemon owns its process (run, sim), never inside a test's interpreter
+        self._freeze_gc = freeze_gc
         self._worker_module = worker_module  # gpuwatchd.sim.worker under the simulator
         self.config_path = config_path
         self.clock: Clock = clock or RealClock()
@@ -203,6 +207,9 @@ class Daemon:
         self._spawn(self.probes.run(), "probe scheduler")
         if self.sd.watchdog_interval is not None:
             self._spawn(self._watchdog_loop(self.sd.watchdog_interval), "systemd watchdog")
+        if self._freeze_gc:
+            freeze_survivors()  # imports, config and start-up objects live as long as the process
+            self._spawn(keep_frozen(), "gc freezer")
         log.info("gpuwatchd %s serving on %s (state in %s)", __version__, self.url, self.state_dir)
         self.sd.ready(self._status_line())
 

@@ -174,7 +174,7 @@ def cmd_run(config_path: Path | None, listen: str | None, web_config_file: Path 
         except ValueError as e:
             _err(f"--listen: {e}")
             return EXIT_USAGE
-    daemon = Daemon(cfg, config_path=config_path, listen=listen, web_config_file=web_config_file)
+    daemon = Daemon(cfg, config_path=config_path, listen=listen, web_config_file=web_config_file, freeze_gc=True)
     try:
         return asyncio.run(daemon.serve())
     except DaemonError as e:
@@ -258,6 +258,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
                 config_path=args.config,
                 state_dir=args.state_dir,
                 web_config_file=args.web_config_file,
+                freeze_gc=True,
             )
         )
     except ConfigError as e:

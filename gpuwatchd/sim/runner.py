@@ -68,7 +68,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
                   listen: str | None, config_path: Path | None, state_dir: Path | None,
                   web_config_file: Path | None = None,
                   out: TextIO | None = None, kernel_log: Path | None = None, from_csv: Path | None = None,
-                  resume: bool = False) -> int:
+                  resume: bool = False, freeze_gc: bool = False) -> int:
     """Run the simulation until SIGINT/SIGTERM; returns the process exit code.
 
     ``ConfigError`` from a bad ``--config`` propagates (the CLI owns that exit code); scenario, XML and option
@@ -130,7 +130,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         config = config.model_copy(update={"kernel_log": config.kernel_log.model_copy(update={"path": ring.path})})
         daemon = Daemon(config, config_path=config_path, clock=clock, listen=listen,
                         worker_env={**os.environ, STATE_ENV: str(state_path)}, worker_module=SIM_WORKER_MODULE,
-                        probe_sim=SimProbes(state_path), web_config_file=web_config_file)
+                        probe_sim=SimProbes(state_path), web_config_file=web_config_file, freeze_gc=freeze_gc)
         try:
             await daemon.start()
         except DaemonError as e:
