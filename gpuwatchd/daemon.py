@@ -44,6 +44,7 @@ from gpuwatchd.runtime.gc_tuning import freeze_survivors, keep_frozen
 from gpuwatchd.runtime.nvml_outage import NvmlOutageLog
 from gpuwatchd.runtime.sdnotify import SdNotifier
 from gpuwatchd.runtime.startup import DaemonError, ListenError, StateDirError, listen_error, resolve_state_dir
+from gpuwatchd.sources.attribution.task import AttributionTask, socket_explicit
 from gpuwatchd.sources.kernel_log_task import KernelLogTask
 from gpuwatchd.sources.supervisor import NvmlSupervisor
 from gpuwatchd.sources.thunderbolt import watch_docks
@@ -117,6 +118,7 @@ class Daemon:
         self._dispatcher: Dispatcher | None = None
         self._supervisor: NvmlSupervisor | None = None
         self.kernel_log: KernelLogTask | None = None
+        self.attribution: AttributionTask | None = None  # who holds each GPU process (sources/attribution)
         self.history: HistoryFile | None = None  # rule history kept across restarts (rules/history_file.py)
         self.status_extra: Callable[[], dict[str, Any]] | None = None
         self._probe_sim = probe_sim  # gpuwatchd sim only: probes on the CPU device, faults from the scenario
@@ -202,6 +204,16 @@ class Daemon:
                                             sysfs_root=cfg.sysfs.root, on_event=self._wakeup.set,
                                             backlog_horizon=cfg.rules.xid.resolve_after)
             self._spawn(self.kernel_log.run(), "kernel log")
+        if cfg.attribution.enabled:
+            self.attribution = AttributionTask(
+                cfg.attribution,
+                socket_explicit=socket_explicit(cfg.attribution.kubernetes.model_fields_set),
+                on_update=self._attribute,
+                on_status=self.store.set_source_status,
+                # The stand-in's pids are fictitious: read cgroups only from a fake /proc the config names.
+                read_proc=self._worker_module == WORKER_MODULE or "proc_root" in cfg.attribution.model_fields_set,
+            )
+            self._spawn(self.attribution.run(), "attribution")
         self._spawn(self._evaluate_loop(), "rules evaluation")
         self._spawn(self.history.run(), "rule history")
         self._spawn(self.probes.run(), "probe scheduler")
@@ -347,6 +359,7 @@ class Daemon:
         if self.kernel_log is not None:
             snap = self.kernel_log.filter_snapshot(snap)  # an Xid the kernel log already counted is not recounted
         self.store.apply(snap)
+        self._attribute()
         if self.history is not None:
             self.history.on_snapshot(snap)
         if self.kernel_log is not None:
@@ -364,6 +377,12 @@ class Daemon:
         self._outage.observe(snap, self.config.nvml)
         if self._wakeup is not None:
             self._wakeup.set()
+
+    def _attribute(self) -> None:
+        """Owners of the latest snapshot's processes into the store (after a snapshot and a kubelet refresh)."""
+        snap = self.store.latest
+        if self.attribution is not None and snap is not None:
+            self.store.set_attribution(self.attribution.resolve(snap))
 
     def _on_late(self, silent_seconds: float) -> None:
         # A poll is late: the values shown are being held, and /metrics says so (gpuwatchd_nvml_stale 1) at once.
@@ -515,7 +534,8 @@ class Daemon:
                 self._replace_engine(RulesEngine(new.rules, host=new.host))
             elif new.rules != old.rules:
                 self._engine.reconfigure(new.rules)
-        restart = [k for k in ("state_dir", "history", "kernel_log") if getattr(new, k) != getattr(old, k)]
+        restart = [k for k in ("state_dir", "history", "kernel_log", "attribution")
+                   if getattr(new, k) != getattr(old, k)]
         if new.listen != old.listen and self._listen == old.listen:
             restart.append("listen")
         if new.web_config_file != old.web_config_file and self._web_config_file == old.web_config_file:

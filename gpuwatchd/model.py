@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -283,6 +283,77 @@ def snapshot_from_dict(data: dict[str, Any]) -> Snapshot:
     d["lost"] = _LOST.decode_all(data.get("lost", ()))
     d["xid_events"] = _XID.decode_all(data.get("xid_events", ()))  # up to 256 a poll in an Xid storm
     return Snapshot(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessOwner:
+    """Who a GPU process belongs to (``gpuwatchd.sources.attribution``); ``None`` = not known, never a guess.
+
+    ``container_id`` is the short (12 hex) id of the container the process runs in, from /proc/PID/cgroup;
+    ``namespace``/``pod``/``container`` come from the kubelet's pod-resources answer (and the container runtime's
+    metadata where it can be read from files); ``hpc_job`` from the process' Slurm cgroup or the job-mapping
+    directory. ``runtime`` and ``image``/``name`` are shown in ``status`` and messages, never exported as labels.
+    """
+
+    container_id: str | None = None
+    runtime: str | None = None  # docker, containerd, cri-o, podman, nerdctl, systemd-nspawn, kubernetes
+    name: str | None = None  # the runtime's container name (Docker, nspawn machine), where readable from files
+    image: str | None = None
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    hpc_job: str | None = None
+
+    def labels(self) -> dict[str, str]:
+        """The exported/alert labels that are known (absent, not empty, where not)."""
+        out = {}
+        for k in OWNER_LABELS:
+            v = getattr(self, k)
+            if v:
+                out[k] = v
+        return out
+
+    def describe(self) -> str:
+        """The phrase after ``name[pid]`` in messages: " in pod ns/pod container c", " in container 3f2a9c1b7d4e
+        (web, nginx:1.27)", " in job 4242", or "" for a host process."""
+        parts = []
+        if self.pod:
+            where = f"in pod {self.namespace}/{self.pod}"
+            parts.append(where + (f" container {self.container}" if self.container else ""))
+        elif self.container_id:
+            extra = ", ".join(x for x in (self.name, self.image) if x)
+            parts.append(f"in container {self.container_id}" + (f" ({extra})" if extra else ""))
+        if self.hpc_job:
+            parts.append(f"job {self.hpc_job}" if parts else f"in job {self.hpc_job}")
+        return (" " + " ".join(parts)) if parts else ""
+
+
+# The per-process owner labels, in exposition order (docs/metrics.md).
+OWNER_LABELS = ("container_id", "namespace", "pod", "container", "hpc_job")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPod:
+    """One pod container the kubelet gave a GPU or MIG instance to (``gpuwatchd_gpu_pod_info``)."""
+
+    uuid: str
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """What the attribution sources know at one time; the daemon hands it to ``Store.set_attribution``.
+
+    ``owners`` is keyed by (GPU or MIG uuid, pid): a pod or job label depends on the GPU as well as the process.
+    ``errors`` counts failures per source (cgroup, kubernetes, hpc_jobs) since start.
+    """
+
+    timestamp: float
+    owners: Mapping[tuple[str, int], ProcessOwner] = field(default_factory=dict)
+    pods: tuple[GpuPod, ...] = ()
+    errors: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

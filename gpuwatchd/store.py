@@ -15,11 +15,13 @@ from typing import Any
 from gpuwatchd.gpu.health import GpuHealth
 from gpuwatchd.model import (
     HANG_SUSPECTED,
+    Attribution,
     DockSample,
     GpuIdentity,
     GpuPresence,
     GpuSample,
     LinkSample,
+    ProcessOwner,
     Snapshot,
     SourceStatus,
     XidEvent,
@@ -158,6 +160,8 @@ class Store:
         self.nvml_init_failures = 0
         self.config_reload_success = True
         self.config_reload_timestamp: float | None = None
+        # Who holds each GPU process (sources/attribution); None until the attribution source first reports.
+        self.attribution: Attribution | None = None
         self.probes = ProbeLedger()  # what the torch health probes found (gpuwatchd.probes.service writes it)
         # uuid -> health state, reason and action (gpuwatchd/gpu/health.py), set at every rule evaluation
         self.health: dict[str, GpuHealth] = {}
@@ -274,6 +278,16 @@ class Store:
     def set_source_status(self, status: SourceStatus) -> None:
         self._sources[status.name] = status
         self.version += 1
+
+    def set_attribution(self, attribution: Attribution) -> None:
+        """The owners of the current processes, the pods holding GPUs and the attribution error counts."""
+        self.attribution = attribution
+        self.version += 1
+
+    def process_owner(self, uuid: str, pid: int) -> ProcessOwner | None:
+        """The container/pod/job a GPU process belongs to, None when unknown or a host process."""
+        a = self.attribution
+        return a.owners.get((uuid, pid)) if a is not None else None
 
     def set_nvml_counters(self, worker_restarts: int, init_failures: int) -> None:
         """The NVML supervisor's counters (it calls this whenever one changes)."""

@@ -174,7 +174,7 @@ async def test_status_table_from_a_running_daemon(daemon: Daemon) -> None:
     assert len(gpu_rows) == 2
     assert all("NVIDIA A10G" in row and "present" in row for row in gpu_rows)
     proc_rows = [line.split() for line in lines if "4242" in line]
-    assert proc_rows == [["1", "4242", "python", "alice", "2.00", "GiB"]]
+    assert proc_rows == [["1", "4242", "python", "alice", "2.00", "GiB", "-"]]  # OWNER: a host process
     assert "No alerts." in lines
 
 

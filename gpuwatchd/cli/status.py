@@ -90,6 +90,23 @@ def _pick(d: Mapping[str, Any], *keys: str) -> Any:
     return None
 
 
+def owner_text(owner: object) -> str:
+    """A process' owner from /api/v1/status, short: "pod ns/name/container", "container 3f2a9c1b7d4e (web)",
+    "job 4242", or "-" for a host process."""
+    if not isinstance(owner, dict):
+        return "-"
+    parts = []
+    if owner.get("pod"):
+        pod = f"pod {owner.get('namespace')}/{owner['pod']}"
+        parts.append(pod + (f"/{owner['container']}" if owner.get("container") else ""))
+    elif owner.get("container_id"):
+        extra = ", ".join(str(owner[k]) for k in ("name", "image") if owner.get(k))
+        parts.append(f"container {owner['container_id']}" + (f" ({extra})" if extra else ""))
+    if owner.get("hpc_job"):
+        parts.append(f"job {owner['hpc_job']}")
+    return " ".join(parts) or "-"
+
+
 def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]) -> str:
     """Three tables: GPUs, their processes, and the alerts, preceded by one line about NVML and the daemon."""
     out = [_header(status)]
@@ -127,6 +144,7 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
                         str(p.get("name") or "-"),
                         str(p.get("user") or "-"),
                         _num(_pick(p, "used_memory_bytes", "memory_used_bytes"), "{:.2f} GiB", 1 / GIB),
+                        owner_text(p.get("owner")),
                     ]
                 )
     headers = ["GPU", "NAME", "STATE", "MEMORY", "UTIL", "TEMP", "POWER", "PROBE", "HEALTH", "UUID"]
@@ -134,7 +152,7 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
     if notes:
         out += ["", *notes]
     if procs:
-        out += ["", _table(["GPU", "PID", "PROCESS", "USER", "GPU MEMORY"], procs)]
+        out += ["", _table(["GPU", "PID", "PROCESS", "USER", "GPU MEMORY", "OWNER"], procs)]
     arows = []
     for a in alerts:
         labels = a.get("labels", {}) if isinstance(a.get("labels"), dict) else {}

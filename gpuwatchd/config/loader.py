@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from gpuwatchd.config.attribution import AttributionConfig
 from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
 from gpuwatchd.config.kernel_log import KernelLogConfig
 from gpuwatchd.config.safe_yaml import load_yaml
@@ -122,6 +123,7 @@ class Config(Section):
     notify: NotifyConfig = NotifyConfig()
     kernel_log: KernelLogConfig = KernelLogConfig()
     probes: ProbesConfig = ProbesConfig()
+    attribution: AttributionConfig = AttributionConfig()
     http: HttpConfig = HttpConfig()
     exporter: ExporterConfig = ExporterConfig()
     # TLS and basic auth for every endpoint: a web config file in the Prometheus exporter-toolkit format (the one

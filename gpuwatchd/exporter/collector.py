@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuwatchd.exporter import attribution_families as af
 from gpuwatchd.exporter import dock_families as df
 from gpuwatchd.exporter import gpm_families as gm
 from gpuwatchd.exporter import gpu_families as gf
@@ -47,7 +48,7 @@ Group = Callable[[Store], Iterable[Metric]]
 
 def store_specs() -> list[Spec]:
     """Every family the store collector can export."""
-    found = [v for mod in (rf, gf, df, kf, pf, nf, gm, mf, hf) for v in vars(mod).values() if isinstance(v, Spec)]
+    found = [v for mod in (rf, gf, df, kf, pf, nf, gm, mf, hf, af) for v in vars(mod).values() if isinstance(v, Spec)]
     return [*found, COLLECT_ERRORS]
 
 
@@ -86,7 +87,7 @@ class StoreCollector(Collector):
             "clocks": self._per_gpu("clocks", gf.clock_families),
             "health": self._per_gpu("health", gf.health_families),
             "pcie": self._per_gpu("pcie", gf.pcie_families),
-            "processes": self._per_gpu("processes", gf.process_families),
+            "processes": self._processes,
             "xid": rf.xid_families,
             "links": lambda s: rf.link_families(s.links),
             "thunderbolt": df.dock_families,
@@ -97,10 +98,12 @@ class StoreCollector(Collector):
             "gpm": self._per_gpu("gpm", gm.gpm_families),
             "mig": self._per_gpu("mig", mf.mig_families),
             "gpu_health": hf.health_families,
+            "attribution": af.attribution_families,
         }
         self.errors: dict[str, int] = dict.fromkeys(self.groups, 0)
         # group -> (the GPU samples its families were built from, the families, frozen)
         self._built: dict[str, tuple[list[GpuSample], list[Metric]]] = {}
+        self._built_attribution: object = None
         self._driver: str | None = None
         self._last_logged: dict[str, float] = {}
 
@@ -124,6 +127,20 @@ class StoreCollector(Collector):
             return metrics
 
         return group
+
+    def _processes(self, store: Store) -> list[Metric]:
+        """Per-process families with owner labels: rebuilt when the samples or the attribution change (the
+        daemon attributes every snapshot, so in practice once per snapshot, like the other per-GPU groups)."""
+        gpus = present_gpus(store)
+        attribution = store.attribution
+        built = self._built.get("processes")
+        if built is not None and _same(built[0], gpus) and self._built_attribution is attribution:
+            return built[1]
+        owners = attribution.owners if attribution is not None else None
+        metrics = [freeze(m) for m in gf.process_families(gpus, owners)]
+        self._built["processes"] = (gpus, metrics)
+        self._built_attribution = attribution
+        return metrics
 
     def _presence(self, store: Store) -> list[Metric]:
         if store.latest is not None and store.latest.driver_version is not None:

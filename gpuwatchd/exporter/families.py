@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 Kind = Literal["gauge", "counter", "info"]
 
@@ -75,6 +76,23 @@ class Families:
             raise ValueError(f"{s.name}: expected labels {s.labels}, got {len(labelvalues)} values")
         fam = self._family(s)
         fam.add_metric(labelvalues, float(value))  # type: ignore[attr-defined]
+
+    def add_owned(self, s: Spec, labelvalues: Sequence[str], owner: Mapping[str, str] | None,
+                  value: float | bool | None) -> None:
+        """One sample whose first labels are ``labelvalues`` and whose remaining labels of the spec (the owner
+        labels of a process: container_id, namespace, ...) appear only where ``owner`` has a non-empty value:
+        absent, not empty, where unknown."""
+        if value is None:
+            return
+        fixed = s.labels[: len(labelvalues)]
+        labels = dict(zip(fixed, labelvalues, strict=True))
+        if owner:
+            for k in s.labels[len(labelvalues):]:
+                v = owner.get(k)
+                if v:
+                    labels[k] = v
+        fam = self._family(s)
+        fam.samples.append(Sample(s.name, labels, float(value)))
 
     def info(self, s: Spec, labels: Mapping[str, str]) -> None:
         """One ``_info`` sample (value 1) carrying ``labels``."""

@@ -6,13 +6,13 @@ the other groups going when one raises. Values are already in base units in the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client.core import Metric
 
 from gpuwatchd.exporter.families import Families, label, spec
 from gpuwatchd.gpu.clock_events import reason_states
-from gpuwatchd.model import GpuSample
+from gpuwatchd.model import OWNER_LABELS, GpuSample, ProcessOwner
 
 _U = ("uuid",)
 _NOTE = " Last polled value (the daemon polls in the background; see gpuwatchd_last_poll_timestamp_seconds)."
@@ -191,7 +191,7 @@ PROCESSES = spec(
     "gpuwatchd_gpu_processes", "gauge",
     "Processes holding memory on the GPU (all of them, before the per-GPU top-N cut of the per-process series).", _U,
 )
-_P = ("uuid", "pid", "process")
+_P = ("uuid", "pid", "process", *OWNER_LABELS)  # owner labels only where known (sources/attribution)
 PROCESS_MEMORY = spec(
     "gpuwatchd_gpu_process_memory_used_bytes", "gauge",
     "GPU memory used by one process (top-N processes by memory per GPU).", _P, "bytes",
@@ -314,9 +314,12 @@ def pcie_families(gpus: Iterable[GpuSample]) -> list[Metric]:
     return f.metrics()
 
 
-def process_families(gpus: Iterable[GpuSample]) -> list[Metric]:
-    """Process count and per-process memory (the sample already holds only the top-N)."""
+def process_families(gpus: Iterable[GpuSample],
+                     owners: Mapping[tuple[str, int], ProcessOwner] | None = None) -> list[Metric]:
+    """Process count and per-process memory (the sample already holds only the top-N), with each process' owner
+    labels (container_id, namespace, pod, container, hpc_job) where known."""
     f = Families()
+    owners = owners or {}
     for g in gpus:
         f.add(PROCESSES, (g.uuid,), g.processes_total)
         seen: set[int] = set()
@@ -327,12 +330,14 @@ def process_families(gpus: Iterable[GpuSample]) -> list[Metric]:
                 continue
             seen.add(p.pid)
             labels = (g.uuid, str(p.pid), label(p.name))
-            f.add(PROCESS_MEMORY, labels, p.used_memory_bytes)
-            f.add(PROCESS_RSS, labels, p.host_rss_bytes)
+            o = owners.get((g.uuid, p.pid))
+            own = o.labels() if o is not None else None
+            f.add_owned(PROCESS_MEMORY, labels, own, p.used_memory_bytes)
+            f.add_owned(PROCESS_RSS, labels, own, p.host_rss_bytes)
             u = p.utilization_percent
             if u is not None:
-                f.add(PROCESS_SM, labels, u[0] / 100.0)
-                f.add(PROCESS_MEMORY_UTIL, labels, u[1] / 100.0)
-                f.add(PROCESS_ENCODER, labels, u[2] / 100.0)
-                f.add(PROCESS_DECODER, labels, u[3] / 100.0)
+                f.add_owned(PROCESS_SM, labels, own, u[0] / 100.0)
+                f.add_owned(PROCESS_MEMORY_UTIL, labels, own, u[1] / 100.0)
+                f.add_owned(PROCESS_ENCODER, labels, own, u[2] / 100.0)
+                f.add_owned(PROCESS_DECODER, labels, own, u[3] / 100.0)
     return f.metrics()

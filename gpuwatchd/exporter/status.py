@@ -7,7 +7,7 @@ from typing import Any
 
 from gpuwatchd.gpu.clock_events import decode
 from gpuwatchd.gpu.health import ACTION_TEXT
-from gpuwatchd.model import GpuSample, ProcessSample
+from gpuwatchd.model import GpuSample, ProcessOwner, ProcessSample
 from gpuwatchd.store import Store
 
 STATUS_VERSION = 1  # bump when a key changes meaning; adding keys does not bump it
@@ -16,8 +16,11 @@ STATUS_VERSION = 1  # bump when a key changes meaning; adding keys does not bump
 _NOT_READINGS = frozenset({"uuid", "index", "name", "pci_bus_id", "serial", "processes", "errors"})
 
 
-def _process(p: ProcessSample) -> dict[str, Any]:
-    return dataclasses.asdict(p)
+def _process(p: ProcessSample, owner: ProcessOwner | None) -> dict[str, Any]:
+    out = dataclasses.asdict(p)
+    # Who holds it (sources/attribution): only the known fields; null for a host process or an unknown one.
+    out["owner"] = {k: v for k, v in dataclasses.asdict(owner).items() if v is not None} if owner else None
+    return out
 
 
 def _readings(g: GpuSample) -> dict[str, Any]:
@@ -68,7 +71,8 @@ def status_from_store(store: Store) -> dict[str, Any]:
                 "since": pres.since,
                 "last_seen": pres.last_seen,
                 "readings": _readings(sample) if sample is not None else None,
-                "processes": [_process(p) for p in sample.processes] if sample is not None else [],
+                "processes": [_process(p, store.process_owner(uuid, p.pid)) for p in sample.processes]
+                if sample is not None else [],
                 "processes_total": sample.processes_total if sample is not None else None,
                 "errors": dict(sample.errors) if sample is not None else {},
                 "probe": _probe_verdict(store, uuid),
@@ -98,6 +102,7 @@ def status_from_store(store: Store) -> dict[str, Any]:
             {"uuid": uuid, "xid": xid, "count": count} for (uuid, xid), count in sorted(store.xid_counts.items())
         ],
         "recent_xids": [dataclasses.asdict(ev) for ev in store.recent_xids],
+        "pods": [dataclasses.asdict(p) for p in store.attribution.pods] if store.attribution is not None else [],
         "config": {
             "last_reload_successful": store.config_reload_success,
             "last_reload_success_timestamp": store.config_reload_timestamp,

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from gpuwatchd.model import DockSample, GpuPresence, Severity, Snapshot, XidEvent
+from gpuwatchd.model import DockSample, GpuPresence, ProcessOwner, Severity, Snapshot, XidEvent
 from gpuwatchd.store import GpuPoint, ProcessPoint
 
 Level = Literal["raise", "hold", "clear"]
@@ -68,6 +68,21 @@ class RuleView(Protocol):
     def process_history(self, uuid: str, pid: int) -> Sequence[ProcessPoint]: ...
 
     def process_keys(self) -> Sequence[tuple[str, int]]: ...
+
+    def process_owner(self, uuid: str, pid: int) -> ProcessOwner | None: ...  # sources/attribution
+
+
+def owner_labels(view: RuleView, uuid: str, pid: int) -> dict[str, str]:
+    """The known owner labels of a GPU process (container_id, namespace, pod, container, hpc_job), so an
+    Alertmanager route can send a process alert to the team owning the namespace; {} for a host process."""
+    owner = view.process_owner(uuid, pid)
+    return owner.labels() if owner is not None else {}
+
+
+def owner_phrase(view: RuleView, uuid: str, pid: int) -> str:
+    """The phrase " in pod ns/pod container c" (or container, job) after ``name[pid]`` in a message; "" when unknown."""
+    owner = view.process_owner(uuid, pid)
+    return owner.describe() if owner is not None else ""
 
 
 def gpu_labels(view: RuleView, uuid: str) -> dict[str, str]:

@@ -12,7 +12,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuwatchd.model import GpuSample, ProcessSample
-from gpuwatchd.rules.condition import Condition, Level, RuleView, fmt_bytes, fmt_duration, gpu_labels, gpu_title
+from gpuwatchd.rules.condition import (
+    Condition,
+    Level,
+    RuleView,
+    fmt_bytes,
+    fmt_duration,
+    gpu_labels,
+    gpu_title,
+    owner_labels,
+    owner_phrase,
+)
 from gpuwatchd.rules.config import LeakRule, RulesConfig
 from gpuwatchd.rules.leak_ended import gone_processes, gpu_gone, stopped
 from gpuwatchd.rules.onset import ONSET_BUCKET, candidates, find_onset, fit
@@ -320,8 +330,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         for p in g.processes:
             hist = view.process_history(g.uuid, p.pid)
             appeared = _appeared(hist, watched_from)
-            labels = {**base, "pid": str(p.pid), "process": _process_name(p)}
-            who = f"{_process_name(p)}[{p.pid}]"
+            labels = {**base, "pid": str(p.pid), "process": _process_name(p), **owner_labels(view, g.uuid, p.pid)}
+            who = f"{_process_name(p)}[{p.pid}]{owner_phrase(view, g.uuid, p.pid)}"
             gpu_pts = [(x.t, float(x.used_memory_bytes)) for x in hist if x.used_memory_bytes is not None]
             judged = _judge(gpu_pts, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth,
                             appeared=appeared)

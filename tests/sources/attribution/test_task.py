@@ -1,0 +1,142 @@
+"""Owner resolution (sources/attribution/task.py): cgroups in a fake /proc, a real gRPC kubelet on a unix socket,
+runtime files, the job-mapping directory, and a kubelet that goes missing, slow or broken."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gpuwatchd.config.attribution import AttributionConfig
+from gpuwatchd.model import GpuSample, ProcessSample, Snapshot
+from gpuwatchd.sources.attribution.task import AttributionTask
+from tests.sources.attribution.kubelet_server import serve
+from tests.sources.attribution.test_cgroup import FIXTURES, D
+from tests.sources.attribution.test_kubelet import G0, G1, M0, PODS
+
+G2 = "GPU-99999999-8888-7777-6666-555555555555"
+CID = "8d1e4b2a9f3c7e6d5b4a3928170f6e5d4c3b2a19087f6e5d4c3b2a1908f7e6d5"
+KUBE_A = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice/cri-containerd-{c}.scope\n"
+
+
+def _proc(root: Path, pid: int, text: str) -> None:
+    (root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / str(pid) / "cgroup").write_text(text)
+
+
+def _snap(*gpus: tuple[str, int, list[int]]) -> Snapshot:
+    return Snapshot(timestamp=100.0, nvml_ok=True, gpus=tuple(
+        GpuSample(uuid=u, index=i, processes=tuple(ProcessSample(pid=p, name="python") for p in pids))
+        for u, i, pids in gpus))
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    proc = tmp_path / "proc"
+    _proc(proc, 100, KUBE_A.format(u="7d3a5c1e_2b4f_4c6d_8e9f_0a1b2c3d4e5f", c=CID))  # trainer-0 on G0
+    _proc(proc, 200, KUBE_A.format(u="aaaa5c1e_2b4f_4c6d_8e9f_0a1b2c3d4e5f", c="a" * 64))  # on shared G1, no files
+    _proc(proc, 201, KUBE_A.format(u="bbbb5c1e_2b4f_4c6d_8e9f_0a1b2c3d4e5f", c="b" * 64))  # on shared G1, files
+    _proc(proc, 300, (FIXTURES / "host-session-v2.cgroup").read_text())  # host process on G1
+    _proc(proc, 400, (FIXTURES / "docker-v2-systemd.cgroup").read_text())  # plain Docker on G2
+    _proc(proc, 500, (FIXTURES / "host-service-v2.cgroup").read_text())  # host process on G2 (job mapped)
+    _proc(proc, 600, (FIXTURES / "slurm-v2.cgroup").read_text())  # Slurm cgroup: its own job
+    bundle = tmp_path / "run/containerd/io.containerd.runtime.v2.task/k8s.io" / ("b" * 64)
+    bundle.mkdir(parents=True)
+    (bundle / "config.json").write_text(json.dumps({"ociVersion": "1.1.0", "annotations": {
+        "io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-name": "notebook-b",
+        "io.kubernetes.cri.sandbox-namespace": "research", "io.kubernetes.cri.container-name": "jupyter",
+        "io.kubernetes.cri.image-name": "jupyter/scipy-notebook:2024"}}))
+    docker = tmp_path / "var/lib/docker/containers" / D
+    docker.mkdir(parents=True)
+    (docker / "config.v2.json").write_text(json.dumps({"Name": "/render", "Config": {"Image": "blender:4.1"}}))
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "2").write_text("777\n")
+    (jobs / "README").write_text("not a GPU index\n")
+    return tmp_path
+
+
+def _cfg(tree: Path, **k8s: object) -> AttributionConfig:
+    return AttributionConfig.model_validate({
+        "proc_root": str(tree / "proc"), "host_root": str(tree), "hpc_job_mapping_dir": str(tree / "jobs"),
+        "kubernetes": {"pod_resources_socket": str(tree / "kubelet.sock"), "timeout": 5.0, **k8s}})
+
+
+SNAP = _snap((G0, 0, [100]), (G1, 1, [200, 201, 300]), (G2, 2, [400, 500, 600]), (M0, 3, [999]))
+
+
+async def test_every_process_gets_its_owner_and_host_processes_none(tree: Path) -> None:
+    task = AttributionTask(_cfg(tree))
+    with serve(tree / "kubelet.sock", PODS):
+        await task.refresh()
+    a = task.resolve(SNAP)
+    o = a.owners
+    assert o[(G0, 100)].labels() == {"container_id": CID[:12], "namespace": "ml", "pod": "trainer-0",
+                                     "container": "trainer"}
+    # G1 is shared by two pods: without runtime files the pod is not guessed; with them it is named
+    assert o[(G1, 200)].labels() == {"container_id": "a" * 12}
+    assert o[(G1, 201)].labels() == {"container_id": "b" * 12, "namespace": "research", "pod": "notebook-b",
+                                     "container": "jupyter"}
+    assert o[(G1, 201)].image == "jupyter/scipy-notebook:2024"
+    assert (G1, 300) not in o  # host process on a pod's GPU: nothing
+    assert o[(G2, 400)].labels() == {"container_id": "3f2a9c1b7d4e"}
+    assert (o[(G2, 400)].name, o[(G2, 400)].image) == ("render", "blender:4.1")
+    assert o[(G2, 400)].describe() == " in container 3f2a9c1b7d4e (render, blender:4.1)"
+    assert o[(G2, 500)].labels() == {"hpc_job": "777"}  # mapping directory, GPU index 2
+    assert o[(G2, 600)].labels() == {"hpc_job": "4242"}  # its own Slurm cgroup wins over the mapping
+    assert (M0, 999) not in o  # no /proc entry: unknown, never a guess
+    assert o[(G0, 100)].describe() == " in pod ml/trainer-0 container trainer"
+    assert {p.uuid for p in a.pods} == {G0, G1, M0, "MIG-ffffffff-0000-1111-2222-333333333333"}
+    assert a.errors == {"cgroup": 1, "kubernetes": 0, "hpc_jobs": 0}  # pid 999 unreadable, counted once
+    assert task.resolve(SNAP).errors["cgroup"] == 1
+
+
+async def test_a_replaced_pod_is_followed_at_the_next_refresh(tree: Path) -> None:
+    task = AttributionTask(_cfg(tree))
+    with serve(tree / "kubelet.sock", PODS) as kubelet:
+        await task.refresh()
+        assert task.resolve(SNAP).owners[(G0, 100)].pod == "trainer-0"
+        kubelet.pods = {**{k: v for k, v in PODS.items() if k != ("ml", "trainer-0")},
+                        ("ml", "trainer-1"): {"trainer": [("nvidia.com/gpu", [G0])]}}
+        await task.refresh()
+        assert task.resolve(SNAP).owners[(G0, 100)].pod == "trainer-1"
+
+
+async def test_missing_slow_and_broken_kubelet_count_and_log_once(tree: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gpuwatchd.sources.attribution.task")
+    statuses = []
+    task = AttributionTask(_cfg(tree, timeout=0.3), socket_explicit=True, on_status=statuses.append)
+    await task.refresh()
+    await task.refresh()  # missing twice: counted twice, logged once
+    assert task.errors["kubernetes"] == 2
+    assert sum("does not exist" in r.message for r in caplog.records) == 1
+    with serve(tree / "kubelet.sock", PODS) as kubelet:
+        await task.refresh()
+        assert task.errors["kubernetes"] == 2 and task.pods
+        assert sum("answers again" in r.message for r in caplog.records) == 1
+        kubelet.delay = 2.0
+        await task.refresh()  # slow: cut at the deadline, pods dropped (stale pods would name the wrong owner)
+        assert task.errors["kubernetes"] == 3 and task.pods == ()
+        kubelet.delay = 0.0
+        kubelet.fail = grpc.StatusCode.UNAVAILABLE
+        await task.refresh()
+        assert task.errors["kubernetes"] == 4
+    assert [s.success for s in statuses if s.name == "attribution_kubernetes"] == [False, False, True, False, False]
+    assert sum("List failed" in r.message for r in caplog.records) == 1  # one line per streak
+
+
+async def test_default_socket_absent_is_not_an_error(tree: Path) -> None:
+    task = AttributionTask(_cfg(tree), socket_explicit=False)
+    await task.refresh()
+    assert task.errors["kubernetes"] == 0 and task.pods == ()
+
+
+async def test_unreadable_job_directory_is_an_error(tree: Path) -> None:
+    cfg = _cfg(tree).model_copy(update={"hpc_job_mapping_dir": tree / "no-such-dir"})
+    task = AttributionTask(cfg, socket_explicit=False)
+    await task.refresh()
+    assert task.errors["hpc_jobs"] == 1 and task.jobs == {}
