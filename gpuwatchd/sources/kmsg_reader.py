@@ -309,7 +309,8 @@ class KmsgReader:
 
     def _record(self, raw: bytes) -> None:
         rec = parse_record(raw)
-        if rec is None:
+        if rec is None:  # no "prio,seq,usec;" header of ASCII numbers: one line, counted, dropped
+            self.ingest.stats.lines["malformed"] += 1
             return
         if self._skip_through is not None and rec.seq <= self._skip_through:
             return
