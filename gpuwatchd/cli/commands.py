@@ -64,7 +64,10 @@ def _build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show GPUs, processes and alerts of a running daemon")
     status.add_argument("--url", help="daemon base URL (default: from the config's listen address)")
     status.add_argument("--config", type=Path, help=f"config file to read listen from (default: {DEFAULT_CONFIG_PATH})")
-    status.add_argument("--json", action="store_true", help="print the raw status JSON instead of tables")
+    shape = status.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="print the raw status JSON instead of tables")
+    shape.add_argument("--watch", nargs="?", type=_seconds, const=2.0, metavar="SECONDS",
+                       help="live view, redrawn every SECONDS (default 2) until Ctrl-C")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon (default 5)")
     add_client_args(status)
 
@@ -100,6 +103,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_doctor(sub)
     return p
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds between 0 and 3600, got {text}")
+    return value
 
 
 def _add_web_config_arg(p: argparse.ArgumentParser) -> None:
@@ -298,6 +311,11 @@ def _main(argv: Sequence[str] | None) -> int:
         except ClientSetupError as e:
             _err(str(e))
             return EXIT_USAGE
+        if args.watch is not None:
+            from gpuwatchd.cli.watch import run_watch
+
+            base = (args.url or default_status_url(args.config)).rstrip("/")
+            return run_watch(base, args.watch, args.timeout, client)
         return cmd_status(args.url, args.config, args.json, args.timeout, client)
     if args.command == "doctor":
         from gpuwatchd.cli.doctor import cmd_doctor

@@ -114,6 +114,7 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
     rows = []
     procs = []
     notes: list[str] = []  # one line per GPU that is not healthy: the reason and what to do
+    more_lines: list[str] = []
     for entry in gpus:
         # Readings sit under "readings" (absent for a lost or removed GPU); identity and state at the top.
         g = {**(entry.get("readings") or {}), **entry}
@@ -147,12 +148,15 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
                         owner_text(p.get("owner")),
                     ]
                 )
+        more = more_processes(g)
+        if more:
+            more_lines.append(f"GPU {rows[-1][0]}: {more}")
     headers = ["GPU", "NAME", "STATE", "MEMORY", "UTIL", "TEMP", "POWER", "PROBE", "HEALTH", "UUID"]
     out += ["", _table(headers, rows) if rows else "No GPUs."]
     if notes:
         out += ["", *notes]
     if procs:
-        out += ["", _table(["GPU", "PID", "PROCESS", "USER", "GPU MEMORY", "OWNER"], procs)]
+        out += ["", _table(["GPU", "PID", "PROCESS", "USER", "GPU MEMORY", "OWNER"], procs), *more_lines]
     arows = []
     for a in alerts:
         labels = a.get("labels", {}) if isinstance(a.get("labels"), dict) else {}
@@ -160,13 +164,35 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
             [
                 str(labels.get("alertname") or a.get("name") or "-"),
                 str(labels.get("severity") or a.get("severity") or "-"),
-                str(a.get("state") or (a.get("status", {}) or {}).get("state") or "-"),
+                alert_state(a),
                 str(labels.get("gpu") or labels.get("uuid") or "-"),
                 str(_pick(a, "summary") or (a.get("annotations") or {}).get("summary") or ""),
             ]
         )
     out += ["", _table(["ALERT", "SEVERITY", "STATE", "GPU", "SUMMARY"], arows) if arows else "No alerts."]
     return "\n".join(out)
+
+
+def alert_state(a: Mapping[str, Any]) -> str:
+    """``firing``, ``pending``, ``resolved``, or ``silenced``/``inhibited`` for a firing alert that is muted (the
+    notification is held back; Alertmanager shows it as ``suppressed``)."""
+    status = a.get("status") if isinstance(a.get("status"), dict) else {}
+    state = str(a.get("state") or (status or {}).get("state") or "-")
+    if state == "firing" and status:
+        if status.get("silencedBy"):
+            return "silenced"
+        if status.get("inhibitedBy"):
+            return "inhibited"
+    return state
+
+
+def more_processes(g: Mapping[str, Any]) -> str | None:
+    """"N more processes (M in all)" when the daemon listed only the largest of a GPU's processes, else None."""
+    listed = len([p for p in g.get("processes") or [] if isinstance(p, dict)])
+    total = g.get("processes_total")
+    if isinstance(total, int) and total > listed:
+        return f"{total - listed} more processes ({total} in all; the {listed} using most memory are listed)"
+    return None
 
 
 def _probe(verdict: Any) -> str:

@@ -1,0 +1,111 @@
+"""``gpuwatchd status --watch`` through a real pseudo-terminal (pexpect) against real sims: it shows the leaking
+process with its time to full, redraws in place, says when the daemon stops answering and picks up the new one
+after a restart, and exits 0 on Ctrl-C; on a pipe whose reader goes away it ends quietly (141, no traceback)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+from support import ROOT, DaemonProcess, free_port, wait_until
+
+from gpuwatchd.runtime.exitcodes import EXIT_BROKEN_PIPE
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "50"}
+WAIT = 120  # seconds: a liveness bound on a loaded 2-core machine, not a timing claim
+
+
+def start_sim(tmp: Path, port: int, *args: str) -> DaemonProcess:
+    log_path = tmp / f"sim-{port}-{len(list(tmp.iterdir()))}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwatchd", "sim", *args, "--listen", f"127.0.0.1:{port}"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV,
+        )  # fmt: skip
+    d = DaemonProcess(proc, f"http://127.0.0.1:{port}", tmp / "unused.yml", log_path)
+
+    def ready() -> bool:
+        assert proc.poll() is None, f"sim exited with {proc.returncode}:\n{d.log()}"
+        try:
+            return d.get("/readyz", timeout=1)[0] == 200
+        except OSError:
+            return False
+
+    wait_until(ready, "gpuwatchd sim to serve")
+    return d
+
+
+def stop(d: DaemonProcess) -> None:
+    if d.proc.poll() is None:
+        d.proc.send_signal(signal.SIGTERM)
+        try:
+            d.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            d.proc.kill()
+            d.proc.wait()
+
+
+@pytest.fixture
+def sims() -> Iterator[list[DaemonProcess]]:
+    running: list[DaemonProcess] = []
+    yield running
+    for d in running:
+        stop(d)
+
+
+def test_watch_in_a_terminal_survives_a_restart_and_quits_on_ctrl_c(tmp_path: Path,
+                                                                      sims: list[DaemonProcess]) -> None:
+    port = free_port()
+    sims.append(start_sim(tmp_path, port, "--scenario", "leak", "--speed", "30"))
+    child = pexpect.spawn(sys.executable, ["-m", "gpuwatchd", "status", "--watch", "0.5", "--url",
+                                           f"http://127.0.0.1:{port}"], cwd=str(ROOT), env=ENV,
+                          dimensions=(50, 160), timeout=WAIT, encoding="utf-8", codec_errors="replace")
+    try:
+        child.expect("CLOCKS")  # the GPU table's header: clocks, P-state, link, throttle reasons, probe
+        child.expect(r"4242\s+alice\s+python")
+        # The leak rule suspects pid 4242 ~5 min of scenario time in (10 s at 30x): the view gives its time to full.
+        child.expect(r"(pending|firing): full in \d+")
+        child.expect("GpuMemoryLeak")
+        seen = child.before + child.after
+        # Redrawn in place: rich moves the cursor up over the previous frame instead of scrolling a new one.
+        child.expect("every 0.5s")
+        assert "\x1b[1A" in child.before or "\x1b[1A" in seen
+        # The daemon goes away: the last picture stays, under a line that says so; a new daemon is picked up.
+        stop(sims.pop())
+        child.expect("daemon not answering")
+        sims.append(start_sim(tmp_path, port, "--scenario", "dock-unauthorized"))
+        child.expect(r"boltctl enroll c6030000-0062-0c0e-8328-a0e1c2a5f30b")
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
+    assert "Traceback" not in (child.before or "")
+
+
+def test_watch_on_a_closed_pipe_ends_quietly(tmp_path: Path, sims: list[DaemonProcess]) -> None:
+    port = free_port()
+    sims.append(start_sim(tmp_path, port, "--scenario", "idle"))
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwatchd", "status", "--watch", "0.2", "--url",
+                             f"http://127.0.0.1:{port}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        first = proc.stdout.readline() + proc.stdout.readline()
+        assert b"gpuwatchd" in first  # on a pipe each refresh is a new frame, headed by a rule with the time
+        proc.stdout.close()  # the reader goes away (`| head`)
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert code == EXIT_BROKEN_PIPE, err
+    assert "Traceback" not in err and "Exception" not in err
