@@ -95,8 +95,9 @@ def _clocks(r: Mapping[str, Any]) -> str:
 def _health(g: Mapping[str, Any]) -> tuple[str, str | None, str | None]:
     """(state, reason, action): the daemon's health verdict when it gives one, else what presence says."""
     h = g.get("health")
-    if isinstance(h, dict) and h.get("state"):
-        return str(h["state"]), h.get("reason"), h.get("action")
+    if isinstance(h, dict) and h.get("state") and h["state"] != "unknown":
+        action = None if h.get("action") in (None, "none") else (h.get("action_text") or h.get("action"))
+        return str(h["state"]), None if h["state"] == "healthy" else h.get("reason"), action
     state = g.get("state")
     if state == "lost":
         return "unhealthy", "lost: stopped answering (fell off the bus, or its dock was pulled)", None

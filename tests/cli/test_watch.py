@@ -36,7 +36,7 @@ def doc() -> tuple[dict[str, Any], list[dict[str, Any]]]:
             "dock": {"generation": 3, "rx_speed_bps": 20e9, "rx_lanes": 2, "authorized": True},
             "processes": procs, "processes_total": 256,
             "health": {"state": "degraded", "reason": "thermal throttling 40% of the last 10 min",
-                       "action": "clean the enclosure's fan"},
+                       "action": "inspect_hardware", "action_text": "clean the enclosure's fan"},
             "probe": {"verdict": "pass"},
         }],
     }

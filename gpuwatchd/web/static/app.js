@@ -140,17 +140,21 @@
     })));
   }
 
+  // The daemon's verdict (gpu/health.py: state, reason, action_text); before its first one, what presence says.
   function health(g) {
-    if (g.health && g.health.state) return g.health;
+    const hl = g.health;
+    if (hl && hl.state && hl.state !== "unknown") {
+      return { state: hl.state, reason: hl.reason, action: hl.action !== "none" ? (hl.action_text || hl.action) : null };
+    }
     if (g.state === "lost") {
       return { state: "unhealthy", reason: "lost: the GPU stopped answering (fell off the bus or its dock was pulled)",
-        action: "Check the cable or dock and the power; see the alerts for what to do." };
+        action: "check the cable or dock and the power; see the alerts for what to do" };
     }
     if (g.state === "removed") {
       return { state: "unhealthy", reason: "removed: the GPU is gone from the bus",
-        action: "Re-attach it (replug the dock) or check the slot; it comes back under the same UUID." };
+        action: "re-attach it (replug the dock) or check the slot; it comes back under the same UUID" };
     }
-    return null;
+    return hl && hl.state ? { state: hl.state, reason: hl.reason, action: null } : null;
   }
 
   function renderGpus(st, alerts, now) {
