@@ -211,7 +211,7 @@ class Daemon:
                 on_update=self._attribute,
                 on_status=self.store.set_source_status,
                 # The stand-in's pids are fictitious: read cgroups only from a fake /proc the config names.
-                read_proc=self._worker_module == WORKER_MODULE or "proc_root" in cfg.attribution.model_fields_set,
+                read_proc=self._worker_module == WORKER_MODULE or cfg.attribution.proc_root != Path("/proc"),
             )
             self._spawn(self.attribution.run(), "attribution")
         self._spawn(self._evaluate_loop(), "rules evaluation")

@@ -32,8 +32,40 @@ def validate_torch(value: object) -> None:
         raise ValueError(f"torch: expected a mapping with keys among {', '.join(sorted(TORCH_KEYS))}")
 
 
+# What a process without a scenario cgroup shows: a login session's, i.e. a host process (cgroup v2).
+HOST_CGROUP = "0::/user.slice/user-1000.slice/session-1.scope\n"
+
+
+def process_cgroups(state: dict[str, Any]) -> dict[int, str]:
+    """pid -> the text of its /proc/PID/cgroup, for every process of every GPU and MIG device."""
+    out: dict[int, str] = {}
+    devices = state.get("devices") or ()
+    for dev in [*devices, *(m for d in devices for m in d.get("mig_devices") or ())]:
+        procs = dev.get("processes") or {}
+        for kind in ("compute", "graphics"):
+            for p in procs.get(kind) or ():
+                text = p.get("cgroup")
+                if text is not None or p["pid"] not in out:
+                    out[int(p["pid"])] = (text if text.endswith("\n") else text + "\n") if text else HOST_CGROUP
+    return out
+
+
+def mirror_procs(root: Path, state: dict[str, Any]) -> None:
+    """``proc/<pid>/cgroup`` for the state's GPU processes (attribution reads them; docs/scenarios.md), and no
+    directory for a pid that is gone."""
+    proc = root / "proc"
+    want = process_cgroups(state)
+    if proc.is_dir():
+        for p in proc.iterdir():
+            if p.name.isdigit() and int(p.name) not in want:
+                shutil.rmtree(p, ignore_errors=True)
+    for pid, text in want.items():
+        _write(proc / str(pid) / "cgroup", text)
+
+
 def mirror_host(root: Path, state: dict[str, Any]) -> None:
     """Write the kernel module files and device nodes a host with this state has (and remove stale ones)."""
+    mirror_procs(root, state)
     kmod = kernel_module(state)
     proc_v = root / "proc" / "driver" / "nvidia" / "version"
     mod = root / "sys" / "module" / "nvidia"

@@ -129,6 +129,8 @@ def _apply(step: Step, te: float, state: dict[str, Any], devices: list[dict[str,
         entry = {"pid": spec.pid, "used_memory": spec.used_memory, "name": spec.name, "user": spec.user}
         if spec.host_rss is not None:
             entry["host_rss"] = spec.host_rss
+        if spec.cgroup is not None:
+            entry["cgroup"] = spec.cgroup
         entry.update({f: getattr(spec, f) for f in PROCESS_UTIL_FIELDS if getattr(spec, f) is not None})
         procs.append(entry)
     elif step.action == "remove_process":

@@ -245,7 +245,13 @@ def _sim_config(config: Config, libdir: Path, state_dir: Path, explicit: bool, s
     sysfs = config.sysfs.model_copy(update={"root": sysfs_root})
     # Probes run on the CPU device on a minutes schedule (probes/config.py sim_probes).
     probes = sim_probes(config.probes, set(config.probes.model_fields_set))
-    update: dict[str, object] = {"nvml": nvml, "sysfs": sysfs, "probes": probes}
+    # The stand-in's pids are fictitious: their /proc/PID/cgroup files (a scenario process' `cgroup`) are in the
+    # fake tree, and so are the container runtimes' files, unless the config names other places.
+    attr = config.attribution
+    moved = {k: v for k, v in (("proc_root", sysfs_root / "proc"), ("host_root", sysfs_root))
+             if k not in attr.model_fields_set}
+    update: dict[str, object] = {"nvml": nvml, "sysfs": sysfs, "probes": probes,
+                                 "attribution": attr.model_copy(update=moved)}
     # A simulation keeps its alert state and outbox away from a real daemon's, unless told where.
     if explicit or "state_dir" not in config.model_fields_set:
         update["state_dir"] = state_dir

@@ -128,6 +128,9 @@ class ProcessSpec(_Model):
     user: str = "root"
     used_memory: Annotated[int | None, BeforeValidator(parse_quantity)] = None
     host_rss: Annotated[int | None, BeforeValidator(parse_quantity)] = None
+    # The text of the process' /proc/PID/cgroup (docs/scenarios.md), e.g. "0::/system.slice/docker-<64 hex>.scope":
+    # the container, pod or Slurm job it runs in. Unset: a host process (a login session's cgroup).
+    cgroup: str | None = Field(default=None, max_length=4096)
     # per-process utilization in percent (sim/procutil.py); None: the process has none
     sm_util: int | None = Field(default=None, ge=0, le=100)
     memory_util: int | None = Field(default=None, ge=0, le=100)

@@ -246,8 +246,8 @@ def _encode_processes(e: _Enc, p: str, d: dict[str, Any]) -> None:
             args: list[object] = []
             for i, pr in enumerate(_list(f"{p}.processes.{kind}", procs[kind])):
                 q = f"{p}.processes.{kind}[{i}]"
-                _dict(q, pr, {"pid", "used_memory", "name", "user", "host_rss"}, required=("pid",))
-                for k in ("name", "user"):
+                _dict(q, pr, {"pid", "used_memory", "name", "user", "host_rss", "cgroup"}, required=("pid",))
+                for k in ("name", "user", "cgroup"):
                     if pr.get(k) is not None:
                         _str(f"{q}.{k}", pr[k])
                 _int(f"{q}.host_rss", pr.get("host_rss"), nullable=True)

@@ -39,6 +39,7 @@ from gpuwatchd.sim.pci_tree import mirror_sysfs, sysfs_files
 from gpuwatchd.sim.player import SCENARIO_EPOCH, state_at
 from gpuwatchd.sim.scenario import load_scenario
 from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
+from gpuwatchd.sources.attribution.task import AttributionTask
 from gpuwatchd.sources.intake import SnapshotIntake
 from gpuwatchd.sources.kernel_log import KernelLogIngest
 from gpuwatchd.sources.kernel_log_task import sysfs_topology
@@ -91,15 +92,18 @@ class NvmlChild:
 class Replay:
     sinks: dict[str, Sink]
     workers: int  # NVML sessions started (1 + re-enumerations)
+    store: Store | None = None  # what the daemon's store held at the end (exported series, status)
 
 
 async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: float, probes: bool = False,
-                 rules: dict[str, Any] | None = None) -> Replay:
+                 rules: dict[str, Any] | None = None, attribution: AttributionTask | None = None) -> Replay:
     """Run scenario ``name`` from 0 to its end plus ``tail``, one poll and one evaluation every ``step`` seconds.
 
     With ``probes``, the torch health probes run as under ``gpuwatchd sim`` (CPU device, the sim's schedule and
     fault source), one scheduling step after each poll; a run takes real seconds while the clock stands still.
     ``rules``: the rules config (None: the scenario's own, ``SCENARIO_RULES``; {}: the defaults).
+    ``attribution``: the attribution source, refreshed once before the first poll and consulted after every
+    snapshot as the daemon does (its proc_root should be ``tmp / "sysfs" / "proc"``, the sim's fake /proc).
     """
     scen = load_scenario(name)
     clock = ManualClock(SCENARIO_EPOCH)
@@ -126,6 +130,8 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
         prober = ProbeService(config, store, clock, tmp / "state-dir", sim=SimProbes(state_path))
     workers = 0
     try:
+        if attribution is not None:
+            await attribution.refresh()
         fresh = True
         pci: set[str] = set()
         i = 0
@@ -158,6 +164,8 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
             # the supervisor's own intake, not a copy of it; then what the daemon does with a snapshot
             snap = kernel_log.filter_snapshot(intake.receive(msg))
             store.apply(snap)
+            if attribution is not None:
+                store.set_attribution(attribution.resolve(snap))
             kernel_log.after_snapshot(snap)
             if prober is not None:
                 await prober.step()
@@ -168,7 +176,7 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
         await dispatcher.stop()
         for r in runners:
             await r.cleanup()
-    return Replay(sinks, workers)
+    return Replay(sinks, workers, store)
 
 
 async def _drain(dispatcher: Dispatcher) -> None:
