@@ -53,6 +53,10 @@ MIN_CONNECTIONS = 16
 SWEEP_SECONDS = 1.0
 CloseReason = str  # "idle_timeout", "header_timeout", "evicted"
 CLOSE_REASONS = ("idle_timeout", "header_timeout", "evicted")
+# TLS handshakes under way at once; a new one beyond this closes the oldest (its client has been silent longest).
+# asyncio gives each TLS connection a 256 KiB read buffer from the start of its handshake: 640 silent ones held
+# 160 MB. A real client's handshake takes milliseconds, so 64 at once is far more than scrapers need.
+MAX_HANDSHAKING = 64
 # Why a TLS handshake did not complete: the client's fault each time, counted and never logged per connection.
 HANDSHAKE_FAILURES = ("timeout", "error", "closed")
 
@@ -100,6 +104,7 @@ class _GuardedProtocol(asyncio.Protocol):
             return
         # Not a byte of the ClientHello may reach us before start_tls puts its SSL protocol in our place.
         transport.pause_reading()
+        self._guard.handshake_started(self._conn)
         self._conn.head_started = self._conn.last_active  # the handshake is held to the header deadline
         self._handshake = asyncio.ensure_future(self._start_tls(transport, self._conn, self._tls))
 
@@ -161,6 +166,7 @@ class ConnectionGuard:
         self.closed_by: dict[CloseReason, int] = dict.fromkeys(CLOSE_REASONS, 0)
         self.handshake_failures: dict[str, int] = dict.fromkeys(HANDSHAKE_FAILURES, 0)
         self._refusal_logged = 0.0
+        self._handshaking: OrderedDict[_Conn, None] = OrderedDict()  # oldest first
         self.serves_tls = False  # some site handshakes through the guard: the handshake family is exported
 
     @property
@@ -196,9 +202,17 @@ class ConnectionGuard:
     def closed(self, conn: _Conn) -> None:
         self._conns.pop(conn.transport, None)
 
+    def handshake_started(self, conn: _Conn) -> None:
+        self._handshaking[conn] = None
+        while len(self._handshaking) > MAX_HANDSHAKING:
+            oldest = next(iter(self._handshaking))
+            del self._handshaking[oldest]
+            self._close(oldest, "evicted")
+
     def handshake_done(self, conn: _Conn, wrapped: asyncio.Transport) -> None:
         """The TLS handshake finished: from now on the connection is known by its TLS transport (the one requests
         carry), and it is idle, no longer held to the header deadline."""
+        self._handshaking.pop(conn, None)
         if self._conns.pop(conn.transport, None) is None:
             return
         conn.transport = wrapped
@@ -207,6 +221,7 @@ class ConnectionGuard:
         self._conns[wrapped] = conn
 
     def handshake_failed(self, conn: _Conn, why: str) -> None:
+        self._handshaking.pop(conn, None)
         if conn.transport in self._conns:
             self._conns.pop(conn.transport, None)
             conn.transport.abort()
