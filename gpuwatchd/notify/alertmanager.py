@@ -13,7 +13,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from gpuwatchd.model import Alert
-from gpuwatchd.notify.notification import alert_annotations
+from gpuwatchd.notify.config import ReceiverConfig
+from gpuwatchd.notify.integration import Integration, Request, dumps
+from gpuwatchd.notify.notification import Notification, alert_annotations
 from gpuwatchd.notify.webhook import generator_url, rfc3339, starts_at
 
 # Prometheus keeps sending a resolved alert for 15 min (rules/alerting.go resolvedRetention).
@@ -47,3 +49,21 @@ def render(alerts: Sequence[Alert], now: float, resend: float, external_url: str
             }
         )
     return out
+
+
+def request(payload: str, _rc: ReceiverConfig, url: str) -> Request:
+    """The postable alerts, to the member's ``/api/v2/alerts``."""
+    return Request(alerts_url(url), payload.encode())
+
+
+def _not_grouped(_n: Notification) -> str:
+    raise TypeError("an alertmanager receiver gets alert state pushes (render), never grouped notifications")
+
+
+# Not grouped: the dispatcher pushes every alert's state (``render`` above) to each member instead.
+INTEGRATION = Integration(render=_not_grouped, request=request, grouped=False)
+
+
+def payload(alerts: Sequence[Alert], now: float, resend: float, external_url: str = "") -> str:
+    """The outbox text of one push."""
+    return dumps(render(alerts, now, resend, external_url))

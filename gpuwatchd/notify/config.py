@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validat
 from gpuwatchd.config.types import Duration, PositiveDuration, Section
 from gpuwatchd.notify.matchers import Matcher, parse_matcher
 
-ReceiverType = Literal["slack", "discord", "teams", "mattermost", "webhook", "alertmanager"]
+ReceiverType = Literal["slack", "discord", "teams", "mattermost", "webhook", "alertmanager", "ntfy"]
 
 # One incident per GPU and alert kind: a host has few GPUs (<= 8-16), so per-GPU messages stay few, each message
 # names one GPU (actionable), and inhibition is per GPU as well. Host-wide failures raise their own alert

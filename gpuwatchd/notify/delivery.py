@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import aiohttp
 
-from gpuwatchd.notify import alertmanager, webhook
 from gpuwatchd.notify.config import Member, NotifyConfig, ReceiverConfig
+from gpuwatchd.notify.integrations import integration
 from gpuwatchd.notify.metrics import NotifyMetrics
 from gpuwatchd.notify.redaction import describe_error, redact, secret_fragments
 from gpuwatchd.notify.retry import TokenBucket, Verdict, backoff, classify_status
@@ -141,18 +141,16 @@ class Worker:
             self._settle(row, verdict)
 
     async def _attempt(self, row: OutboxRow) -> Verdict:
-        body = row.payload.encode()
+        # The integration owns its request (notify/integration.py): body, content type, its own headers, the URL.
+        req = integration(self.rc.type).request(row.payload, self.rc, self.member.url.get_secret_value())
+        body, url = req.body, req.url
         headers = {
-            "Content-Type": "application/json",
+            "Content-Type": req.content_type,
             "User-Agent": USER_AGENT,
             IDEMPOTENCY_HEADER: row.idempotency_key,
         }
         headers.update({k: v.get_secret_value() for k, v in self.rc.headers.items()})
-        if self.rc.type == "webhook" and self.rc.hmac_secret is not None:
-            headers[webhook.SIGNATURE_HEADER] = webhook.signature(body, self.rc.hmac_secret.get_secret_value())
-        url = self.member.url.get_secret_value()
-        if self.rc.type == "alertmanager":
-            url = alertmanager.alerts_url(url)
+        headers.update(req.headers)
         t0 = time.monotonic()
         try:
             async with self._session.post(
@@ -188,8 +186,8 @@ class Worker:
     def _settle(self, row: OutboxRow, verdict: Verdict) -> None:
         now = self._clock.now()
         if verdict.outcome == "success":
-            # Alertmanager pushes are state syncs, not grouped notifications: nothing to log.
-            log_it = self.rc.type != "alertmanager"
+            # Pushes of alert state (Alertmanager) are not grouped notifications: nothing to log.
+            log_it = integration(self.rc.type).grouped
             expires = now + LOG_RETENTION_FACTOR * self.config.repeat_interval
             self._outbox.mark_delivered(row, now, expires, log=log_it)
             self._metrics.outcome(self.key, self.rc.type, "success")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -25,11 +24,12 @@ from aiohttp import web
 from prometheus_client.registry import Collector
 
 from gpuwatchd.model import Alert
-from gpuwatchd.notify import alertmanager, discord, mattermost, slack, teams, webhook
+from gpuwatchd.notify import alertmanager
 from gpuwatchd.notify.config import Member, NotifyConfig, ReceiverConfig
 from gpuwatchd.notify.delivery import Worker, nap
 from gpuwatchd.notify.fingerprints import alert_fp
 from gpuwatchd.notify.inhibition import Inhibitor
+from gpuwatchd.notify.integrations import integration
 from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
 from gpuwatchd.notify.nflog import LogEntry, needs_update
 from gpuwatchd.notify.notification import Notification, sort_alerts
@@ -40,13 +40,6 @@ from gpuwatchd.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
 
-RENDERERS: dict[str, Callable[[Notification], Any]] = {
-    "slack": slack.render,
-    "discord": discord.render,
-    "teams": teams.render,
-    "mattermost": mattermost.render,
-    "webhook": webhook.render,
-}
 # stop(): how long an in-flight request may finish before it is cancelled (its row stays pending, re-sent later).
 STOP_GRACE_SECONDS = 2.0
 # Housekeeping of the database (finished rows, expired log entries), in clock seconds.
@@ -234,17 +227,17 @@ class Dispatcher:
         self._inhibitor = Inhibitor(self._firing, self.config.inhibit_rules)
         for a in current.values():
             for route in routes_for(a.labels, self.config):
-                if self._receiver_type(route.receiver) == "alertmanager":
-                    continue
+                if not self._grouped(route.receiver):
+                    continue  # pushed alert by alert (flush_due)
                 self._place(a, route, now)
         self.flush_due()
         self._wake.set()
 
-    def _receiver_type(self, name: str) -> str | None:
+    def _grouped(self, name: str) -> bool:
         for rc in self.config.receivers:
             if rc.name == name:
-                return rc.type
-        return None
+                return integration(rc.type).grouped
+        return True
 
     def _place(self, a: Alert, route: Route, now: float) -> None:
         glabels = group_labels(a.labels, route.group_by)
@@ -282,7 +275,7 @@ class Dispatcher:
                 if not g.alerts:
                     del self._groups[gid]
         for rc in self.config.receivers:
-            if rc.type == "alertmanager":
+            if not integration(rc.type).grouped:
                 self._push_alertmanager(rc, now)
         if now >= self._next_gc:
             self._next_gc = now + GC_INTERVAL_SECONDS
@@ -340,7 +333,7 @@ class Dispatcher:
                     reason=reason,
                     external_url=self.config.external_url,
                 )
-                payload = json.dumps(RENDERERS[rc.type](n), ensure_ascii=False, separators=(",", ":"))
+                payload = integration(rc.type).render(n)
                 self.outbox.enqueue(rc.name, g.key, payload, firing=firing, resolved=resolved, now=now)
                 self._depths[rc.name] = self._depths.get(rc.name, 0) + 1
                 log.info("%s: queued %s for %s (%s)", rc.endpoint, n.status, g.key, reason)
@@ -365,8 +358,8 @@ class Dispatcher:
         due = now >= self._am_next.get(rc.name, now)
         if not alerts or (not due and state == self._am_sent.get(rc.name)):
             return
-        body = alertmanager.render(sort_alerts(alerts), now, self.config.alertmanager_resend, self.config.external_url)
-        payload = json.dumps(body, separators=(",", ":"))
+        payload = alertmanager.payload(sort_alerts(alerts), now, self.config.alertmanager_resend,
+                                       self.config.external_url)
         # Every member of a cluster gets every push, through its own row: a member that is down retries on its
         # own schedule while the others are posted to at once (Alertmanager's README, "High Availability").
         for m in rc.members:

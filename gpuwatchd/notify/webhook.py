@@ -13,7 +13,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpuwatchd.model import Alert
+from gpuwatchd.notify.config import ReceiverConfig
 from gpuwatchd.notify.fingerprints import alert_fp
+from gpuwatchd.notify.integration import Integration, Request, dumps
 from gpuwatchd.notify.notification import Notification, alert_annotations
 
 SIGNATURE_HEADER = "X-Gpuwatchd-Signature"
@@ -69,3 +71,15 @@ def render(n: Notification) -> dict[str, Any]:
 def signature(body: bytes, secret: str) -> str:
     """Header value for ``SIGNATURE_HEADER``."""
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def request(payload: str, rc: ReceiverConfig, url: str) -> Request:
+    """The JSON body, signed when the receiver has an ``hmac_secret``."""
+    body = payload.encode()
+    headers = {}
+    if rc.hmac_secret is not None:
+        headers[SIGNATURE_HEADER] = signature(body, rc.hmac_secret.get_secret_value())
+    return Request(url, body, headers=headers)
+
+
+INTEGRATION = Integration(render=lambda n: dumps(render(n)), request=request)
