@@ -21,7 +21,11 @@ import json
 import re
 from typing import Any
 
-from gpuwatchd.model import HANG_SUSPECTED, HUNG
+# The lost reasons the worker itself writes (model.py holds the same names for the daemon side; a test keeps them
+# equal). Spelled here so that the worker, a second interpreter, does not import the model's dataclasses: ~2 MB of
+# its RSS (bench/footprint.py).
+HANG_SUSPECTED = "hang_suspected"
+HUNG = "timeout"
 
 __all__ = [
     "EXIT_INIT_FAILED",
