@@ -206,7 +206,11 @@ def make_app(
         return _json({"ready": False, "reason": NOT_READY_REASON}, status=503)
 
     async def api_status(request: web.Request) -> web.Response:
-        return _json(status())
+        resp = _json(status())
+        # 8 GPUs x 10 processes is ~25 kB of JSON, ~4 kB gzipped; compressed only for a client that asks for it
+        # (aiohttp compresses bodies this size in its executor, off the loop).
+        resp.enable_compression()
+        return resp
 
     app = web.Application()
     app[METRICS_RENDERER] = metrics

@@ -1,7 +1,7 @@
 """What the status page and ``status --watch`` need beyond the store's snapshot, added to ``/api/v1/status``.
 
 Only keys are added (``STATUS_VERSION`` stays): per GPU its PCIe ``link`` (sysfs), its Thunderbolt ``dock``, a short
-``memory_history``, and per process a ``memory_trend`` (recent rate, a short history, and the leak rule's verdict
+``memory_history``, and per process a ``memory_trend`` (its recent rate, and the leak rule's verdict
 with its time to full while ``GpuMemoryLeak`` is pending or firing for it); at the top ``docks`` (with the
 ``boltctl`` command an unauthorized one needs), ``recent_xids[].meaning/action`` (the Xid catalog), ``probe_results``
 (each probe's last measures against baseline) and ``receivers`` (recent deliveries and failures per receiver).
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gpuwatchd.model import Alert, DockSample
 from gpuwatchd.rules.xid import describe
 from gpuwatchd.sources.sysfs_pcie import sysfs_bus_id
-from gpuwatchd.store import Store
+from gpuwatchd.store import ProcessPoint, Store
 
 if TYPE_CHECKING:
     from gpuwatchd.notify.dispatcher import Dispatcher
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 # this many points (the page polls it every few seconds: the JSON stays a few kB per GPU).
 HISTORY_SECONDS = 1800.0
 GPU_HISTORY_POINTS = 90
-PROCESS_HISTORY_POINTS = 30
 # The per-process rate shown next to its memory: least squares over the last five minutes (enough points at any
 # poll interval; short enough to show a job's current behaviour, not its warm-up).
 RATE_WINDOW_SECONDS = 300.0
@@ -52,6 +51,19 @@ def _slope(points: Sequence[tuple[float, float]]) -> float | None:
     if den <= 0:
         return None
     return sum((t - mt) * (v - mv) for t, v in points) / den
+
+
+def _recent(points: Sequence[ProcessPoint], since: float) -> list[tuple[float, float]]:
+    """The memory readings at or after ``since``, read from the newest back (the ring holds the retained hour)."""
+    out = []
+    for i in range(len(points) - 1, -1, -1):
+        x = points[i]
+        if x.t < since:
+            break
+        if x.used_memory_bytes is not None:
+            out.append((x.t, float(x.used_memory_bytes)))
+    out.reverse()
+    return out
 
 
 def _leaks(alerts: Iterable[Alert]) -> dict[tuple[str, str], Alert]:
@@ -123,13 +135,10 @@ def add_details(status: dict[str, Any], store: Store, alerts: Sequence[Alert], d
         g["memory_history"] = _thin(hist, GPU_HISTORY_POINTS)
         for p in g.get("processes", []):
             pid = p.get("pid")
-            pts = [(x.t, float(x.used_memory_bytes)) for x in store.process_history(uuid, pid)
-                   if x.used_memory_bytes is not None and x.t >= since]
-            recent = [x for x in pts if x[0] >= now - RATE_WINDOW_SECONDS]
+            recent = _recent(store.process_history(uuid, pid), now - RATE_WINDOW_SECONDS)
             leak = leaks.get((uuid, str(pid)))
             p["memory_trend"] = {
                 "rate_bytes_per_second": _slope(recent),
-                "history": _thin(pts, PROCESS_HISTORY_POINTS),
                 "leak": _leak_json(leak) if leak is not None else None,
             }
     for x in status.get("recent_xids", []):

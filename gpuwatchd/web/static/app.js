@@ -210,6 +210,12 @@
         "); last seen " + stamp(g.last_seen) + "."));
     }
     const dl = h("dl", { class: "readings" });
+    if (g.state !== "present") {  // no readings from a GPU that does not answer: its dock and last probe only
+      if (g.dock) dl.append(dockKv(g.dock));
+      if (g.probe) dl.append(kv("Probe", g.probe.verdict + " (" + ago(g.probe.timestamp, now) + ")"));
+      out.push(dl);
+      return out;
+    }
     const used = r.memory_used_bytes, total = r.memory_total_bytes;
     if (num(used) && num(total)) {
       dl.append(kv("Memory", h("span", {}, bytes(used) + " / " + bytes(total),
@@ -236,12 +242,7 @@
       dl.append(kv("PCIe link", "Gen" + (gen ?? "?") + " x" + (width ?? "?") + " (max Gen" + (maxGen ?? "?") +
         " x" + (maxWidth ?? "?") + ")" + (degraded && r.pstate !== 8 ? " — below max" : ""), degraded ? "warn" : ""));
     }
-    if (g.dock) {
-      const dk = g.dock;
-      dl.append(kv("Dock", (dk.vendor ? dk.vendor + " " : "") + (dk.name || dk.unique_id) + " (Thunderbolt " +
-        (dk.generation ?? "?") + ", " + gbit(dk.rx_speed_bps) + " × " + (dk.rx_lanes ?? "?") + " lanes" +
-        (dk.authorized === false ? ", NOT authorized" : "") + ")", dk.authorized === false ? "bad" : ""));
-    }
+    if (g.dock) dl.append(dockKv(g.dock));
     const reasons = r.clocks_event_reasons_active || [];
     const throttle = reasons.filter((x) => x !== "gpu_idle" && x !== "applications_clocks_setting");
     dl.append(kv("Throttle", reasons.length ? reasons.join(", ") : "none", throttle.length ? "warn" : ""));
@@ -250,6 +251,20 @@
       "not run yet", p && /FAILED|degraded/.test(p.verdict) ? "bad" : ""));
     out.push(dl);
     return out;
+  }
+
+  function dockKv(dk) {
+    return kv("Dock", (dk.vendor ? dk.vendor + " " : "") + (dk.name || dk.unique_id) + " (Thunderbolt " +
+      (dk.generation ?? "?") + ", " + gbit(dk.rx_speed_bps) + " × " + (dk.rx_lanes ?? "?") + " lanes" +
+      (dk.authorized === false ? ", NOT authorized" : "") + ")", dk.authorized === false ? "bad" : "");
+  }
+
+  // A probe measure in its unit: FLOP/s (gemm), bytes/s (memory, pcie), seconds (launch latency).
+  function measure(name, v) {
+    if (!num(v)) return "–";
+    if (name.includes("flops")) return (v / 1e12).toFixed(2) + " TFLOP/s";
+    if (name.includes("latency")) return (v * 1e6).toFixed(1) + " µs";
+    return (v / 1e9).toFixed(1) + " GB/s";
   }
 
   function processes(g, now) {
@@ -341,7 +356,7 @@
           const ratio = m ? (r.ratios || {})[m] : undefined;
           rows.push(h("tr", { class: r.result },
             h("td", {}, r.probe), h("td", {}, r.result), h("td", {}, m || "–"),
-            h("td", { class: "num" }, m ? Number(r.measures[m]).toPrecision(3) : "–"),
+            h("td", { class: "num" }, m ? measure(m, r.measures[m]) : "–"),
             h("td", { class: "num" + (num(ratio) && ratio < 0.9 ? " bad" : "") },
               num(ratio) ? Math.round(ratio * 100) + "% of baseline" : "building baseline"),
             h("td", {}, r.problem || (r.degraded || {})[m] || ""),
