@@ -207,7 +207,7 @@ def make_app(
 
     async def api_status(request: web.Request) -> web.Response:
         resp = _json(status())
-        # 8 GPUs x 10 processes is ~25 kB of JSON, ~4 kB gzipped; compressed only for a client that asks for it
+        # 8 GPUs x 10 listed processes is ~40 kB of JSON, ~3 kB gzipped; compressed only for a client that asks for it
         # (aiohttp compresses bodies this size in its executor, off the loop).
         resp.enable_compression()
         return resp
