@@ -89,6 +89,12 @@ def _series(r: Replay) -> list[tuple[str, dict[str, str], float]]:
 
 
 def test_per_process_series_carry_their_owner_and_host_processes_none(run: Replay) -> None:
+    assert run.store is not None
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(StoreCollector(run.store))
+    text = generate_latest(reg).decode()
+    for label in ("container_id", "namespace", "pod", "container", "hpc_job"):
+        assert f'{label}=""' not in text  # absent, not empty
     series = _series(run)
     mem = {s[1]["pid"]: s[1] for s in series if s[0] == "gpuwatchd_gpu_process_memory_used_bytes"}
     assert set(mem) == set(OWNERS)
