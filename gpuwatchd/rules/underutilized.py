@@ -14,7 +14,17 @@ short bursts of compute neither reset the ``for:`` timer nor flap the alert.
 from __future__ import annotations
 
 from gpuwatchd.model import GpuSample, ProcessSample
-from gpuwatchd.rules.condition import Condition, Level, RuleView, fmt_bytes, fmt_share, gpu_labels, gpu_title
+from gpuwatchd.rules.condition import (
+    Condition,
+    Level,
+    RuleView,
+    fmt_bytes,
+    fmt_share,
+    gpu_labels,
+    gpu_title,
+    owner_labels,
+    owner_phrase,
+)
 from gpuwatchd.rules.config import RulesConfig
 
 NAME = "GpuUnderutilized"
@@ -65,7 +75,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         ratio, what = act
         p = holder(g)
         base = gpu_labels(view, g.uuid)
-        labels = {**base, "pid": str(p.pid), "process": p.name or ""} if p is not None else base
+        labels = ({**base, "pid": str(p.pid), "process": p.name or "", **owner_labels(view, g.uuid, p.pid)}
+                  if p is not None else base)
         level: Level
         if share < cfg.min_memory_ratio:
             # clear: only the message of a resolution (the engine ignores it for an alert that is not active)
@@ -76,6 +87,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         else:
             level = "raise" if ratio <= cfg.max_activity_ratio else "hold"
             summary = (f"{gpu_title(base)}: {fmt_bytes(used)} of {fmt_bytes(total)} held ({fmt_share(share)}) but "
-                       f"{what} is {fmt_share(ratio)}; the memory is held by {_who(p)}")
+                       f"{what} is {fmt_share(ratio)}; the memory is held by {_who(p)}"
+                       f"{owner_phrase(view, g.uuid, p.pid) if p is not None else ''}")
         out.append(Condition(NAME, "info", labels, summary, DESCRIPTION, value=ratio, level=level))
     return out
