@@ -103,10 +103,9 @@ class ReceiverConfig(Section):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
     type: ReceiverType
-    # ``url`` or ``urls``, not both. Alertmanager HA: ``urls`` lists every member of the cluster and every alert is
-    # posted to each (Alertmanager's README: never through a load balancer); the cluster deduplicates the
-    # notifications. Each member has its own outbox rows and retry timing (``members``). Given ``urls``, ``url`` is
-    # its first entry, so code that reads ``url`` keeps working.
+    # ``url`` or ``urls``, not both. ``urls`` (alertmanager only): every member of an Alertmanager cluster; every
+    # alert is posted to each (Alertmanager's README: never through a load balancer) and the cluster sends each
+    # notification once. Each member has its own queue and retries: one that is down delays nothing for the others.
     urls: tuple[SecretStr, ...] = ()
     url: SecretStr
     # Generic webhook only: HMAC-SHA256 of the body with this key in the ``X-Gpuwatchd-Signature`` header.

@@ -4,9 +4,11 @@ Prometheus (Debian `prometheus`) discovering them through file_sd and remote-wri
 daemon posting to both (`notify.receivers[].urls`); a real HTTP server plays the chat service (Slack's incoming
 webhook API, which Alertmanager's slack_configs posts to).
 
-Every config is the kit's own (deploy/prometheus/, deploy/alertmanager/alertmanager.yml), with only addresses, data
-paths and timings changed for a test: 1 s scrape and evaluation, `for:` holds of 3 s, Alertmanager group_wait 1 s and
-a 3 s cluster peer timeout. Shown: Prometheus sees every host under its stable `host` label (one by its address);
+Every config is the kit's own (deploy/prometheus/, deploy/alertmanager/alertmanager.yml,
+deploy/gpuwatchd/fleet.yml), with only addresses, data paths and timings changed for a test: 1 s scrape and
+evaluation, `for:` holds of 3 s, Alertmanager group_wait 1 s and a 3 s cluster peer timeout.
+
+Shown: Prometheus sees every host under its stable `host` label (one by its address);
 a GPU lost on one host gives exactly one chat notification from the cluster; with one Alertmanager killed no
 notification is lost (the dead-daemon alert, and a GPU lost on a host added afterwards, still arrive, once); killing
 one daemon raises GpuwatchdDown for that host only; and every query of dashboards/gpuwatchd-fleet.json returns data
@@ -238,16 +240,13 @@ def alertmanager_config(tmp: Path, chat: Chat) -> Path:
 
 
 def sim_config(tmp: Path, host: Host, am_urls: list[str]) -> Path:
+    """deploy/gpuwatchd/fleet.yml with this host's name, the test's Alertmanagers and timings."""
+    cfg = yaml.safe_load((KIT / "gpuwatchd" / "fleet.yml").read_text())
+    cfg["host"] = host.name
+    [receiver] = cfg["notify"]["receivers"]
+    receiver["urls"] = am_urls
     # The sim's clock runs `speed` times faster: resend and retry in scenario seconds, ~2 s of wall time.
-    resend = f"{2 * host.speed:g}s"
-    cfg = {
-        "host": host.name,
-        "notify": {
-            "receivers": [{"name": "fleet", "type": "alertmanager", "urls": am_urls, "timeout": "5s"}],
-            "alertmanager_resend": resend,
-            "retry_max": resend,
-        },
-    }
+    cfg["notify"]["alertmanager_resend"] = cfg["notify"]["retry_max"] = f"{2 * host.speed:g}s"
     path = tmp / f"{host.name}.yml"
     path.write_text(yaml.safe_dump(cfg))
     return path
