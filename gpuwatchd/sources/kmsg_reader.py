@@ -195,12 +195,23 @@ class KmsgReader:
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Open (retrying while it fails), then read until cancelled."""
+        """Open (retrying while it fails), then read until cancelled. A read that fails (EIO, a path that turned out
+        to be a directory) takes the source down and retries like a failed open; it never ends the task, which
+        would stop the daemon."""
         saved = (load_state(self.state_file, self.ingest.store.state_files_set_aside)
                  if self.state_file is not None else {})
         self.ingest.load_addresses(saved.get("addresses", {}))
-        while not self._open(saved):
+        while True:
+            while not self._open(saved):
+                await asyncio.sleep(RETRY_INTERVAL / self.clock.speed)
+            try:
+                await self._read()
+            except OSError as e:
+                self._down(e, reading=True)
+            saved = self._state() if self.ingest.stats.last_seq is not None else saved  # go on after what was read
             await asyncio.sleep(RETRY_INTERVAL / self.clock.speed)
+
+    async def _read(self) -> None:
         loop = asyncio.get_running_loop()
         assert self._fd is not None
         try:
@@ -234,6 +245,8 @@ class KmsgReader:
             return False
         mode = os.fstat(fd).st_mode
         self._fd = fd
+        cut, self._splitter = self._splitter.cut, RecordSplitter()  # nothing half-read survives a reopen
+        self._splitter.cut = cut
         self._live = stat.S_ISCHR(mode)
         self._event_driven = stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
         st = os.fstat(fd)
@@ -249,9 +262,11 @@ class KmsgReader:
         self._status(True, None)
         return True
 
-    def _down(self, e: OSError) -> None:
+    def _down(self, e: OSError, *, reading: bool = False) -> None:
         stats = self.ingest.stats
-        if e.errno in (errno.EACCES, errno.EPERM):
+        if reading:
+            reason = f"cannot read {self.path}: {e.strerror or e}"
+        elif e.errno in (errno.EACCES, errno.EPERM):
             reason = (f"permission denied reading {self.path} (kernel.dmesg_restrict=1 needs CAP_SYSLOG; "
                       "docs/kernel-log.md)")
         else:

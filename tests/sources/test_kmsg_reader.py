@@ -20,7 +20,7 @@ from gpuwatchd.runtime.clock import ManualClock
 from gpuwatchd.sources import kmsg_reader
 from gpuwatchd.sources.kernel_log import KernelLogIngest
 from gpuwatchd.sources.kmsg_parse import format_record
-from gpuwatchd.sources.kmsg_reader import KmsgReader, RecordSplitter, load_state
+from gpuwatchd.sources.kmsg_reader import MAX_RECORD_BYTES, READ_SIZE, KmsgReader, RecordSplitter, load_state
 from gpuwatchd.store import Store
 
 UUID = "GPU-3a1e07c5-9c0f-4b7e-8d1a-e6b3090e6b30"
@@ -263,3 +263,44 @@ def test_first_read_of_a_boot_counts_only_recent_xids(tmp_path: Path, monkeypatc
         assert ingest.stats.lines["xid"] == 2  # both lines were read
 
     asyncio.run(main())
+
+
+def test_splitter_cuts_overlong_records_in_linear_time() -> None:
+    """A 4 MiB line fed in 16 KiB reads: held to MAX_RECORD_BYTES, counted once, the next record intact."""
+    sp = RecordSplitter()
+    out: list[bytes] = []
+    out += sp.feed(b"4,1,1,-;NVRM: Xid (PCI:0000:06:00): 13, ")
+    chunk = b"x" * READ_SIZE
+    for _ in range(256):
+        out += sp.feed(chunk)
+    out += sp.feed(b"\n4,2,2,-;next\n")
+    out += sp.flush()
+    assert [len(r) for r in out] == [MAX_RECORD_BYTES, len(b"4,2,2,-;next")]
+    assert out[0].startswith(b"4,1,1,-;NVRM: Xid") and sp.cut == 1
+
+
+def test_a_read_that_fails_takes_the_source_down_and_never_ends_it(tmp_path: Path) -> None:
+    """A path that is a directory opens, then every read fails (EISDIR): down with the reason, still running."""
+    path = tmp_path / "not-a-log"
+    path.mkdir()
+    store, ingest, reader = make(tmp_path, path)
+
+    async def body() -> None:
+        await until(lambda: ingest.stats.error is not None)
+        assert not ingest.stats.up
+        assert ingest.stats.error == f"cannot read {path}: Is a directory"
+        assert store.sources["kernel_log"].success is False
+
+    task_done: list[bool] = []
+
+    async def main() -> None:
+        task = asyncio.create_task(reader.run())
+        await body()
+        await asyncio.sleep(0.1)
+        task_done.append(task.done())
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert task_done == [False]
