@@ -65,6 +65,36 @@ def test_grafana_model() -> None:
         cells |= mine
 
 
+def _lost_keys(original: Any, decoded: Any, path: str = "") -> list[str]:
+    """Keys of ``original`` that ``decoded`` does not have (anywhere in the tree)."""
+    if isinstance(original, dict):
+        if not isinstance(decoded, dict):
+            return [path]
+        return [k for key in original for k in (
+            [f"{path}.{key}"] if key not in decoded else _lost_keys(original[key], decoded[key], f"{path}.{key}"))]
+    if isinstance(original, list):
+        if not isinstance(decoded, list) or len(original) != len(decoded):
+            return [path]
+        pairs = enumerate(zip(original, decoded, strict=True))
+        return [k for i, (a, b) in pairs for k in _lost_keys(a, b, f"{path}[{i}]")]
+    return [] if original == decoded else [f"{path} (value changed)"]
+
+
+def test_decodes_in_grafanas_dashboard_model_without_losing_a_key() -> None:
+    """Grafana's own dashboard types (grafana-foundation-sdk, generated from its schema) read every key back: a
+    misspelled or misplaced key would be dropped. Only a query variable's ``definition`` (written by Grafana's own
+    variable editor, not in the schema) is outside the model."""
+    sdk = pytest.importorskip("grafana_foundation_sdk", reason="grafana-foundation-sdk (the test extra) not installed")
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    assert sdk is not None
+    original = load()
+    decoded = json.loads(JSONEncoder().encode(Dashboard.from_json(original)))
+    lost = _lost_keys(original, decoded)
+    assert lost == [f".templating.list[{i}].definition" for i in (1, 2)]
+
+
 def test_template_variables() -> None:
     vs = {v["name"]: v for v in load()["templating"]["list"]}
     assert list(vs) == ["datasource", "job", "host"]
