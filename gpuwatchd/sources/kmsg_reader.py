@@ -37,9 +37,10 @@ log = logging.getLogger(__name__)
 READ_SIZE = 16384  # a /dev/kmsg record is at most ~8 KiB (message + dictionary); a smaller buffer gets EINVAL
 MAX_RECORD_BYTES = READ_SIZE  # longer records (only a forged replay file has them) are cut here and counted
 # Work done per event-loop turn before yielding: a flood (100k Xid lines at once, a 31 MB line) is read in slices
-# of this size, so /healthz, scrapes and the NVML poll go on between them (~10 ms of parsing per slice).
+# of this size, so /healthz, scrapes and the NVML poll go on between them (a slice is ~10 ms of parsing on a busy
+# core; bench/kmsg_flood.py measures the longest wait it causes).
 MAX_BYTES_PER_TURN = 64 * 1024
-MAX_RECORDS_PER_TURN = 512
+MAX_RECORDS_PER_TURN = 256
 FOLLOW_INTERVAL = 0.2  # seconds between checks of a followed regular file (sim replay)
 SAVE_INTERVAL = 1.0  # seconds: the position is saved at most this often (and at stop)
 RETRY_INTERVAL = 60.0  # seconds between attempts to open a log we could not open (permissions do not change often)
