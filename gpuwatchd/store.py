@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpuwatchd.gpu.activity import ActivityLog
 from gpuwatchd.gpu.health import GpuHealth
 from gpuwatchd.model import (
     HANG_SUSPECTED,
@@ -135,6 +136,9 @@ class Store:
         self.latest: Snapshot | None = None
         self._presence: dict[str, GpuPresence] = {}
         self._gpu_hist: dict[str, _Ring] = {}
+        # Every poll's utilization and compute pids per GPU, at full resolution (folded into step buckets): the
+        # probe scheduler's proof that a GPU was idle for the whole idle_for (gpuwatchd/gpu/activity.py).
+        self.activity = ActivityLog(step_seconds, retention_seconds)
         self._proc_hist: dict[tuple[str, int], _Ring] = {}
         # Process rings by time of their newest point, oldest first, so expiry looks only at the rings that expire
         # instead of scanning them all every poll. Exact while timestamps do not go backwards; see _expire.
@@ -207,6 +211,7 @@ class Store:
                 gring = self._gpu_hist[g.uuid] = _Ring(self.step_seconds, self.retention_seconds)
             gring.add(_point(t, g))
             uuid = g.uuid
+            self.activity.add(uuid, t, g.utilization_gpu_ratio, [p.pid for p in g.processes if p.kind == "compute"])
             for p in g.processes:
                 key = (uuid, p.pid)
                 ring = proc_hist.get(key)
@@ -336,6 +341,7 @@ class Store:
             del self._proc_hist[key]
         for uuid in [u for u, r in self._gpu_hist.items() if not r.points or r.points[-1].t < horizon]:
             del self._gpu_hist[uuid]
+            self.activity.forget(self._gpu_hist)
 
     # -- readers (exporter, rules, status API) -----------------------------------------------------------------
 

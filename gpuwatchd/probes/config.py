@@ -36,6 +36,12 @@ class ProbesConfig(Section):
     idle_utilization: float = Field(default=0.05, ge=0.0, le=1.0)
     # Hard deadline of one run (wall seconds): then the worker's whole process group is killed, a probe failure.
     deadline: Duration = Field(default=120.0, ge=5.0, le=3600.0)
+    # Probe runs at once on the host. 1: runs do not compete for the CPU, PCIe and memory bandwidth they measure.
+    parallel: int = Field(default=1, ge=1, le=64)
+    # A run still going after this long (wall seconds; a healthy run takes ~10-20 s) is suspected hung: it stops
+    # holding its slot, so the other GPUs' probes go ahead while it waits for its deadline. This bounds how long
+    # one hung GPU delays the others (docs/probes.md, "Detection bound").
+    hang_after: Duration = Field(default=45.0, ge=1.0, le=3600.0)
     # Probe time may take at most this share of each GPU's time: after a run of d seconds the next waits at
     # least d / duty_cycle. Enforced, not advisory.
     duty_cycle: float = Field(default=0.01, gt=0.0, le=1.0)
@@ -74,5 +80,6 @@ def sim_probes(cfg: ProbesConfig, explicit: set[str]) -> ProbesConfig:
     A CPU run takes a few seconds, so a 50% cap lets the sim show baselines, failures and recoveries within a
     scenario; the real defaults would need a day of scenario time.
     """
-    sim = {"interval": 120.0, "idle_for": 30.0, "duty_cycle": 0.5, "baseline_runs": 3, "deadline": 30.0}
+    sim = {"interval": 120.0, "idle_for": 30.0, "duty_cycle": 0.5, "baseline_runs": 3, "deadline": 30.0,
+           "hang_after": 10.0}
     return cfg.model_copy(update={k: v for k, v in sim.items() if k not in explicit})

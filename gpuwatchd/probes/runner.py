@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Mapping, Sequence
@@ -110,7 +111,7 @@ async def run_worker(argv: Sequence[str], env: Mapping[str, str], deadline: floa
                          seconds, rc, proc.pid)
     if stopped == "cancelled":
         return WorkerRun("cancelled", None, "killed: a job started on the GPU", seconds, rc, proc.pid)
-    result, problem = parse_output(stdout, rc, text)
+    result, problem = parse_output(stdout, rc, text, seconds)
     if result is None:
         return WorkerRun("crash", None, problem, seconds, rc, proc.pid)
     return WorkerRun("ok", result, "", seconds, rc, proc.pid)
@@ -129,22 +130,22 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, b
     return bytes(kept), over
 
 
-def parse_output(stdout: bytes, returncode: int | None, stderr: str) -> tuple[dict[str, Any] | None, str]:
-    """The worker's result, or why there is none (one line, for the alert)."""
+def parse_output(stdout: bytes, returncode: int | None, stderr: str, seconds: float | None = None
+                 ) -> tuple[dict[str, Any] | None, str]:
+    """The worker's result, or why there is none: one line for the alert saying what happened (the signal, the
+    exit status, the exception that ended it), never merely the last line of stderr, which is often an unrelated
+    warning (torch prints several on import)."""
+    after = f" after {seconds:.1f} s" if seconds is not None else ""
     if returncode is not None and returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return None, f"crashed (killed by {name})" + _last(stderr)
+        return None, f"crashed: killed by {_signal_text(-returncode)}{after}" + _cause(stderr)
     if returncode:
-        return None, f"exited with status {returncode}" + _last(stderr)
+        return None, f"crashed: exited with status {returncode}{after}" + _cause(stderr)
     if len(stdout) > MAX_STDOUT:
         return None, f"printed more than {MAX_STDOUT} bytes instead of one result line"
     text = stdout.decode("utf-8", "replace")
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
-        return None, "exited without printing a result" + _last(stderr)
+        return None, f"exited (status 0){after} without printing a result" + _cause(stderr)
     if not text.endswith("\n"):
         return None, f"printed a truncated result line ({len(stdout)} bytes, no newline)"
     try:
@@ -158,6 +159,28 @@ def parse_output(stdout: bytes, returncode: int | None, stderr: str) -> tuple[di
     return data, ""
 
 
-def _last(stderr: str) -> str:
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    return f": {lines[-1][:160]}" if lines else ""
+def _signal_text(num: int) -> str:
+    """``SIGSEGV (segmentation fault)``; ``signal 77`` for a number the platform does not name."""
+    try:
+        name = signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+    desc = signal.strsignal(num)
+    return f"{name} ({desc[0].lower() + desc[1:]})" if desc else name
+
+
+# The line that says why a Python process ended: the exception line closing a traceback, or CPython's fatal error.
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure)\b(?::.*)?$")
+_FATAL = re.compile(r"^Fatal Python error: .+")
+
+
+def _cause(stderr: str) -> str:
+    """``": RuntimeError: CUDA error: ..."`` when stderr holds a traceback or a fatal error, else nothing."""
+    lines = [ln.rstrip() for ln in stderr.splitlines() if ln.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        ln = lines[i]
+        if _FATAL.match(ln):
+            return f": {ln[:160]}"
+        if _EXCEPTION.match(ln) and any(x.startswith("Traceback (most recent call last)") for x in lines[:i]):
+            return f": {ln[:160]}"
+    return ""

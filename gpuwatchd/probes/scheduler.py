@@ -1,10 +1,14 @@
 """When a GPU's probe run is due, and whether the GPU may be touched now (decisions only, no I/O).
 
-Per GPU (by UUID), a run is due every ``probes.interval``, and only when the store shows the GPU idle for the
-last ``probes.idle_for``: no compute process but the probe's own, utilization under ``idle_utilization`` in every
-point of that window. A due GPU that is busy is skipped (counted, with its reason) and looked at again after
-``idle_for``. The duty-cycle cap is enforced here: after a run that took ``d`` seconds, the GPU's next run waits
-at least ``d / duty_cycle``. Lost, removed and stale GPUs are never candidates.
+Per GPU (by UUID), a run is due every ``probes.interval``, and only when the GPU has been idle for the whole of
+the last ``probes.idle_for``: no compute process but the probe's own in any poll of that window, and utilization
+under ``idle_utilization`` in every poll of it. Both are read from the store's activity log, which keeps every poll
+(gpuwatchd/gpu/activity.py), not from the latest snapshot: a job that ended a minute ago with low utilization (a
+checkpoint write, CPU-side evaluation, an idle notebook) keeps the GPU busy until ``idle_for`` after it ended. A due
+GPU that is busy is skipped (counted, with its reason) and looked at again when it can first have been idle for
+``idle_for``: ``idle_for`` after its last busy poll (``MIN_RECHECK_S`` after it for a shorter ``idle_for``). The
+duty-cycle cap is enforced here: after a run that took ``d`` seconds, the GPU's next run waits at least
+``d / duty_cycle``. Lost, removed and stale GPUs are never candidates.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class Scheduler:
         snap = store.latest
         if snap is None or not cfg.enabled:
             return [], []
-        recheck = max(cfg.idle_for, MIN_RECHECK_S)
+        own = set(own)
         for g in snap.gpus:
             if not present(store, g.uuid) or g.parent_uuid is not None:  # MIG devices: not probed
                 continue
@@ -70,19 +74,21 @@ class Scheduler:
                     s.next_due = earliest
                     skips.append((g.uuid, "duty_cycle"))
                     continue
-            if foreign_process(store, g.uuid, own) is not None:
-                s.next_due = now + recheck
+            start = now - cfg.idle_for
+            first = store.activity.first_seen(g.uuid)
+            if first is None or first > start + store.step_seconds:
+                continue  # not watched for idle_for yet (just started or just appeared): wait, not a skip
+            window = store.activity.since(g.uuid, start)
+            busy_pids = [b for b in window if b.end > start and b.pids - own]
+            if busy_pids or foreign_process(store, g.uuid, own) is not None:
+                last = busy_pids[-1].end if busy_pids else now
+                s.next_due = last + max(cfg.idle_for, MIN_RECHECK_S)
                 skips.append((g.uuid, "busy_process"))
                 continue
-            hist = store.gpu_history(g.uuid)
-            start = now - cfg.idle_for
-            if not hist or hist[0].t > start + store.step_seconds:
-                continue  # not watched for idle_for yet (just started or just appeared): wait, not a skip
-            window = [p for p in hist if p.t >= start - store.step_seconds]
-            if any((p.utilization_gpu_ratio or 0.0) >= cfg.idle_utilization for p in window) or (
-                (g.utilization_gpu_ratio or 0.0) >= cfg.idle_utilization
-            ):
-                s.next_due = now + recheck
+            busy_util = [b for b in window if b.end > start and (b.max_util or 0.0) >= cfg.idle_utilization]
+            if busy_util or (g.utilization_gpu_ratio or 0.0) >= cfg.idle_utilization:
+                last = busy_util[-1].end if busy_util else now
+                s.next_due = last + max(cfg.idle_for, MIN_RECHECK_S)
                 skips.append((g.uuid, "busy_utilization"))
                 continue
             due.append((s.next_due, g.uuid))

@@ -13,6 +13,8 @@ import logging
 import os
 import re
 import sys
+import time
+from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -100,10 +102,18 @@ class ProbeService:
             counts = store.state_files_set_aside
             counts["probe_baselines"] = counts.get("probe_baselines", 0) + self.baselines.resets
         self.scheduler = Scheduler(config.probes)
-        self._lock = asyncio.Lock()  # one probe subprocess per host
+        self._gpu_locks: dict[str, asyncio.Lock] = {}  # one run per GPU at a time
+        # uuid -> wall (monotonic) start of its run. A run holds one of the host's ``probes.parallel`` slots until
+        # it ends or has run ``probes.hang_after`` (then it is suspected hung and waits for its deadline without
+        # holding the host: one hung GPU does not stop the others' probes).
+        self._running: dict[str, float] = {}
+        self._hung_logged: set[str] = set()
         self.own_pids: set[int] = set()
+        # Workers of past runs: their compute process stays in the activity log for idle_for after the run, and
+        # must not make their own GPU look busy (bounded; a pid reused by a user's job that soon is unlikely).
+        self.past_pids: deque[int] = deque(maxlen=256)
+        self._tasks: set[asyncio.Future[None]] = set()
         self._logged_unavailable = False
-        self.current: str | None = None  # uuid being probed
 
     @property
     def cfg(self) -> ProbesConfig:
@@ -176,62 +186,114 @@ class ProbeService:
 
     async def run(self) -> None:
         """The daemon task: say at once whether probes can run (``gpuwatchd_probe_available`` from the start, with
-        or without GPUs or a driver), then look at the schedule every TICK_S clock seconds and run what is due."""
+        or without GPUs or a driver), then look at the schedule every TICK_S clock seconds and start what is due,
+        each run in its own task, up to ``probes.parallel`` runs that are not suspected hung."""
         try:
             await self.ensure_available()
         except Exception:
             log.exception("the probe availability check failed; it is tried again when a probe is due")
-        while True:
-            try:
-                await self.step()
-            except Exception:
-                # A probe problem must never take the daemon down (the task ending would stop it): log, go on.
-                log.exception("probe scheduling step failed; probes continue at the next tick")
-            await self.clock.sleep(TICK_S)
+        try:
+            while True:
+                try:
+                    while (uuid := await self._next()) is not None:
+                        task = asyncio.ensure_future(self._run_reserved(uuid))
+                        self._tasks.add(task)
+                        task.add_done_callback(self._tasks.discard)
+                except Exception:
+                    # A probe problem must never take the daemon down (the task ending would stop it): log, go on.
+                    log.exception("probe scheduling step failed; probes continue at the next tick")
+                await self.clock.sleep(TICK_S)
+        finally:
+            # The daemon stops: every run's worker group is killed and reaped by its own task's cancellation.
+            tasks = list(self._tasks)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run_reserved(self, uuid: str) -> None:
+        try:
+            await self.run_gpu(uuid, reserved=True)
+        except Exception:
+            log.exception("probe run on %s failed; probes continue", uuid)
 
     async def step(self) -> list[ProbeRecord]:
-        """Run the most overdue idle GPU's probes, if any is due (tests call this directly)."""
+        """Run the most overdue idle GPU's probes, if any is due and a slot is free (tests call this directly)."""
+        uuid = await self._next()
+        return [] if uuid is None else await self.run_gpu(uuid, reserved=True)
+
+    def _slots_used(self) -> int:
+        """Runs holding a host slot: those not yet running for ``probes.hang_after``."""
+        t = time.monotonic()
+        return sum(1 for start in self._running.values() if t - start < self.cfg.hang_after)
+
+    @property
+    def running(self) -> list[str]:
+        return sorted(self._running)
+
+    async def _next(self) -> str | None:
+        """The GPU to probe now (reserved: counted as running from here), or None."""
         if not self.cfg.enabled:
             self._set_available(False, "disabled")
-            return []
-        if self._lock.locked():
-            return []
+            return None
+        if self._slots_used() >= self.cfg.parallel:
+            return None
         now = self.clock.now()
-        due, skips = self.scheduler.decide(self.store, now, self.own_pids)
+        due, skips = self.scheduler.decide(self.store, now, self.own_pids | set(self.past_pids))
         for uuid, reason in skips:
             self.ledger.skip(uuid, reason, now)
         if skips:
             self._changed()
+        due = [u for u in due if not self._busy(u)]
         if not due:
-            return []
+            return None
         if not await self.ensure_available():
             for uuid in due:
                 self.ledger.skip(uuid, "unavailable", now)
                 self.scheduler.started(uuid, now)  # look again at the next interval, not every tick
             self._changed()
-            return []
-        return await self.run_gpu(due[0])
+            return None
+        due = [u for u in due if not self._busy(u)]  # the check may have awaited
+        if not due or self._slots_used() >= self.cfg.parallel:
+            return None
+        self._running[due[0]] = time.monotonic()
+        return due[0]
+
+    def _busy(self, uuid: str) -> bool:
+        """A run of the GPU is reserved, running, or waiting (an API-requested run holds its lock)."""
+        lock = self._gpu_locks.get(uuid)
+        return uuid in self._running or (lock is not None and lock.locked())
+
+    async def _wait_slot(self, uuid: str) -> None:
+        while self._slots_used() >= self.cfg.parallel:
+            await asyncio.sleep(WATCH_S)
+        self._running[uuid] = time.monotonic()
 
     # -- one run -------------------------------------------------------------------------------------------------
 
-    async def run_gpu(self, uuid: str, probes: list[str] | None = None) -> list[ProbeRecord]:
-        """Probe one GPU now (waits for the host's probe lock); returns the records of the run."""
-        async with self._lock:
-            if not present(self.store, uuid):
-                self.ledger.skip(uuid, "gpu_not_present", self.clock.now())
-                self._changed()
-                return []
-            pid = foreign_process(self.store, uuid, self.own_pids)
-            if pid is not None:
-                self.ledger.skip(uuid, "busy_process", self.clock.now())
-                self.scheduler.postpone(uuid, self.clock.now())
-                self._changed()
-                return []
-            self.current = uuid
-            try:
+    async def run_gpu(self, uuid: str, probes: list[str] | None = None, *, reserved: bool = False) -> list[ProbeRecord]:
+        """Probe one GPU now (waits for the GPU's previous run and a host slot); returns the records of the run.
+        ``reserved``: the scheduler already counted it as running (``_next``)."""
+        lock = self._gpu_locks.setdefault(uuid, asyncio.Lock())
+        try:
+            async with lock:
+                if not reserved:
+                    await self._wait_slot(uuid)
+                reserved = True
+                if not present(self.store, uuid):
+                    self.ledger.skip(uuid, "gpu_not_present", self.clock.now())
+                    self._changed()
+                    return []
+                pid = foreign_process(self.store, uuid, self.own_pids)
+                if pid is not None:
+                    self.ledger.skip(uuid, "busy_process", self.clock.now())
+                    self.scheduler.postpone(uuid, self.clock.now())
+                    self._changed()
+                    return []
                 return await self._run_locked(uuid, probes or self.cfg.selected())
-            finally:
-                self.current = None
+        finally:
+            if reserved:
+                self._running.pop(uuid, None)
+                self._hung_logged.discard(uuid)
 
     def _argv(self, probes: list[str], faults_json: str | None) -> list[str]:
         cfg = self.cfg
@@ -268,6 +330,7 @@ class ProbeService:
         finally:
             watch.cancel()
             self.own_pids.difference_update(worker)
+            self.past_pids.extend(worker)
         end = self.clock.now()
         self.scheduler.finished(uuid, end)
         link = self._link(uuid)
@@ -284,8 +347,14 @@ class ProbeService:
 
     async def _watch(self, uuid: str, worker: list[int], cancel: asyncio.Event, why: list[str]) -> None:
         """Kill the probe when a user's job starts on the GPU (the user wins) or the GPU goes away."""
+        t0 = time.monotonic()
         while True:
             await asyncio.sleep(WATCH_S)
+            if time.monotonic() - t0 >= self.cfg.hang_after and uuid not in self._hung_logged:
+                self._hung_logged.add(uuid)
+                log.warning("probe run on %s has taken %.0f s (probes.hang_after): suspected hung; the other GPUs' "
+                            "probes go ahead, and it is killed at its %.0f s deadline", uuid, self.cfg.hang_after,
+                            self.cfg.deadline)
             if not present(self.store, uuid):
                 why.append("gpu_lost")
             elif foreign_process(self.store, uuid, set(worker) | self.own_pids) is not None:
@@ -366,7 +435,8 @@ class ProbeService:
             "available": led.available,
             "unavailable_reason": led.unavailable_reason,
             "device": self.device,
-            "running": self.current,
+            "running": self.running[0] if self.running else None,
+            "running_gpus": self.running,
             "gpus": {u: {"verdict": v.verdict, "timestamp": v.timestamp, "detail": v.detail}
                      for u, v in sorted(led.verdicts.items())},
         }

@@ -80,3 +80,59 @@ async def test_daemon_stopping_mid_probe_leaves_no_worker(tmp_path: Path, standi
     daemon, worker = await _hung_probe(tmp_path, standin_libdir, write_sim_state)
     await daemon.stop()
     await _until(lambda: _gone(worker), "the worker killed with the daemon's stop")
+
+
+def _probe_config(tmp_path: Path, libdir: Path, **probes: Any) -> Any:
+    cfg = _config(tmp_path, libdir)
+    cfg["probes"] = {"interval": "60s", "idle_for": "0s", "deadline": "600s", "duty_cycle": 1.0, **probes}
+    return config_from_dict(cfg)
+
+
+async def test_a_hung_gpu_does_not_hold_the_other_gpus_probes(tmp_path: Path, standin_libdir: Path,
+                                                             write_sim_state: Callable[[dict[str, Any]], Path]) -> None:
+    """GPU A's worker hangs (deadline 600 s); after hang_after (2 s) it stops holding the host's one slot, and
+    GPU B is probed while A's worker still runs. Before, B waited for A's whole deadline."""
+    state = make_state(2)
+    hung, other = sorted(d["uuid"] for d in state["devices"])  # equally due: the scheduler takes uuid order
+    next(d for d in state["devices"] if d["uuid"] == hung)["_probe"] = {"hang": True}
+    path = write_sim_state(state)
+    daemon = Daemon(_probe_config(tmp_path, standin_libdir, hang_after="2s"), worker_env={STATE_ENV: str(path)},
+                    probe_sim=SimProbes(path))
+    await daemon.start()
+    try:
+        assert daemon.probes is not None
+        svc, led = daemon.probes, daemon.store.probes
+        await _until(lambda: hung in svc.running and svc.own_pids, "the hung GPU's worker")
+        await _until(lambda: (other, "gemm") in led.last, "the other GPU's probe verdict")
+        assert led.last[(other, "gemm")].result == "pass"
+        assert hung in svc.running and not any(u == hung for (u, _) in led.last)  # still hung, no verdict yet
+        assert svc.scheduler.gpus[hung].last_start is not None
+        assert svc.scheduler.gpus[hung].last_start <= (svc.scheduler.gpus[other].last_start or 0.0)
+        assert daemon.status()["probes"]["running_gpus"] == [hung]
+    finally:
+        await daemon.stop()
+
+
+async def test_no_probe_until_idle_for_after_a_job_ends(tmp_path: Path, standin_libdir: Path,
+                                                        write_sim_state: Callable[[dict[str, Any]], Path]) -> None:
+    """A job holding the GPU at 0% utilization (a checkpoint write) ends: the probe waits idle_for after the last
+    poll that listed it, though the latest snapshot is idle right away."""
+    state = make_state(1)
+    uuid = state["devices"][0]["uuid"]
+    state["devices"][0]["processes"] = {"compute": [{"pid": 4242, "used_memory": 1 << 30}], "graphics": []}
+    path = write_sim_state(state)
+    daemon = Daemon(_probe_config(tmp_path, standin_libdir, idle_for="3s"), worker_env={STATE_ENV: str(path)},
+                    probe_sim=SimProbes(path))
+    await daemon.start()
+    try:
+        assert daemon.probes is not None
+        led, sched = daemon.store.probes, daemon.probes.scheduler
+        await _until(lambda: led.skipped.get((uuid, "busy_process")), "a skip while the job runs")
+        state["devices"][0]["processes"] = {"compute": [], "graphics": []}
+        write_sim_state(state)
+        await _until(lambda: sched.gpus.get(uuid) and sched.gpus[uuid].last_start is not None, "the first run")
+        last_job_poll = max(b.end for b in daemon.store.activity.since(uuid, 0.0) if 4242 in b.pids)
+        start = sched.gpus[uuid].last_start
+        assert start is not None and start >= last_job_poll + 3.0
+    finally:
+        await daemon.stop()

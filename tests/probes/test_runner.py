@@ -65,11 +65,11 @@ async def test_cancel_kills_the_worker() -> None:
 @pytest.mark.parametrize(
     ("code", "expect"),
     [
-        ("import sys; sys.stderr.write('boom\\n'); sys.exit(1)", "exited with status 1: boom"),
-        ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "crashed (killed by SIGSEGV)"),
+        ("import sys; sys.stderr.write('boom\\n'); sys.exit(1)", "crashed: exited with status 1 after "),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "crashed: killed by SIGSEGV (segmentation fault)"),
         ("print('Segmentation fault (core dumped)')", "printed output that is not a probe result"),
         ("import sys; sys.stdout.write('{\"v\": 1, \"probes\": {\"gem')", "printed a truncated result line"),
-        ("pass", "exited without printing a result"),
+        ("pass", "without printing a result"),
         ("import sys; sys.stdout.write('x' * (2 << 20))", "printed more than"),
     ],
 )
@@ -93,10 +93,20 @@ async def test_worker_is_pinned_by_uuid_in_its_own_group() -> None:
     assert run.result["pgid"] == run.result["pid"] != os.getpgid(0)
 
 
-async def test_real_cpu_worker_result_through_the_runner() -> None:
-    run = await run_worker(worker_argv("--probe", "launch"), ENV, deadline=120)
+async def test_real_cpu_worker_result_through_the_runner(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="gpuwatchd.probes.runner"):
+        run = await run_worker(worker_argv("--probe", "launch"), ENV, deadline=120)
     assert run.outcome == "ok", run.detail
     assert run.result is not None and run.result["probes"]["launch"]["status"] == "ok"
+    # A healthy run writes nothing to stderr: no "Failed to initialize NumPy" (the probes extra installs numpy).
+    assert "wrote to stderr" not in caplog.text, caplog.text
+
+
+def test_the_probes_extra_installs_numpy_with_torch() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in extras["probes"]}
+    assert {"torch", "numpy"} <= names
 
 
 def test_no_orphan_when_the_daemon_dies_mid_probe(tmp_path: Path) -> None:
@@ -131,3 +141,43 @@ def test_no_orphan_when_the_daemon_dies_mid_probe(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+TORCH_WARNING = ("/usr/lib/python3/site-packages/torch/_subclasses/functional_tensor.py:276: UserWarning: Failed "
+                 "to initialize NumPy\n  cpu = _conversion_method_template(device=torch.device(\"cpu\"))")
+
+
+async def test_a_crash_says_what_happened_not_the_last_stderr_line() -> None:
+    """A worker killed by a signal after an unrelated warning: the signal and the time, not the warning's tail."""
+    code = f"""
+        import os, signal, sys
+        sys.stderr.write({TORCH_WARNING!r} + "\\n"); sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    """
+    run = await run_worker(_py(code), ENV, deadline=300)
+    assert run.outcome == "crash"
+    assert run.detail.startswith("crashed: killed by SIGSEGV (segmentation fault) after ")
+    assert "_conversion_method_template" not in run.detail and "NumPy" not in run.detail
+
+
+async def test_a_python_exception_is_named_and_an_exit_status_is_said() -> None:
+    code = f"""
+        import sys
+        sys.stderr.write({TORCH_WARNING!r} + "\\n")
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    """
+    run = await run_worker(_py(code), ENV, deadline=300)
+    assert run.outcome == "crash"
+    assert run.detail.startswith("crashed: exited with status 1 after ")
+    assert run.detail.endswith(": RuntimeError: CUDA error: an illegal memory access was encountered")
+    quiet = await run_worker(_py("import sys; sys.stderr.write('just a warning\\n'); sys.exit(3)"), ENV, deadline=300)
+    assert quiet.detail.startswith("crashed: exited with status 3 after ") and "warning" not in quiet.detail
+
+
+def test_parse_output_names_signals_and_fatal_errors() -> None:
+    _, why = parse_output(b"", -9, "some warning")
+    assert why == "crashed: killed by SIGKILL (killed)"
+    _, why = parse_output(b"", -6, "Fatal Python error: Aborted\n\nCurrent thread 0x01:\n  File x")
+    assert why == "crashed: killed by SIGABRT (aborted): Fatal Python error: Aborted"
+    _, why = parse_output(b"", 0, "UserWarning: something", 2.0)
+    assert why == "exited (status 0) after 2.0 s without printing a result"

@@ -179,7 +179,7 @@ async def test_torch_without_cuda_is_found_by_a_worker_check(tmp_path: Path) -> 
 
 @pytest.mark.parametrize(
     ("crash", "result", "problem"),
-    [("segfault", "crash", "crashed (killed by SIGSEGV)"),
+    [("segfault", "crash", "crashed: killed by SIGSEGV (segmentation fault) after "),
      ("truncated", "crash", "printed a truncated result line"),
      ("oom", "oom", None)],
 )
