@@ -9,7 +9,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import bcrypt
 import pytest
 import yaml
 from support import ROOT, DaemonProcess, free_port, wait_until
+from test_status_watch import silence
 
 CHROMIUM = os.environ.get("GPUWATCHD_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -66,11 +69,51 @@ def serving(d: DaemonProcess) -> bool:
         return False
 
 
+class ChatService(BaseHTTPRequestHandler):
+    """A chat service on loopback: ``/ok`` takes every message, ``/refuse`` answers 400 (a permanent failure)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        ok = self.path == "/ok"
+        body = b"ok" if ok else b"invalid_payload: no such channel"
+        self.send_response(200 if ok else 400)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
-def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, DaemonProcess]]:
+def chat() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ChatService)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def leak_config(tmp: Path, chat: str) -> Path:
+    """Two receivers for every alert: one that takes them, one that refuses them."""
+    cfg = tmp / "gpuwatchd.yml"
+    cfg.write_text(yaml.safe_dump({"notify": {
+        "receivers": [{"name": "team-chat", "type": "webhook", "url": f"{chat}/ok"},
+                      {"name": "old-hook", "type": "webhook", "url": f"{chat}/refuse"}],
+        "routes": [{"receiver": "team-chat", "continue": True}, {"receiver": "old-hook"}],
+    }}))  # fmt: skip
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory: pytest.TempPathFactory, chat: str) -> Iterator[dict[str, DaemonProcess]]:
     """The three scenarios, started together (they overlap their warm-up)."""
+    leak_tmp = tmp_path_factory.mktemp("leak")
     running = {
-        "leak": _start(tmp_path_factory.mktemp("leak"), "--scenario", "leak", "--speed", "30"),
+        "leak": _start(leak_tmp, "--scenario", "leak", "--speed", "30", "--config",
+                       str(leak_config(leak_tmp, chat))),
         "dock-unauthorized": _start(tmp_path_factory.mktemp("dock"), "--scenario", "dock-unauthorized"),
         "egpu-unplug": _start(tmp_path_factory.mktemp("unplug"), "--scenario", "egpu-unplug", "--speed", "4"),
     }
@@ -141,10 +184,23 @@ def test_leak_shows_the_leaking_pid_and_its_eta(browser: Any, sims: dict[str, Da
         row = page.locator("tr[data-pid='4242']")
         row.wait_for()
         text = row.inner_text()
-        assert "python" in text and "alice" in text
+        assert "python" in text and (name == "phone" or "alice" in text)  # the user column: not on a phone
         assert "full in" in row.locator("td.eta").inner_text()
         assert "/min" in text  # the trend column
         page.wait_for_selector(".chart canvas")  # uPlot drew the memory history
+        # Deliveries per receiver: the leak's message reached the chat service; the other receiver refused it.
+        page.wait_for_selector(".receiver[data-receiver='team-chat'] li.delivered", timeout=90_000)
+        page.wait_for_selector(".receiver[data-receiver='old-hook'] li.failed", timeout=90_000)
+        refused = page.locator(".receiver[data-receiver='old-hook']").inner_text()
+        assert "HTTP 400" in refused and "invalid_payload: no such channel" in refused
+        if name == "desktop":  # a silence: the firing alert is shown as silenced
+            silence(d.url, "GpuMemoryLeak")
+            page.wait_for_selector(".alert.silenced[data-alertname='GpuMemoryLeak'] .badge:has-text('silenced')")
+        # Said above the table as well, where a phone shows it without scrolling sideways.
+        note = page.locator(".leak-note[data-pid='4242']")
+        assert "python[4242] (alice)" in note.inner_text() and "full in" in note.inner_text()
+        box = note.bounding_box()
+        assert box is not None and box["x"] + box["width"] <= viewport["width"]
         if name == "phone":  # fits: nothing wider than the screen but the scrollable tables
             assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
         page.screenshot(path=str(shots / f"leak-{name}.png"), full_page=True)

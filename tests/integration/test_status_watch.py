@@ -4,10 +4,13 @@ after a restart, and exits 0 on Ctrl-C; on a pipe whose reader goes away it ends
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +22,17 @@ from gpuwatchd.runtime.exitcodes import EXIT_BROKEN_PIPE
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "50"}
 WAIT = 120  # seconds: a liveness bound on a loaded 2-core machine, not a timing claim
+SGR = r"(?:\x1b\[[0-9;]*m)*"  # colour codes rich puts around a state
+
+
+def silence(url: str, alertname: str) -> None:
+    """A silence through the daemon's API (loopback may write), as a user's script would make it."""
+    body = json.dumps({"matchers": [{"name": "alertname", "value": alertname, "isRegex": False, "isEqual": True}],
+                       "createdBy": "test", "comment": "known leak, fix deployed tomorrow"}).encode()
+    req = urllib.request.Request(f"{url}/api/v1/silences", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
 
 
 def start_sim(tmp: Path, port: int, *args: str) -> DaemonProcess:
@@ -71,11 +85,18 @@ def test_watch_in_a_terminal_survives_a_restart_and_quits_on_ctrl_c(tmp_path: Pa
         child.expect(r"4242\s+alice\s+python")
         # The leak rule suspects pid 4242 ~5 min of scenario time in (10 s at 30x): the view gives its time to full.
         child.expect(r"(pending|firing): full in \d+")
-        child.expect("GpuMemoryLeak")
+        child.expect(f"GpuMemoryLeak\\s+{SGR}firing")
         seen = child.before + child.after
         # Redrawn in place: rich moves the cursor up over the previous frame instead of scrolling a new one.
         child.expect("every 0.5s")
         assert "\x1b[1A" in child.before or "\x1b[1A" in seen
+        # A silenced alert says so, here and in the one-shot `status` (it said "firing").
+        silence(sims[0].url, "GpuMemoryLeak")
+        child.expect(f"GpuMemoryLeak\\s+{SGR}silenced")
+        once = subprocess.run([sys.executable, "-m", "gpuwatchd", "status", "--url", sims[0].url], cwd=ROOT, env=ENV,
+                              capture_output=True, text=True, timeout=60, check=True)
+        row = next(line for line in once.stdout.splitlines() if line.startswith("GpuMemoryLeak"))
+        assert re.search(r"\bsilenced\b", row) and "firing" not in row, row
         # The daemon goes away: the last picture stays, under a line that says so; a new daemon is picked up.
         stop(sims.pop())
         child.expect("daemon not answering")

@@ -284,7 +284,15 @@
       h("thead", {}, h("tr", {}, h("th", {}, "PID"), h("th", {}, "Process"), h("th", {}, "User"),
         h("th", { class: "num" }, "GPU memory"), h("th", { class: "num" }, "Trend"), h("th", {}, "Leak"))),
       h("tbody", {}, rows));
-    const out = [h("div", { class: "scroll" }, table)];
+    // A suspected leak is the one fact that must not hide in a scrolled table on a phone: said above it too.
+    const notes = procs.filter((p) => (p.memory_trend || {}).leak).map((p) => {
+      const leak = p.memory_trend.leak;
+      return h("p", { class: "leak-note " + leak.state, data: { pid: String(p.pid) } },
+        h("strong", {}, (p.name || "?") + "[" + p.pid + "]"), " (" + (p.user || "?") + ") ",
+        leak.state === "firing" ? "is leaking " : "may be leaking ", rate(leak.rate_bytes_per_second),
+        ": GPU memory full in ", h("strong", {}, duration(leak.eta_seconds)));
+    });
+    const out = [...notes, h("div", { class: "scroll" }, table)];
     if (total > procs.length) {
       out.push(h("p", { class: "muted more" }, (total - procs.length) + " more processes (" + total +
         " in all; the largest " + procs.length + " are listed)"));
