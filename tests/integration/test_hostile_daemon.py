@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import ROOT, DaemonProcess, free_port, labels_of, parse_metrics, value, wait_until
+from support import ROOT, DaemonProcess, free_port, labels_of, metrics_when, parse_metrics, value, wait_until
 
+from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state, write_state
 
@@ -66,7 +67,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, standin_libdir: Path) -> It
         (state_dir / name).write_bytes(content)
     kmsg = KmsgFile(tmp / "kmsg")
     sim_state = tmp / "sim-state"
-    write_state(sim_state, make_state(2))
+    state = make_state(2)
+    write_state(sim_state, state)
+    mirror_sysfs(tmp / "sysfs", state)  # the GPUs' PCI devices, as the hot-plug watch and link reader see them
     port = free_port()
     cfg = tmp / "gpuwatchd.yml"
     cfg.write_text(yaml.safe_dump({
@@ -255,3 +258,30 @@ def test_a_quadratic_silence_body_does_not_stall_the_loop(daemon: tuple[DaemonPr
         time.sleep(0.05)  # the pace of the checks, not a wait for a condition
     t.join()
     assert answers and all(s == 400 for s in answers), answers
+
+
+def test_an_unreadable_sysfs_is_unknown_never_removed(daemon: tuple[DaemonProcess, KmsgFile]) -> None:
+    """sysfs that cannot be read (here ELOOP; under a descriptor flood EMFILE) is not an empty PCI tree: no
+    "removed" devices, no worker restart for hot-plug, the links keep their last value. Runs last: it breaks sysfs."""
+    d, _ = daemon
+    sysfs_root = Path(yaml.safe_load(d.config_path.read_text())["sysfs"]["root"])
+    m = metrics_when(d, lambda m: len(labels_of(m, "gpuwatchd_sysfs_pcie_device_present")) == 2,
+                     "the GPUs' PCI devices read from sysfs")
+    assert all(v == 1 for (name, _), v in m.items() if name == "gpuwatchd_sysfs_pcie_device_present")
+    devices = sysfs_root / "sys/bus/pci/devices"
+    devices.rename(devices.with_name("devices.real"))
+    devices.symlink_to("devices")  # a loop: every read fails with ELOOP
+    try:
+        wait_until(lambda: "the PCI device set and links are unknown" in d.log(), "the watch to find sysfs unreadable")
+        time.sleep(2.0)  # several more scans (one per 500 ms poll) while unreadable: the state must hold
+        m = d.metrics()
+        assert all(v == 1 for (name, _), v in m.items() if name == "gpuwatchd_sysfs_pcie_device_present")
+        assert value(m, "gpuwatchd_gpus") == 2
+        log = d.log()
+        assert "pci_devices_changed" not in log
+        assert log.count("the PCI device set and links are unknown") == 1  # one line, not one per scan
+    finally:
+        devices.unlink()
+        devices.with_name("devices.real").rename(devices)
+    wait_until(lambda: "sysfs watch: sysfs readable again" in d.log(), "the watch to read sysfs again")
+    healthz_fast(d)
