@@ -162,3 +162,33 @@ async def test_adding_a_member_keeps_the_first_members_state_and_removing_one_fa
         assert "am#1" not in d.last_errors()
     finally:
         await d.stop()
+
+
+async def test_a_members_queue_survives_a_restart(sinks: list[Sink], tmp_path: Path) -> None:
+    """The down member's pending push is in the state database under its own key: after a restart it is sent to
+    that member (and only to it), while the member that was up is not sent it again."""
+    up, down, _ = sinks
+    down.responder = lambda _: web.Response(status=503)
+    config = notify_config([am_receiver([up.url, down.url], "am")], alertmanager_resend="1h")
+    clock = RealClock()
+    d = await make_dispatcher(config, tmp_path / "state", clock)
+    try:
+        d.update([mk_alert("GpuLost", severity="critical", t=clock.now() - 5)])
+        await up.wait_for(1)
+        await down.wait_for(1)
+    finally:
+        await d.stop()
+    assert [r.status for r in d.outbox.rows("am#1")] == ["pending"]
+    down.responder = None
+    before_up, before_down = len(up.requests), len(down.requests)
+    d = await make_dispatcher(config, tmp_path / "state", clock)
+    try:
+        await down.wait_for(before_down + 1)
+        for _ in range(100):
+            if [r.status for r in d.outbox.rows("am#1")] == ["delivered"]:
+                break
+            await asyncio.sleep(0.05)
+        assert [r.status for r in d.outbox.rows("am#1")] == ["delivered"]
+        assert len(up.requests) == before_up
+    finally:
+        await d.stop()
