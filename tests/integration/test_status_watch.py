@@ -14,11 +14,15 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import bcrypt
 import pexpect
 import pytest
+import yaml
 from support import ROOT, DaemonProcess, free_port, wait_until
+from tls_files import TlsFiles
 
-from gpuwatchd.runtime.exitcodes import EXIT_BROKEN_PIPE
+from gpuwatchd.cli.daemon_client import PASSWORD_ENV
+from gpuwatchd.runtime.exitcodes import EXIT_BROKEN_PIPE, EXIT_UNREACHABLE
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "50"}
 WAIT = 120  # seconds: a liveness bound on a loaded 2-core machine, not a timing claim
@@ -130,3 +134,36 @@ def test_watch_on_a_closed_pipe_ends_quietly(tmp_path: Path, sims: list[DaemonPr
         proc.stderr.close()
     assert code == EXIT_BROKEN_PIPE, err
     assert "Traceback" not in err and "Exception" not in err
+
+
+def test_watch_a_daemon_behind_tls_and_basic_auth(tmp_path: Path, sims: list[DaemonProcess],
+                                                  tls_files: TlsFiles) -> None:
+    """Remote-style: https, the daemon's certificate as --ca-file, the password from $GPUWATCHD_PASSWORD; a wrong
+    password ends the view at once with what to pass (exit 3), not a retry loop."""
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({
+        "tls_server_config": {"cert_file": str(tls_files.cert), "key_file": str(tls_files.key)},
+        "basic_auth_users": {"ops": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()},
+    }))  # fmt: skip
+    port = free_port()
+    log_path = tmp_path / "tls-sim.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuwatchd", "sim", "--gpus", "2", "--listen",
+                                 f"127.0.0.1:{port}", "--web.config.file", str(web)],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV)  # fmt: skip
+    sims.append(DaemonProcess(proc, f"https://127.0.0.1:{port}", tmp_path / "unused.yml", log_path))
+    args = ["-m", "gpuwatchd", "status", "--watch", "1", "--url", f"https://127.0.0.1:{port}",
+            "--ca-file", str(tls_files.cert), "--auth-user", "ops"]
+    child = pexpect.spawn(sys.executable, args, cwd=str(ROOT), env={**ENV, PASSWORD_ENV: "s3cret"},
+                          dimensions=(50, 160), timeout=WAIT, encoding="utf-8", codec_errors="replace")
+    try:
+        child.expect(r"0    NVIDIA RTX A5000(.|\n)*?1    NVIDIA RTX A5000")  # both GPUs, once the sim serves
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    wrong = subprocess.run([sys.executable, *args], cwd=ROOT, env={**ENV, PASSWORD_ENV: "nope"}, capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert wrong.returncode == EXIT_UNREACHABLE
+    assert "HTTP 401" in wrong.stderr and "--auth-user" in wrong.stderr and "Traceback" not in wrong.stderr
