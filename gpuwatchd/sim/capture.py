@@ -60,8 +60,8 @@ def describe_capture(source: str | os.PathLike[str]) -> str:
 def parse_cuda_version(value: str) -> int:
     """nvidia-smi's "12.2" as NVML's integer 12020 (major * 1000 + minor * 10)."""
     major, dot, minor = value.partition(".")
-    if not dot or not major.isdigit() or not minor.isdigit():
-        raise CaptureError(f"cuda_version: expected '<major>.<minor>', got {value!r}")
+    if not dot or not all(p.isascii() and p.isdigit() and len(p) <= 4 for p in (major, minor)):
+        raise CaptureError(f"cuda_version: expected '<major>.<minor>', got {value[:40]!r}")
     return int(major) * 1000 + int(minor) * 10
 
 

@@ -258,8 +258,8 @@ def _pstate(gpu: ET.Element) -> int | None:
         return None
     if value.lower() == "unknown":
         return PSTATE_UNKNOWN
-    if len(value) < 2 or value[0] != "P" or not value[1:].isdigit():
-        raise CaptureError(f"{where(gpu, 'performance_state')}: expected P0..P15, got {value!r}")
+    if len(value) < 2 or len(value) > 3 or value[0] != "P" or not (value[1:].isascii() and value[1:].isdigit()):
+        raise CaptureError(f"{where(gpu, 'performance_state')}: expected P0..P15, got {value[:40]!r}")
     return int(value[1:])
 
 
@@ -369,7 +369,10 @@ def _processes(gpu: ET.Element) -> dict[str, list[dict[str, Any]]]:
     graphics: list[dict[str, Any]] = []
     for number, info in enumerate(gpu.iterfind("processes/process_info")):
         path = f"processes/process_info[{number + 1}]"
-        pid = integer(info, "pid", gpu=None)
+        try:
+            pid = integer(info, "pid", gpu=None)
+        except CaptureError as e:  # name the process element, not a bare "pid"
+            raise CaptureError(f"{where(gpu, path)}/{e}") from None
         kind = text(info, "type")
         if pid is None or kind is None:
             raise CaptureError(f"{where(gpu, path)}: a process needs a pid and a type")

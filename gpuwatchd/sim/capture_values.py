@@ -9,6 +9,7 @@ naming the element for text it does not understand (a wrong guess would replay a
 from __future__ import annotations
 
 import math
+import re
 import xml.etree.ElementTree as ET
 
 MIB = 1024 * 1024  # nvidia-smi's "MiB" is a binary mebibyte (nvml.h reports bytes; nvidia-smi divides by 2**20)
@@ -35,6 +36,13 @@ NO_READING = frozenset(
 
 # Longest text of one element: the longest nvidia-smi prints is a process name (a path, PATH_MAX 4096).
 MAX_TEXT = 4096
+
+# One number as nvidia-smi prints it ("35.06", "-1", "24576"): ASCII digits, at most this many characters, and at
+# most MAX_QUANTITY in size, so a reading scaled to bytes or milliwatts stays a finite integer (values near 1e308
+# became inf there and an OverflowError). What the stand-in takes (u32, i64) is then checked with the field's name.
+MAX_NUMBER_CHARS = 40
+MAX_QUANTITY = 1e15
+_NUMBER = re.compile(r"[-+]?[0-9]+(?:\.[0-9]+)?", re.ASCII)
 
 _TRUE_WORDS = frozenset({"yes", "active", "enabled"})
 _FALSE_WORDS = frozenset({"no", "not active", "disabled"})
@@ -88,12 +96,12 @@ def parse_quantity(value: str, unit: str, location: str) -> float:
     if len(parts) != expected or (unit and parts[1] != unit):
         shown = f"'<number> {unit}'" if unit else "a bare number"
         raise CaptureError(f"{location}: expected {shown}, got {value!r}")
-    try:
-        number = float(parts[0])
-    except ValueError:
-        raise CaptureError(f"{location}: {parts[0]!r} is not a number (in {value!r})") from None
-    if not math.isfinite(number):
-        raise CaptureError(f"{location}: expected a finite number, got {value!r}")
+    if not _NUMBER.fullmatch(parts[0]):  # ASCII digits (float() takes any script's, "1_0", "nan"), bounded length
+        raise CaptureError(f"{location}: {parts[0][:MAX_NUMBER_CHARS]!r} is not a number of at most "
+                           f"{MAX_NUMBER_CHARS} characters (in {value[:80]!r})")
+    number = float(parts[0])
+    if not math.isfinite(number) or abs(number) > MAX_QUANTITY:
+        raise CaptureError(f"{location}: {value[:80]!r} is outside -{MAX_QUANTITY:g}..{MAX_QUANTITY:g}")
     return number
 
 
@@ -128,9 +136,11 @@ def hex_int(parent: ET.Element, path: str, *, gpu: ET.Element | None = None) -> 
     if value is None:
         return None
     try:
+        if len(value) > 18 or not value.isascii():  # a u64 at most, with its "0x"
+            raise ValueError(value)
         return int(value, 16)
     except ValueError:
-        raise CaptureError(f"{where(gpu, path)}: expected a hexadecimal number, got {value!r}") from None
+        raise CaptureError(f"{where(gpu, path)}: expected a hexadecimal number, got {value[:40]!r}") from None
 
 
 def flag(parent: ET.Element, path: str, *, gpu: ET.Element | None = None) -> bool | None:

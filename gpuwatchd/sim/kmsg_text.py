@@ -19,7 +19,8 @@ from gpuwatchd.sources.kmsg_parse import format_record, parse_record
 # dmesg -x: "kern  :warn  : "
 _LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warn": 4, "notice": 5, "info": 6, "debug": 7}
 _FACILITY = re.compile(r"^([a-z0-9]+)\s*:\s*(emerg|alert|crit|err|warn|notice|info|debug)\s*:\s?")
-_MONO = re.compile(r"^\[\s*(\d+)\.(\d+)\]\s?")
+# Seconds since boot: ASCII digits (\d takes any script's), bounded (int() of 4301 digits raises).
+_MONO = re.compile(r"^\[\s*([0-9]{1,12})\.([0-9]{1,12})\]\s?", re.ASCII)
 _CTIME = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]\s?")
 _ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s")
 # syslog / journalctl -k (short, short-precise, short-iso): TIME HOST PROGRAM[PID]: message. journalctl's ISO
@@ -28,7 +29,7 @@ _SYSLOG = re.compile(
     r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?"
     r"(?:Z|[+-]\d{4})) (\S+) ([^\s:\[]+)(?:\[\d+\])?: ?"
 )
-_KMSG = re.compile(r"^\d+,\d+,\d+(?:,[^;]*)?;")
+_KMSG = re.compile(r"^[0-9]{1,4},[0-9]{1,20},[0-9]{1,20}(?:,[^;]*)?;", re.ASCII)
 _KMSG_DICT = re.compile(r"^ [A-Z_]+=")  # the dictionary lines after a /dev/kmsg record
 
 
@@ -41,22 +42,40 @@ class Entry:
     message: str
 
 
+# One entry's message, continuation lines included, is cut at this many characters: the kernel hands out a /dev/kmsg
+# record of at most ~8 KiB (printk's LOG_LINE_MAX is 1 KiB a line), so nothing longer is a real kernel line, and a
+# paste of millions of indented lines stays one bounded entry (joined once: appending to a growing string was
+# quadratic, minutes for 4M continuation lines).
+MAX_ENTRY_CHARS = 8192
+
+
 def parse_text(data: bytes) -> list[Entry]:
     """Every kernel entry of a pasted log, in order; each line decoded on its own (bad bytes -> U+FFFD)."""
     out: list[Entry] = []
+    parts: list[str] = []  # the current entry's message lines
+    size = 0
+    head: Entry | None = None
     kmsg = False
+
+    def close() -> None:
+        if head is not None:
+            out.append(Entry(head.usec, head.level, "\n".join(parts)[:MAX_ENTRY_CHARS]))
+
     for raw in data.split(b"\n"):
-        line = raw.decode("utf-8", "replace").rstrip("\r")
+        line = raw[: MAX_ENTRY_CHARS * 4].decode("utf-8", "replace").rstrip("\r")
         if not line.strip() or (kmsg and _KMSG_DICT.match(line)):
             continue
         kmsg = bool(_KMSG.match(line))
-        if line[0] in " \t" and out and not _SYSLOG.match(line.lstrip()):
-            prev = out[-1]
-            out[-1] = Entry(prev.usec, prev.level, f"{prev.message}\n{line.strip()}")
+        if line[0] in " \t" and head is not None and not _SYSLOG.match(line.lstrip()):
+            if size < MAX_ENTRY_CHARS:  # past the cut the rest of the entry is dropped
+                parts.append(line.strip())
+                size += len(parts[-1]) + 1
             continue
         entry = _entry(line.strip())
         if entry is not None:
-            out.append(entry)
+            close()
+            head, parts, size = entry, [entry.message], len(entry.message)
+    close()
     return out
 
 

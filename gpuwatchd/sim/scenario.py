@@ -34,6 +34,7 @@ when it is removed and re-inserted at another NVML index. Validation errors name
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -246,6 +247,9 @@ class Scenario:
                     f"{missing[-1] + 1} GPUs"
                 ],
             )
+        population = _population_problem(self.population, n)
+        if population is not None:
+            raise ScenarioError(self.source, [f"--gpus {n}: {population}"])
         return replace(self, gpus=n)
 
 
@@ -317,10 +321,55 @@ def _slots_of(step: Step) -> set[int]:
     return out
 
 
+# Every number a scenario writes is finite and at most this in size (the stand-in's widest field is 64 bits): one
+# check over the whole document at load, so no later arithmetic (a ramp, round(), a size in bytes) meets .inf or a
+# 1e308 and ends in an OverflowError while the sim runs.
+MAX_NUMBER = float(2**64)
+# A looping scenario's cycle lasts at least this: per cycle the player walks the timeline, and a 1e-300 s cycle
+# made it walk forever before the first state was served.
+MIN_LOOP_SECONDS = 1.0
+# Generated processes in all (per_gpu x gpus): each costs ~20 us per state written; 16384 is four fleet scenarios
+# (a 16-GPU node with 256 each is 4096) and every pid stays below pid_max (32768) from the default pid_start.
+MAX_POPULATION = 16_384
+PID_MAX = 32_768
+
+
+def _numbers(node: Any, where: str, out: list[str], budget: list[int]) -> None:
+    """Problems of the numbers in ``node`` (non-finite, too large), at most 10 (``budget``)."""
+    if budget[0] <= 0:
+        return
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _numbers(v, f"{where}.{k}" if where else str(k), out, budget)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _numbers(v, f"{where}[{i}]", out, budget)
+    elif isinstance(node, float | int) and not isinstance(node, bool) and (
+            not math.isfinite(node) or abs(node) > MAX_NUMBER):
+        shown = repr(node) if isinstance(node, float) else f"an integer of {node.bit_length()} bits"
+        out.append(f"{where or '(top level)'}: {shown} is not a finite number of at most 2**64")
+        budget[0] -= 1
+
+
+def _population_problem(pop: PopulationSpec | None, gpus: int) -> str | None:
+    if pop is None:
+        return None
+    total = pop.per_gpu * gpus
+    most = min(MAX_POPULATION, PID_MAX - pop.pid_start)
+    if total > most:
+        return (f"processes.per_gpu: {pop.per_gpu} on {gpus} GPUs is {total} processes; at most {most} in all "
+                f"(pids {pop.pid_start}..{PID_MAX - 1})")
+    return None
+
+
 def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
     """Validate a parsed YAML document into a :class:`Scenario`."""
     if not isinstance(data, dict):
         raise ScenarioError(source, ["(top level): expected a mapping"])
+    bad_numbers: list[str] = []
+    _numbers(data, "", bad_numbers, [10])
+    if bad_numbers:
+        raise ScenarioError(source, bad_numbers)
     try:
         doc = ScenarioDoc.model_validate(data)
     except ValidationError as e:
@@ -355,8 +404,12 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
     if doc.processes is not None:
         ends.append(doc.processes.churn_every)
     duration = doc.duration or max(ends, default=0.0)
-    if doc.loop and duration <= 0:
-        raise ScenarioError(source, ["loop: true needs a duration > 0 (or a timeline that spans time)"])
+    if doc.loop and duration < MIN_LOOP_SECONDS:
+        raise ScenarioError(source, [f"loop: true needs a duration of at least {MIN_LOOP_SECONDS:g} s (or a timeline "
+                                     f"that spans that long), got {duration:g}"])
+    population = _population_problem(doc.processes, doc.gpus)
+    if population is not None:
+        raise ScenarioError(source, [population])
     scen = Scenario(
         name=doc.name,
         description=" ".join(doc.description.split()),

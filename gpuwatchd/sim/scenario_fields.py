@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\s*$")
+# ASCII digits (\d and float() take any script's), at most 30 of them: a size beyond 2**64 bytes is no GPU's.
+_SIZE = re.compile(r"^\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\s*$", re.ASCII)
 _SIZE_UNIT = {
     "B": 1,
     "KiB": 1 << 10,
@@ -30,9 +31,10 @@ _SIZE_UNIT = {
 def parse_quantity(value: Any) -> Any:
     """``"22GiB"`` / ``"1.5 GB"`` -> bytes as int; other values pass through unchanged."""
     if isinstance(value, str):
-        m = _SIZE.match(value)
+        m = _SIZE.match(value) if len(value) <= 80 else None
         if m:
-            return int(float(m.group(1)) * _SIZE_UNIT[m.group(2)])
+            number = float(m.group(1)) * _SIZE_UNIT[m.group(2)]
+            return int(number) if math.isfinite(number) else value  # 1e30 TiB: left as text, refused by its field
     return value
 
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gpuwatchd.config.files import InputFileError, read_text_file
 from gpuwatchd.sim.scenario_fields import parse_quantity
 
+MAX_NUMBER = float(2**64)  # as every number of a scenario (sim/scenario.py)
 MAX_VALUES = 1_000_000  # eleven and a half days at 1 s
 MAX_FILE_BYTES = 32 * 1024 * 1024
 
@@ -32,12 +33,15 @@ def series_number(value: Any, where: str) -> float:
     if isinstance(value, str):  # a file's lines are text: "1048576" is bytes, as 1048576 is in a list
         value = value.strip()
         try:
+            if not value.isascii() or len(value) > 40:  # float() takes any script's digits and any length
+                raise ValueError(value)
             value = float(value)
         except ValueError:
             value = parse_quantity(value)
     v = parse_quantity(value)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise ValueError(f"{where}: expected a number or a size like 4GiB, got {value!r}")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or abs(v) > MAX_NUMBER:
+        shown = value if not isinstance(value, str) or len(value) <= 40 else f"{value[:40]}..."
+        raise ValueError(f"{where}: expected a number or a size like 4GiB of at most 2**64, got {shown!r}")
     return float(v)
 
 

@@ -125,7 +125,8 @@ def _int(path: str, v: object, lo: int = 0, hi: int = _I64, *, nullable: bool = 
     if isinstance(v, bool) or not isinstance(v, int):
         raise _fail(path, f"expected an integer, got {v!r}")
     if not lo <= v <= hi:
-        raise _fail(path, f"{v} is outside {lo}..{hi}")
+        shown = str(v) if -(10**30) < v < 10**30 else f"an integer of {v.bit_length()} bits"
+        raise _fail(path, f"{shown} is outside {lo}..{hi}")
     return v
 
 
