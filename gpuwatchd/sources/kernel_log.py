@@ -9,6 +9,7 @@ tests share all of it. docs/kernel-log.md describes the behaviour.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 FALL_MERGE_SECONDS = 60.0
 MAX_ADDRESSES = 256  # address -> UUID entries kept (and persisted); a host has at most a few dozen GPUs
 XID_FALLEN_OFF = 79
+TOPOLOGY_RETRY_SECONDS = 60.0  # an address not in sysfs (gone, forged) is looked up again after this long
 
 Topology = Callable[[str], Sequence[str]]  # GPU address -> the addresses of the ports above it (store form)
 
@@ -44,6 +46,8 @@ class KernelLogIngest:
         self._falls: dict[str, float] = {}  # uuid or address -> time of the last counted fall
         self._held_lost: dict[str, float] = {}  # uuid -> since: lost per the kernel, NVML not caught up yet
         self._ancestors: dict[str, tuple[str, ...]] = {}  # GPU address -> ports above it, remembered
+        self._no_ports: dict[str, float] = {}  # GPU address -> when sysfs last had no ports for it
+        self._below: dict[str, set[str]] = {}  # port -> the GPU addresses below it (the inverse of _ancestors)
         self._malformed_logged = False
 
     # -- records --------------------------------------------------------------------------------------------------
@@ -169,12 +173,38 @@ class KernelLogIngest:
             self.addresses[norm] = uuid
             while len(self.addresses) > MAX_ADDRESSES:
                 del self.addresses[next(iter(self.addresses))]
-        if norm not in self._ancestors:
-            ports = tuple(self._topology(norm))
-            if ports:
-                self._ancestors[norm] = ports
-                while len(self._ancestors) > MAX_ADDRESSES:
-                    del self._ancestors[next(iter(self._ancestors))]
+        self._ports(norm)
+
+    def _ports(self, address: str) -> tuple[str, ...]:
+        """The ports above a GPU address, from sysfs once; an address sysfs does not have is asked again only after
+        TOPOLOGY_RETRY_SECONDS, so a flood of AER lines against forged addresses costs no file-system calls."""
+        ports = self._ancestors.get(address)
+        if ports is not None:
+            return ports
+        now = time.monotonic()
+        missed = self._no_ports.get(address)
+        if missed is not None and now - missed < TOPOLOGY_RETRY_SECONDS:
+            return ()
+        ports = tuple(self._topology(address))
+        if not ports:
+            self._no_ports.pop(address, None)
+            self._no_ports[address] = now
+            while len(self._no_ports) > MAX_ADDRESSES:
+                del self._no_ports[next(iter(self._no_ports))]
+            return ports
+        self._no_ports.pop(address, None)
+        self._ancestors[address] = ports
+        for port in ports:
+            self._below.setdefault(port, set()).add(address)
+        while len(self._ancestors) > MAX_ADDRESSES:
+            old = next(iter(self._ancestors))
+            for port in self._ancestors.pop(old):
+                below = self._below.get(port)
+                if below is not None:
+                    below.discard(old)
+                    if not below:
+                        del self._below[port]
+        return ports
 
     def load_addresses(self, addresses: Mapping[str, str]) -> None:
         for address, uuid in list(addresses.items())[-MAX_ADDRESSES:]:
@@ -204,18 +234,27 @@ class KernelLogIngest:
             uuid = self.uuid_at(a)
             if uuid is not None:
                 return uuid
+        for gpu_address in self._present_addresses():  # a GPU NVML sees may not have been looked up yet
+            self._ports(gpu_address)
+        # The GPUs below the named ports, from the port -> GPU index: a flood of AER lines costs a lookup each, not a
+        # walk over every remembered address.
+        below = set().union(*(self._below.get(a, ()) for a in wanted))
+        if not below:
+            return None
+        known = set(self._gpu_addresses())
         candidates: set[str] = set()
-        for gpu_address in self._gpu_addresses():
-            ports = self._ancestors.get(gpu_address)
-            if ports is None:
-                ports = tuple(self._topology(gpu_address))
-                if ports:
-                    self._ancestors[gpu_address] = ports
-            if wanted & set(ports):
-                uuid = self.uuid_at(gpu_address)
-                if uuid is not None:
-                    candidates.add(uuid)
+        for gpu_address in sorted(below & known):
+            uuid = self.uuid_at(gpu_address)
+            if uuid is not None:
+                candidates.add(uuid)
         return candidates.pop() if len(candidates) == 1 else None
+
+    def _present_addresses(self) -> Iterable[str]:
+        for pres in self.store.presence.values():
+            if pres.identity.pci_bus_id is not None:
+                norm = kp.normalize_pci(pres.identity.pci_bus_id)
+                if norm is not None:
+                    yield norm
 
     def _gpu_addresses(self) -> Iterable[str]:
         seen = set(self.addresses)

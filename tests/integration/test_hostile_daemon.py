@@ -217,6 +217,17 @@ def test_a_31_mb_line_and_100k_xids_keep_the_loop_answering(daemon: tuple[Daemon
     assert value(d.metrics(), "gpuwatchd_nvml_up") == 1
 
 
+def test_an_aer_flood_against_forged_addresses_costs_no_stall(daemon: tuple[DaemonProcess, KmsgFile]) -> None:
+    """Each AER line naming no known GPU looks for one below its port among the 256 remembered addresses (those the
+    series test forged); sysfs is asked once per address, not once per line."""
+    d, kmsg = daemon
+    before = lines(d, "aer")
+    flood = kmsg.records([b"pcieport 0000:%02x:01.0: AER: Corrected error received: 0000:%02x:00.0" % (i % 250, i % 250)
+                          for i in range(20_000)])
+    feed_and_watch(d, kmsg, flood, "aer", before + 20_000)
+    assert value(d.metrics(), "gpuwatchd_pcie_aer_errors_total", uuid="unknown", severity="corrected") is not None
+
+
 # Each was a 500 (TypeError or ValueError in the handler).
 PROBE_BODIES: list[object] = [
     {"gpus": 5}, True, 1.5, {"probes": 7}, ["\u00b2"], {"gpus": ["1" * 4301]}, {"gpus": ["\u00b2"]}, None, "x",
