@@ -15,8 +15,9 @@ DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock
 class KubernetesAttributionConfig(Section):
     """Pods from the kubelet's pod-resources API (gRPC ``v1.PodResourcesLister/List`` on a unix socket)."""
 
-    # The kubelet's socket. Used only when it exists (a host without Kubernetes pays nothing); set explicitly, a
-    # missing socket counts in gpuwatchd_attribution_errors_total{source="kubernetes"} and is logged once.
+    # The kubelet's socket. Used only when it exists (a host without Kubernetes pays nothing); set in the file
+    # (even to the default), a missing socket counts in gpuwatchd_attribution_errors_total{source="kubernetes"}
+    # and is logged once.
     pod_resources_socket: SafePath = DEFAULT_POD_RESOURCES_SOCKET
     # How often the kubelet is asked (never per scrape): a replaced pod's labels follow within this long.
     interval: PositiveDuration = 10.0
