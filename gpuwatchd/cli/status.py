@@ -157,6 +157,9 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
         out += ["", *notes]
     if procs:
         out += ["", _table(["GPU", "PID", "PROCESS", "USER", "GPU MEMORY", "OWNER"], procs), *more_lines]
+    xids = _xid_rows(status, {str(g.get("uuid")): str(g.get("index", "-")) for g in gpus})
+    if xids:
+        out += ["", _table(["GPU", "XID", "COUNT", "SEVERITY", "MNEMONIC", "NVIDIA: IMMEDIATE / IF IT RECURS"], xids)]
     arows = []
     for a in alerts:
         labels = a.get("labels", {}) if isinstance(a.get("labels"), dict) else {}
@@ -198,6 +201,21 @@ def more_processes(g: Mapping[str, Any]) -> str | None:
 def _probe(verdict: Any) -> str:
     """Last probe verdict of a GPU: "pass", "degraded", "FAILED", "skipped (busy_process)", or "-"."""
     return str(verdict.get("verdict") or "-") if isinstance(verdict, dict) else "-"
+
+
+def _xid_rows(status: Mapping[str, Any], index: Mapping[str, str]) -> list[list[str]]:
+    """One row per (GPU, Xid code) seen since the daemon started, with NVIDIA's catalog entry for the code."""
+    rows = []
+    for x in status.get("xid_counts") or []:
+        if not isinstance(x, dict):
+            continue
+        raw = x.get("catalog")
+        cat: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        actions = " / ".join(a for a in (cat.get("immediate_action"), cat.get("investigatory_action")) if a)
+        rows.append([index.get(str(x.get("uuid")), "?"), str(x.get("xid", "-")), str(x.get("count", "-")),
+                     str(cat.get("severity") or "warning (not in the catalog)"), str(cat.get("mnemonic") or "-"),
+                     actions or "-"])
+    return rows
 
 
 def _health_state(health: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from gpuwatchd.gpu import xid_catalog
 from gpuwatchd.gpu.clock_events import decode
 from gpuwatchd.gpu.health import ACTION_TEXT
 from gpuwatchd.model import GpuSample, ProcessOwner, ProcessSample
@@ -53,6 +54,16 @@ def _health(store: Store, uuid: str) -> dict[str, Any]:
     return h.as_dict()
 
 
+def _xid_entry(code: int) -> dict[str, object] | None:
+    e = xid_catalog.entry(code)
+    return xid_catalog.as_dict(e) if e is not None else None
+
+
+def _xid_catalog() -> dict[str, object]:
+    c = xid_catalog.catalog()
+    return {"source": c.source, "version": c.version, "via": c.via, "codes": len(c.entries)}
+
+
 def status_from_store(store: Store) -> dict[str, Any]:
     """NVML status, GPUs (presence, identity, readings, processes), links, sources and Xid counts."""
     snap = store.latest
@@ -98,9 +109,13 @@ def status_from_store(store: Store) -> dict[str, Any]:
         "gpus": gpus,
         "links": [dataclasses.asdict(link) for _, link in sorted(store.links.items())],
         "sources": {name: dataclasses.asdict(s) for name, s in sorted(store.sources.items())},
+        # Each code with NVIDIA's catalog entry (mnemonic, description, immediate and investigatory action, and
+        # gpuwatchd's severity; null for a code the catalog does not know).
         "xid_counts": [
-            {"uuid": uuid, "xid": xid, "count": count} for (uuid, xid), count in sorted(store.xid_counts.items())
+            {"uuid": uuid, "xid": xid, "count": count, "catalog": _xid_entry(xid)}
+            for (uuid, xid), count in sorted(store.xid_counts.items())
         ],
+        "xid_catalog": _xid_catalog(),
         "recent_xids": [dataclasses.asdict(ev) for ev in store.recent_xids],
         "pods": [dataclasses.asdict(p) for p in store.attribution.pods] if store.attribution is not None else [],
         "config": {

@@ -169,6 +169,23 @@ class XidRule(RuleSection):
     ignore: tuple[int, ...] = ()
 
 
+class XidRepeatRule(RuleSection):
+    """``GpuXidRepeated`` and ``GpuXidSupportCase``: escalations read from the Xid history (rules/xid_repeat.py)."""
+
+    # How far back repeats count: a day, like NVSentinel's 24 h for fatal Xids.
+    window: PositiveDuration = 86400.0
+    # Application-level codes: once is the job's bug, repeated across jobs on one GPU is the GPU.
+    app_codes: tuple[int, ...] = (13, 31, 43)
+    # Jobs (distinct pids, or bursts when the pid is unknown) on one GPU before an application code points at it.
+    min_jobs: int = Field(default=3, ge=2)
+    # Events of one code without a pid closer than this are one job's burst; fatal Xids closer than this, one
+    # episode. 3 min: NVIDIA's and NVSentinel's burst window for Xid 31.
+    burst_gap: PositiveDuration = 180.0
+    # Fatal-class (critical) Xid episodes on one GPU within the window that make a support case: each already
+    # asked for a reset or a reboot, so the third means the recovery does not hold.
+    fatal_count: int = Field(default=3, ge=2)
+
+
 class EccRule(RuleSection):
     """``GpuEccError``: volatile DBE, retired pages, row remapping (DCGM MEM health watch, DcgmHealthWatch.cpp)."""
 
@@ -303,6 +320,7 @@ class RulesConfig(Section):
     leak: LeakRule = LeakRule()
     throttle: ThrottleRule = ThrottleRule()
     xid: XidRule = XidRule()
+    xid_repeat: XidRepeatRule = XidRepeatRule()
     ecc: EccRule = EccRule()
     link: LinkRule = LinkRule()
     replays: ReplayRule = ReplayRule()

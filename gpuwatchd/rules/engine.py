@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import gpuwatchd.rules.nvlink as nvlink_rule
 import gpuwatchd.rules.recovery as recovery_rule
 from gpuwatchd.model import Alert, AlertState, fingerprint
-from gpuwatchd.rules import dock, ecc, failing, leak, link, presence, probe, temperature, throttle, xid
+from gpuwatchd.rules import dock, ecc, failing, leak, link, presence, probe, temperature, throttle, xid, xid_repeat
 from gpuwatchd.rules.condition import Condition, RuleView
 from gpuwatchd.rules.config import RulesConfig, RuleSection
 from gpuwatchd.rules.underutilized import conditions as underutilized_conditions
@@ -46,6 +46,8 @@ FAMILIES: tuple[FamilySpec, ...] = (
     FamilySpec("leak", leak.conditions, {"GpuMemoryLeak": lambda c: c.leak}, lambda c: c.leak.interval),
     FamilySpec("throttle", throttle.conditions, {"GpuThrottled": lambda c: c.throttle}),
     FamilySpec("xid", xid.conditions, {"GpuXidError": lambda c: c.xid}),
+    FamilySpec("xid_repeat", xid_repeat.conditions,
+               {"GpuXidRepeated": lambda c: c.xid_repeat, "GpuXidSupportCase": lambda c: c.xid_repeat}),
     FamilySpec("ecc", ecc.conditions, {"GpuEccError": lambda c: c.ecc}),
     FamilySpec(
         "link",

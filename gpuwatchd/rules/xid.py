@@ -7,25 +7,26 @@ alert instead of starting new ones. The condition is recomputed from the recent 
 daemon restart cannot replay old ones as new. Per-code counters are exported from the store by the exporter
 (``gpuwatchd_gpu_xid_errors_total{uuid,xid}``), never as a sticky last-value gauge.
 
-Severity by class, from the resolution buckets of NVIDIA's Xid catalog ("Analyzing Xid Errors with the Xid Catalog",
-https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html).
+Severity and, for codes without gpuwatchd's own wording below, the message come from NVIDIA's whole Xid catalog
+("Analyzing Xid Errors with the Xid Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html),
+carried as data in gpuwatchd/gpu/xid_catalog.json: critical when its immediate action is a GPU reset or a reboot,
+info when NVIDIA says to ignore it, warning otherwise; a code the catalog does not know is a warning.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuwatchd.gpu.health import HealthAction
+from gpuwatchd.gpu import xid_catalog
+from gpuwatchd.gpu.health import HealthAction, xid_action
 from gpuwatchd.model import Severity, XidEvent
 from gpuwatchd.rules.condition import Condition, RuleView, fmt_duration, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
 
 NAME = "GpuXidError"
 
+# Application-level codes: once is the job's bug (docs/alerts.md); rules/xid_repeat.py escalates repeats.
 APPLICATION = frozenset({13, 31, 43, 45, 68, 94})
-RESET_NEEDED = frozenset({62, 64, 95, 109, 119, 120, 140})
-HARDWARE_OR_LINK = frozenset({48, 74, 79})
-INFORMATIONAL = frozenset({63, 92, 154})
 
 RESTART_APP = "Restart the application that hit it; the GPU itself is fine. Repeats point to a bug in the job."
 RESET_GPU = (
@@ -106,40 +107,45 @@ CATALOG: dict[int, XidInfo] = {
 
 
 def severity(code: int) -> Severity:
-    """Severity of an Xid code by class; unknown codes are warnings."""
-    if code in RESET_NEEDED or code in HARDWARE_OR_LINK:
-        return "critical"
-    if code in INFORMATIONAL:
-        return "info"
-    return "warning"
+    """Severity of an Xid code from the catalog (gpuwatchd/gpu/xid_catalog.json); unknown codes are warnings."""
+    e = xid_catalog.entry(code)
+    return e.severity if e is not None else "warning"
 
 
 def health_actions() -> dict[int, HealthAction]:
-    """Per known code, what the GPU's health state suggests (gpuwatchd/gpu/health.py); others reset the GPU."""
+    """Per catalog code, what the GPU's health state suggests (gpuwatchd/gpu/health.py) from NVIDIA's immediate
+    action; codes outside the catalog reset the GPU (health.py's conservative default)."""
     out: dict[int, HealthAction] = {}
-    for code in CATALOG:
-        if code == 79:
-            out[code] = "reboot"
-        elif code in RESET_NEEDED or code in HARDWARE_OR_LINK:
-            out[code] = "reset_gpu"
-        elif code == 54:
-            out[code] = "inspect_hardware"
-        elif code in INFORMATIONAL:
-            out[code] = "none"
-        else:
-            out[code] = "restart_app"
+    for code, e in xid_catalog.catalog().entries.items():
+        action = xid_action(e.immediate_action)
+        out[code] = "restart_app" if action == "none" and e.severity != "info" else action
     return out
 
 
+def _short(mnemonic: str) -> str:
+    return " / ".join(m.strip().removeprefix("ROBUST_CHANNEL_") for m in mnemonic.split("/"))
+
+
 def describe(code: int) -> tuple[str, str]:
-    """(meaning, what to do) for a code, with a generic answer for codes not in the catalog."""
+    """(meaning, what to do) for a code: gpuwatchd's own words for the common codes, NVIDIA's catalog for the
+    others, a generic answer for codes in neither."""
     info = CATALOG.get(code)
-    if info is None:
-        return (
-            "an Xid this daemon has no catalog entry for",
-            "Look it up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) and check the kernel log.",
-        )
-    return f"{info.mnemonic}: {info.meaning}", info.action
+    if info is not None:
+        return f"{info.mnemonic}: {info.meaning}", info.action
+    e = xid_catalog.entry(code)
+    if e is not None:
+        desc = e.description
+        what = ("a code NVIDIA's catalog marks unused on Ampere and newer GPUs" if e.unused
+                else desc[0].lower() + desc[1:] if desc[1:2].islower() else desc or "no description")
+        todo = xid_catalog.bucket_text(e.immediate_action)
+        action = todo[0].upper() + todo[1:] + "."
+        if e.investigatory_action and e.investigatory_action != e.immediate_action:
+            action += f" If it recurs: {xid_catalog.bucket_text(e.investigatory_action)}."
+        return f"{_short(e.mnemonic)}: {what}", action
+    return (
+        "an Xid this daemon has no catalog entry for",
+        "Look it up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) and check the kernel log.",
+    )
 
 
 def _uuid_for(view: RuleView, ev: XidEvent) -> str | None:

@@ -28,7 +28,7 @@ def _config(tmp_path: Path, libdir: Path, **probes: Any) -> dict[str, Any]:
         "state_dir": str(tmp_path / "state"),
         "nvml": {"library_path": str(libdir), "poll_interval": "100ms", "restart_backoff_max": "500ms"},
         "sysfs": {"root": str(tmp_path / "sysfs")},
-        "rules": {"xid": {"resolve_after": "4s"}},
+        "rules": {"xid": {"resolve_after": "4s"}, "xid_repeat": {"burst_gap": "1s"}},
         "probes": {"enabled": False, **probes},
     }
 
@@ -110,3 +110,38 @@ async def test_probe_availability_is_exported_from_the_start_without_gpus_or_dri
                 assert reason in ("torch_not_installed", "no_cuda_device", "driver_too_old", "check_failed"), reason
         finally:
             await daemon.stop()
+
+
+async def test_an_application_xid_repeating_across_jobs_escalates_to_the_gpu(
+        tmp_path: Path, standin_libdir: Path, write_sim_state: Callable[[dict[str, Any]], Path]) -> None:
+    """Xid 31 once: GpuXidError (the job's bug, restart the app). Three bursts more than burst_gap apart:
+    GpuXidRepeated, the GPU degraded with "inspect the hardware"; the Xid table of `status` shows the catalog."""
+    state = make_state(2)
+    path = write_sim_state(state)
+    daemon = Daemon(config_from_dict(_config(tmp_path, standin_libdir)), worker_env={STATE_ENV: str(path)})
+    await daemon.start()
+    try:
+        uuid = state["devices"][0]["uuid"]
+        await _until(lambda: daemon.store.health.get(uuid), "GPU 0 assessed")
+        for seq in (1, 2, 3):
+            state["events"] = [{"seq": seq, "uuid": uuid, "type": "xid", "data": 31}]
+            write_sim_state(state)
+            await _until(lambda s=seq: daemon.store.xid_counts.get((uuid, 31), 0) >= s, f"Xid 31 #{seq}")
+            if seq == 1:
+                await _until(lambda: _health(daemon, uuid)["action"] == "restart_app", "restart the app after one")
+                assert not [a for a in daemon.alerts if a.name == "GpuXidRepeated"]
+            await asyncio.sleep(1.5)  # past burst_gap: the next one is another job
+        await _until(lambda: [a for a in daemon.alerts if a.name == "GpuXidRepeated" and a.state == "firing"],
+                     "GpuXidRepeated")
+        h = _health(daemon, uuid)
+        assert (h["state"], h["action"]) == ("degraded", "inspect_hardware")
+        _, status = await _get(daemon.url)
+        (row,) = [x for x in status["xid_counts"] if x["uuid"] == uuid]
+        assert row["count"] == 3 and row["catalog"]["immediate_action"] == "RESTART_APP"
+        assert row["catalog"]["investigatory_action"] == "WORKFLOW_XID_31"
+        assert status["xid_catalog"]["codes"] >= 170 and status["xid_catalog"]["source"].startswith("https://")
+        text = render_status(*await fetch_status(daemon.url))
+        assert any(line.split()[:3] == ["0", "31", "3"] and "FIFO_ERROR_MMU_ERR_FLT" in line
+                   and "RESTART_APP / WORKFLOW_XID_31" in line for line in text.splitlines()), text
+    finally:
+        await daemon.stop()
