@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from gpuwatchd.model import Snapshot, XidEvent
+from gpuwatchd.runtime.log_limit import LogLimit
 from gpuwatchd.series_cap import bump
 from gpuwatchd.sources import kmsg_parse as kp
 from gpuwatchd.sources.kernel_log_stats import KernelLogStats
@@ -49,6 +50,7 @@ class KernelLogIngest:
         self._no_ports: dict[str, float] = {}  # GPU address -> when sysfs last had no ports for it
         self._below: dict[str, set[str]] = {}  # port -> the GPU addresses below it (the inverse of _ancestors)
         self._malformed_logged = False
+        self._log_limit = LogLimit()  # driver-error lines are logged at most once a minute per kind
 
     # -- records --------------------------------------------------------------------------------------------------
 
@@ -105,7 +107,7 @@ class KernelLogIngest:
         elif isinstance(ev, kp.VersionMismatch | kp.RmInitFailed):
             if isinstance(ev, kp.VersionMismatch):
                 self.stats.version_mismatch = ev.text
-            log.warning("kernel log: %s", line)
+            self._log_limit.log(log, logging.WARNING, kp.kind_of(ev), "kernel log: %s", line[: kp.MAX_TEXT_CHARS])
         # pciehp link and thunderbolt lines are counted by kind (lines_total) and shown in the log's replay; the
         # Thunderbolt source (sources/ tb) and the PCI hot-plug watch act on the same changes from sysfs.
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from gpuwatchd.model import SourceStatus
 from gpuwatchd.runtime.clock import Clock
+from gpuwatchd.runtime.log_limit import LogLimit
 from gpuwatchd.sources.kernel_log import KernelLogIngest
 from gpuwatchd.sources.kmsg_parse import parse_record
 from gpuwatchd.state_files import StateFileError, read_json, set_aside
@@ -192,6 +193,7 @@ class KmsgReader:
         self._saving: asyncio.Task[None] | None = None
         self._last_save = 0.0
         self._readable = asyncio.Event()
+        self._log_limit = LogLimit()
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -333,7 +335,8 @@ class KmsgReader:
         if self._expect is not None and rec.seq > self._expect:
             lost = rec.seq - self._expect
             self.ingest.stats.records_lost += lost
-            log.warning("kernel log: %d record(s) overwritten before they were read (ring buffer wrapped)", lost)
+            self._log_limit.log(log, logging.WARNING, "lost", "kernel log: %d record(s) overwritten before they were"
+                                " read (ring buffer wrapped)", lost)
         self._expect = rec.seq + 1
         self._skip_through = None
         t = self._stamp(rec.usec)

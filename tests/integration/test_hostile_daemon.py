@@ -228,6 +228,24 @@ def test_an_aer_flood_against_forged_addresses_costs_no_stall(daemon: tuple[Daem
     assert value(d.metrics(), "gpuwatchd_pcie_aer_errors_total", uuid="unknown", severity="corrected") is not None
 
 
+def test_floods_of_logged_kinds_are_logged_once_a_minute(daemon: tuple[DaemonProcess, KmsgFile]) -> None:
+    """Driver errors and ring-buffer gaps are worth a log line, but a forged flood of them is one line each a minute,
+    with the lines still counted."""
+    d, kmsg = daemon
+    log_lines = len(d.log().splitlines())
+    before_rm, before_lost = lines(d, "rm_init_failed"), value(d.metrics(), "gpuwatchd_kernel_log_records_lost_total")
+    data = kmsg.records([b"NVRM: RmInitAdapter failed! (0x22:0x56:%d)" % i for i in range(5000)])
+    data += kmsg.records([b"NVRM: API mismatch: the client has the version 550.%d, but" % i for i in range(5000)])
+    gaps = []
+    for _ in range(2000):  # every record skips one sequence number: a "wrapped ring" per record
+        kmsg.seq += 1
+        gaps.append(kmsg.records([b"usb 1-1: gap"]))
+    feed_and_watch(d, kmsg, data + b"".join(gaps), "rm_init_failed", before_rm + 5000)
+    wait_until(lambda: value(d.metrics(), "gpuwatchd_kernel_log_records_lost_total") == (before_lost or 0) + 2000,
+               "the gaps counted")
+    assert len(d.log().splitlines()) - log_lines <= 6  # rm_init, version mismatch, records lost: once each
+
+
 # Each was a 500 (TypeError or ValueError in the handler).
 PROBE_BODIES: list[object] = [
     {"gpus": 5}, True, 1.5, {"probes": 7}, ["\u00b2"], {"gpus": ["1" * 4301]}, {"gpus": ["\u00b2"]}, None, "x",
