@@ -50,17 +50,31 @@ def process_cgroups(state: dict[str, Any]) -> dict[int, str]:
     return out
 
 
+# root -> the pid -> cgroup text last written under it: the player mirrors on every change of the devices (a
+# memory ramp changes them every tick), and the fleet scenario has 4096 processes whose files rarely change.
+_WRITTEN: dict[Path, dict[int, str]] = {}
+
+
 def mirror_procs(root: Path, state: dict[str, Any]) -> None:
     """``proc/<pid>/cgroup`` for the state's GPU processes (attribution reads them; docs/scenarios.md), and no
-    directory for a pid that is gone."""
+    directory for a pid that is gone. Only what changed since the last call for this root is touched."""
     proc = root / "proc"
     want = process_cgroups(state)
-    if proc.is_dir():
-        for p in proc.iterdir():
-            if p.name.isdigit() and int(p.name) not in want:
-                shutil.rmtree(p, ignore_errors=True)
+    before = _WRITTEN.get(root) if proc.is_dir() else None
+    if before == want:
+        return
+    if before is None:  # first call for this root (or the tree went): sweep what an earlier run left
+        before = {}
+        if proc.is_dir():
+            for p in proc.iterdir():
+                if p.name.isdigit() and int(p.name) not in want:
+                    shutil.rmtree(p, ignore_errors=True)
+    for pid in before.keys() - want.keys():
+        shutil.rmtree(proc / str(pid), ignore_errors=True)
     for pid, text in want.items():
-        _write(proc / str(pid) / "cgroup", text)
+        if before.get(pid) != text:
+            _write(proc / str(pid) / "cgroup", text)
+    _WRITTEN[root] = want
 
 
 def mirror_host(root: Path, state: dict[str, Any]) -> None:
