@@ -214,3 +214,31 @@ def test_scrapes_of_a_changing_store_stay_identical_to_the_library() -> None:
     assert_same(reg)
     store.apply(replace(latest, timestamp=latest.timestamp + 2, gpus=latest.gpus[:1]))
     assert_same(reg)
+
+
+def test_owner_labels_on_some_process_samples_encode_identically() -> None:
+    """Per-process samples whose owner labels differ in number (absent, never empty, where unknown) encode as the
+    library would, and gpuwatchd_gpu_pod_info / attribution errors too."""
+    from gpuwatchd.model import Attribution, GpuPod, ProcessOwner
+
+    store = store_from_fixture("store_mixed.json")
+    assert store.latest is not None
+    procs = list(dict.fromkeys((g.uuid, p.pid) for g in store.latest.gpus for p in g.processes))
+    assert len(procs) >= 2
+    owners = {procs[0]: ProcessOwner(container_id="3f2a9c1b7d4e", namespace="ml", pod="trainer-0",
+                                     container="trainer", runtime="containerd"),
+              procs[1]: ProcessOwner(hpc_job="4242")}
+    store.set_attribution(Attribution(timestamp=store.latest.timestamp, owners=owners,
+                                      pods=(GpuPod(procs[0][0], "ml", "trainer-0", "trainer"),),
+                                      errors={"cgroup": 1, "kubernetes": 0, "hpc_jobs": 0}))
+    reg = registry(StoreCollector(store, build=BUILD))
+    body = text_latest(reg).decode()
+    mem = [line for line in body.splitlines() if line.startswith("gpuwatchd_gpu_process_memory_used_bytes{")]
+    first = next(line for line in mem if f'pid="{procs[0][1]}"' in line and procs[0][0] in line)
+    assert 'container="trainer",container_id="3f2a9c1b7d4e",namespace="ml",pid=' in first and "hpc_job" not in first
+    second = next(line for line in mem if f'pid="{procs[1][1]}"' in line and procs[1][0] in line)
+    assert 'hpc_job="4242",pid=' in second and "container" not in second
+    assert '=""' not in "".join(line for line in mem if "process=" in line).replace('process=""', "")
+    assert 'gpuwatchd_gpu_pod_info{container="trainer"' in body
+    assert 'gpuwatchd_attribution_errors_total{source="cgroup"} 1.0' in body
+    assert_same(reg)
