@@ -55,6 +55,9 @@ _ALERT_EVIDENCE: dict[str, tuple[HealthState, HealthState, HealthAction, HealthA
     "GpuMemoryHeldByDeadProcess": ("degraded", "degraded", "reset_gpu", "reset_gpu"),
     "GpuXidRepeated": ("unhealthy", "degraded", "inspect_hardware", "inspect_hardware"),
     "GpuXidSupportCase": ("unhealthy", "unhealthy", "inspect_hardware", "inspect_hardware"),
+    # About the Thunderbolt dock a GPU sits behind (label unique_id, no uuid): evidence for the GPUs behind it.
+    "GpuDockLinkDegraded": ("degraded", "degraded", "check_cable", "check_cable"),
+    "GpuDockUnauthorized": ("degraded", "degraded", "check_cable", "check_cable"),
 }
 # GpuRecoveryActionRequired's ``action`` label -> what to do.
 _RECOVERY: dict[str, HealthAction] = {
@@ -92,6 +95,7 @@ class GpuFacts:
     has_sample: bool  # a reading of it is in the latest snapshot
     egpu: bool  # behind a Thunderbolt dock
     probe_failed: str | None = None  # the problem of a probe whose last run failed (wrong numbers, hang, crash)
+    dock_id: str | None = None  # unique_id of the Thunderbolt dock it is (or was last) behind
 
 
 def xid_action(immediate: str) -> HealthAction:
@@ -146,11 +150,16 @@ def assess(
     by_gpu: dict[str, list[_Evidence]] = {u: [] for u in facts}
     for a in alerts:
         uuid = a.labels.get("uuid", "")
-        if uuid not in facts:
+        if uuid in facts:
+            targets = [uuid]
+        elif "unique_id" in a.labels:  # a dock's alert: the GPUs behind that dock
+            targets = [u for u, f in facts.items() if f.dock_id is not None and f.dock_id == a.labels["unique_id"]]
+        else:
             continue
-        ev = _from_alert(a, facts[uuid].egpu, xid_actions)
-        if ev is not None:
-            by_gpu[uuid].append(ev)
+        for target in targets:
+            ev = _from_alert(a, facts[target].egpu, xid_actions)
+            if ev is not None:
+                by_gpu[target].append(ev)
     out: dict[str, GpuHealth] = {}
     for uuid, f in facts.items():
         evidence = by_gpu[uuid]

@@ -20,7 +20,8 @@ def gpu_facts(store: Store) -> dict[str, GpuFacts]:
         if rec.result in FAILED and uuid not in failed:
             failed[uuid] = f"{probe} {rec.result}" + (f": {rec.problem}" if rec.problem else "")
     return {
-        uuid: GpuFacts(pres.state, uuid in sampled, uuid in store.gpu_docks, failed.get(uuid))
+        uuid: GpuFacts(pres.state, uuid in sampled, uuid in store.gpu_docks, failed.get(uuid),
+                       store.gpu_docks[uuid].unique_id if uuid in store.gpu_docks else None)
         for uuid, pres in store.presence.items()
         if pres.identity.parent_uuid is None  # MIG devices: their GPU's health is theirs
     }

@@ -92,3 +92,14 @@ def test_catalog_buckets_map_to_actions() -> None:
     assert xid_action("IGNORE") == "none"
     assert xid_action("") == "reset_gpu"
     assert xid_action("SOMETHING_NEW") == "reset_gpu"
+
+
+def test_a_docks_alert_is_evidence_for_the_gpus_behind_it() -> None:
+    link = Alert("GpuDockLinkDegraded", "warning", {"alertname": "GpuDockLinkDegraded", "severity": "warning",
+                                                    "unique_id": "dock-1", "dock": "Razer Core X"},
+                 "Thunderbolt dock Razer Core X link trained at 1 x 20 Gb/s", "", "firing", 0.0)
+    facts = {U: GpuFacts("present", True, True, dock_id="dock-1"),
+             "GPU-other": GpuFacts("present", True, False)}
+    out = assess(facts, [link], 1.0, {}, nvml_ok=True, xid_actions={})
+    assert (out[U].state, out[U].action, out[U].evidence) == ("degraded", "check_cable", ("GpuDockLinkDegraded",))
+    assert out["GPU-other"].state == "healthy"
