@@ -147,6 +147,10 @@ async def test_reload_reports_settings_that_need_a_restart(running: Daemon) -> N
     running.config_path.write_text(running.config_path.read_text() + "kernel_log:\n  dedup_window: 30s\n")
     result = await running.reload()
     assert result.ok and list(result.restart_needed) == ["kernel_log"]
+    # so is the attribution source (its kubelet schedule, its proc and runtime paths)
+    running.config_path.write_text(running.config_path.read_text() + "attribution:\n  kubernetes:\n    interval: 30s\n")
+    result = await running.reload()
+    assert result.ok and list(result.restart_needed) == ["attribution"]
 
 
 async def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
