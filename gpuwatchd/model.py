@@ -33,6 +33,13 @@ class ProcessSample:
     # percent as NVML reports them (integers: a quarter of the JSON encoding cost of four float ratios per process,
     # bench/poll.py); None where unknown
     utilization_percent: Sequence[int] | None = None
+    # What the host says of the pid (sources/processes.py HostState; docs/alerts.md, GpuMemoryHeldByDeadProcess):
+    # "live", "zombie" (exited, not reaped), "gone" (no such pid, and the daemon sees the host's pid namespace),
+    # "hidden" (no such pid here, but the daemon's pid namespace is not the host's: a container may hold it);
+    # None where not looked up. ``host_state_seconds``: how long the worker has seen it zombie/gone/hidden (an age,
+    # not a time: the worker's clock is not the daemon's under a scaled sim clock).
+    host_state: str | None = None
+    host_state_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +225,9 @@ class Snapshot:
     lost: tuple[LostGpu, ...] = ()
     xid_events: tuple[XidEvent, ...] = ()
     poll_duration_seconds: float | None = None
+    # The worker runs in the host's pid namespace (sources/processes.py in_host_pid_namespace): NVML's pids are
+    # its pids, so a listed pid missing from /proc is dead and a GPU listing no process has none. None: unknown.
+    host_pid_namespace: bool | None = None
 
 
 # The wire form is ``dataclasses.asdict``'s (tuples as lists); these helpers read it without a

@@ -33,7 +33,8 @@ def _gpu(i: int, procs: int = 3) -> GpuSample:
             values[f.name] = tuple(
                 ProcessSample(pid=1000 + p, kind="graphics" if p % 2 else "compute", used_memory_bytes=(p + 1) << 20,
                               name=f"proc{p}", user="alice", host_rss_bytes=(p + 7) << 20,
-                              utilization_percent=[p % 100, (p + 1) % 100, 0, 1])
+                              utilization_percent=[p % 100, (p + 1) % 100, 0, 1], host_state="gone",
+                              host_state_seconds=12.5 + p)
                 for p in range(procs)
             )
         elif f.name == "errors":
@@ -68,6 +69,7 @@ def full_snapshot(gpus: int = 2, procs: int = 3) -> Snapshot:
         xid_events=(XidEvent(uuid="GPU-x", xid=79, timestamp=1700000000.0, source="kmsg",
                              pci_bus_id="00000000:0C:00.0", message="fallen off the bus"),),
         poll_duration_seconds=0.012,
+        host_pid_namespace=True,
     )
 
 

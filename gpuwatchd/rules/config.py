@@ -310,6 +310,25 @@ class UnderutilizedRule(RuleSection):
         return self
 
 
+class DeadProcessRule(RuleSection):
+    """``GpuMemoryHeldByDeadProcess``: GPU memory held by pids with no process, or used with no process listed."""
+
+    # A process that exits releases its GPU memory within seconds (the driver tears its contexts down as its
+    # /dev/nvidia* files close; a large job's teardown can take tens of seconds), and NVML may list the pid for a
+    # poll or two after /proc lost it. Still held 2 minutes later, it is held for good.
+    for_: Duration = Field(default=120.0, alias="for")
+    # How often the family runs (it walks every listed process); the hold is minutes, 10 s loses nothing.
+    interval: Duration = 10.0
+    # A dead pid holding less than this is not worth a message (NVML reports a few MiB for a context mid-teardown).
+    min_memory_bytes: int = Field(default=64 * MIB, ge=0)
+    # A GPU listing no process while this much memory is used: an idle GPU uses a few MiB to a few hundred MiB
+    # (driver-internal allocations; more with ECC and large BAR1 mappings), far under 1 GiB.
+    unattributed_min_bytes: int = Field(default=1024 * MIB, gt=0)
+    # ... for this long: a job's exit frees its memory within seconds and the next one starts within minutes;
+    # 10 min of memory with nobody holding it is not a hand-over between jobs.
+    unattributed_for: Duration = 600.0
+
+
 class RulesConfig(Section):
     """``rules:``: the built-in alert rules."""
 
@@ -334,3 +353,4 @@ class RulesConfig(Section):
     nvlink: NvlinkRule = NvlinkRule()
     recovery: RecoveryRule = RecoveryRule()
     underutilized: UnderutilizedRule = UnderutilizedRule()
+    dead_process: DeadProcessRule = DeadProcessRule()

@@ -20,7 +20,20 @@ from dataclasses import dataclass, replace
 import gpuwatchd.rules.nvlink as nvlink_rule
 import gpuwatchd.rules.recovery as recovery_rule
 from gpuwatchd.model import Alert, AlertState, fingerprint
-from gpuwatchd.rules import dock, ecc, failing, leak, link, presence, probe, temperature, throttle, xid, xid_repeat
+from gpuwatchd.rules import (
+    dead_process,
+    dock,
+    ecc,
+    failing,
+    leak,
+    link,
+    presence,
+    probe,
+    temperature,
+    throttle,
+    xid,
+    xid_repeat,
+)
 from gpuwatchd.rules.condition import Condition, RuleView
 from gpuwatchd.rules.config import RulesConfig, RuleSection
 from gpuwatchd.rules.underutilized import conditions as underutilized_conditions
@@ -71,6 +84,8 @@ FAMILIES: tuple[FamilySpec, ...] = (
     FamilySpec("nvlink", nvlink_rule.conditions, {"GpuNvlinkErrors": lambda c: c.nvlink}),
     FamilySpec("recovery", recovery_rule.conditions, {"GpuRecoveryActionRequired": lambda c: c.recovery}),
     FamilySpec("underutilized", underutilized_conditions, {"GpuUnderutilized": lambda c: c.underutilized}),
+    FamilySpec("dead_process", dead_process.conditions,
+               {"GpuMemoryHeldByDeadProcess": lambda c: c.dead_process}, lambda c: c.dead_process.interval),
 )
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
 # The engine's own family: a family that keeps raising (rules/failing.py).

@@ -37,13 +37,16 @@ HOST_CGROUP = "0::/user.slice/user-1000.slice/session-1.scope\n"
 
 
 def process_cgroups(state: dict[str, Any]) -> dict[int, str]:
-    """pid -> the text of its /proc/PID/cgroup, for every process of every GPU and MIG device."""
+    """pid -> the text of its /proc/PID/cgroup, for every process of every GPU and MIG device; none for a process
+    whose ``host_state`` is "gone" (it exited: no /proc entry, while the driver still lists its memory)."""
     out: dict[int, str] = {}
     devices = state.get("devices") or ()
     for dev in [*devices, *(m for d in devices for m in d.get("mig_devices") or ())]:
         procs = dev.get("processes") or {}
         for kind in ("compute", "graphics"):
             for p in procs.get(kind) or ():
+                if p.get("host_state") == "gone":
+                    continue
                 text = p.get("cgroup")
                 if text is not None or p["pid"] not in out:
                     out[int(p["pid"])] = (text if text.endswith("\n") else text + "\n") if text else HOST_CGROUP

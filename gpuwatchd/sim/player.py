@@ -131,6 +131,8 @@ def _apply(step: Step, te: float, state: dict[str, Any], devices: list[dict[str,
             entry["host_rss"] = spec.host_rss
         if spec.cgroup is not None:
             entry["cgroup"] = spec.cgroup
+        if spec.host_state != "live":
+            entry["host_state"] = spec.host_state
         entry.update({f: getattr(spec, f) for f in PROCESS_UTIL_FIELDS if getattr(spec, f) is not None})
         procs.append(entry)
     elif step.action == "remove_process":

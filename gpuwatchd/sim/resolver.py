@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import read_state
-from gpuwatchd.sources.processes import UNKNOWN, ProcInfo
+from gpuwatchd.sources.processes import GONE, HIDDEN, LIVE, UNKNOWN, HostState, ProcInfo
 
 # (message, level name): how the resolver reports trouble; the worker passes its stderr line writer.
 Log = Callable[[str, str], None]
@@ -37,6 +38,12 @@ class SimResolver:
         self._log = log or _default_log
         self._stamp: tuple[int, int, int] | None = None
         self._by_pid: dict[int, ProcInfo] = {}
+        # What the simulated /proc says of each pid (a process' host_state) and whether it is the host's pid
+        # namespace (the state's host_pid_namespace): the stand-in's pids are fictitious, so this is their /proc.
+        self._state_of: dict[int, str] = {}
+        self.host_namespace = True
+        self._since: dict[int, float] = {}
+        self._clock: float | None = None  # the state's clock (scenario time), when it has one
         self.reads = 0  # how many times the file was parsed (tests check the change detection)
         self.bad = False  # the current file could not be parsed; the names are the last good ones
 
@@ -44,7 +51,7 @@ class SimResolver:
         try:
             st = os.stat(self.path)
         except OSError:
-            self._stamp, self._by_pid = None, {}
+            self._stamp, self._by_pid, self._state_of = None, {}, {}
             return
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
@@ -52,7 +59,7 @@ class SimResolver:
         self._stamp = stamp  # a bad file is not re-parsed every poll: only once it changes
         self.reads += 1
         try:
-            by_pid = self._parse()
+            by_pid, state_of, host_namespace = self._parse()
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
             if not self.bad:
                 self._log(f"sim state {self.path} unreadable, keeping the last good process names: "
@@ -62,11 +69,12 @@ class SimResolver:
         if self.bad:
             self._log(f"sim state {self.path} readable again", "INFO")
         self.bad = False
-        self._by_pid = by_pid
+        self._by_pid, self._state_of, self.host_namespace = by_pid, state_of, host_namespace
 
-    def _parse(self) -> dict[int, ProcInfo]:
+    def _parse(self) -> tuple[dict[int, ProcInfo], dict[int, str], bool]:
         state = read_state(self.path)
         by_pid: dict[int, ProcInfo] = {}
+        state_of: dict[int, str] = {}
         devices = state.get("devices") or ()
         # a MIG device's processes (sim/state_mig.py) are host processes like any other
         for dev in [*devices, *(m for d in devices for m in d.get("mig_devices") or ())]:
@@ -78,12 +86,37 @@ class SimResolver:
                     old = by_pid.get(pid, UNKNOWN)
                     # one process on several GPUs / in both lists: keep what any entry knows
                     by_pid[pid] = (old[0] or new[0], old[1] or new[1], old[2] or new[2])
-        return by_pid
+                    if p.get("host_state") not in (None, LIVE):
+                        state_of[pid] = str(p["host_state"])
+        clock = state.get("clock")
+        self._clock = float(clock) if isinstance(clock, int | float) and not isinstance(clock, bool) else None
+        return by_pid, state_of, state.get("host_pid_namespace") is not False
 
     def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
         self._refresh()
         by_pid = self._by_pid
         return {pid: by_pid.get(pid, UNKNOWN) for pid in pids}
+
+    def states(self, pids: Sequence[int]) -> dict[int, HostState]:
+        """What the simulated /proc says of each pid, as :class:`~gpuwatchd.sources.processes.PsutilResolver`
+        does for the real one: "gone" is HIDDEN when the simulated daemon is not in the host's pid namespace. Ages
+        are in scenario seconds (the state's clock), the daemon's time under a scaled sim clock."""
+        self._refresh()
+        now = self._clock if self._clock is not None else time.monotonic()
+        out: dict[int, HostState] = {}
+        wanted = set(pids)
+        for pid in pids:
+            state = self._state_of.get(pid, LIVE)
+            if state == GONE and not self.host_namespace:
+                state = HIDDEN
+            if state == LIVE:
+                self._since.pop(pid, None)
+                out[pid] = (LIVE, None)
+            else:
+                out[pid] = (state, now - self._since.setdefault(pid, now))
+        for gone in [p for p in self._since if p not in wanted]:
+            del self._since[gone]
+        return out
 
 
 def from_env(env: Mapping[str, str] | None = None, log: Log | None = None) -> SimResolver:

@@ -132,6 +132,9 @@ class ProcessSpec(_Model):
     # The text of the process' /proc/PID/cgroup (docs/scenarios.md), e.g. "0::/system.slice/docker-<64 hex>.scope":
     # the container, pod or Slurm job it runs in. Unset: a host process (a login session's cgroup).
     cgroup: str | None = Field(default=None, max_length=4096)
+    # what /proc says of the pid (sim/state.py): "gone" models a process that exited while the driver still holds
+    # its memory (the daemon's resolver finds no /proc entry), "zombie" one its parent has not reaped
+    host_state: Literal["live", "zombie", "gone"] = "live"
     # per-process utilization in percent (sim/procutil.py); None: the process has none
     sm_util: int | None = Field(default=None, ge=0, le=100)
     memory_util: int | None = Field(default=None, ge=0, le=100)
@@ -457,13 +460,24 @@ def _check_overrides(where: str, overrides: Any, schema: dict[str, Any], prefix:
     return problems
 
 
+# What a too-large scenario file should become: a long trace belongs in a ``series`` step reading a file of values
+# (gpuwatchd/sim/series_step.py), which takes up to 32 MiB, not in thousands of timeline steps.
+SERIES_HINT = (
+    "a long recorded trace goes in a series step with a file of values, one per line: "
+    "{at: 0, series: {path: \"devices[0].memory.used\", every: 1, file: trace.txt}} (docs/scenarios.md)"
+)
+
+
 def load_scenario_file(path: Path) -> Scenario:
     """Load and validate one scenario file."""
     src = shown_path(path.name)
     try:
         text = read_text_file(path)
     except InputFileError as e:  # the whole path: "zero: not a regular file" would not say which file
-        raise ScenarioError(shown_path(path), [str(e)]) from None
+        reason = str(e)
+        if reason.startswith("file too large"):  # a long recorded trace written out as timeline steps
+            reason += (f"; {SERIES_HINT}")
+        raise ScenarioError(shown_path(path), [reason]) from None
     try:
         data = load_yaml(text)
     except yaml.YAMLError as e:

@@ -141,10 +141,12 @@ def device_schema() -> dict[str, Any]:
 
 
 _TOP_LEVEL = {"driver_version": str, "nvml_version": str, "cuda_driver_version": int, "init_error": str,
-              "kernel_module_version": str, "torch": dict}  # the last two: sim/host_tree.py
+              "kernel_module_version": str, "torch": dict,  # the last two: sim/host_tree.py
+              "host_pid_namespace": bool}  # sim/resolver.py
 OPEN_MAPS = {"errors": str, "delays_ms": int}  # keyed by C symbol name or "*"
 _PROCESS_FIELDS: dict[str, Any] = {"pid": int, "used_memory": int, "name": str, "user": str, "host_rss": int,
-                                   "cgroup": str}  # cgroup: sim/host_tree.py writes it as proc/<pid>/cgroup
+                                   "cgroup": str,  # cgroup: sim/host_tree.py writes it as proc/<pid>/cgroup
+                                   "host_state": str}  # host_state: live|zombie|gone (sim/state.py)
 _PROCESS_FIELDS.update({"sm_util": int, "memory_util": int, "encoder_util": int, "decoder_util": int})  # procutil.py
 
 

@@ -71,9 +71,13 @@ _NVLINK_MAX_LINKS = 36  # nvml.h NVML_NVLINK_MAX_LINKS
 _STR_MAX = {"uuid": 95, "name": 95, "serial": 29, "driver_version": 79, "nvml_version": 79}
 
 _TOP_KEYS = {"clock", "driver_version", "nvml_version", "cuda_driver_version", "init_error", "devices", "events",
-             "thunderbolt", "kernel_module_version", "torch"}
+             "thunderbolt", "kernel_module_version", "torch", "host_pid_namespace"}
 # thunderbolt, kernel_module_version, torch: Python-only, the rest of the simulated host (sim/tb_tree.py,
-# sim/host_tree.py); the stand-in C never sees them.
+# sim/host_tree.py); the stand-in C never sees them. host_pid_namespace (Python-only, default true): whether the
+# daemon's /proc is the host's pid namespace (sim/resolver.py); false models a daemon in a container without hostPID.
+# A process' host_state (Python-only, default "live"): what /proc says of its pid: "live", "zombie", or "gone" (no
+# /proc entry: the process exited but the driver still holds its memory).
+PROCESS_HOST_STATES = ("live", "zombie", "gone")
 _CLOCK_KEYS = ("graphics", "sm", "memory", "video")  # nvmlClockType_t order
 _THRESHOLD_KEYS = ("shutdown", "slowdown", "mem_max", "gpu_max")  # nvmlTemperatureThresholds_t 0..3
 _VIOLATION_KEYS = (
@@ -247,10 +251,14 @@ def _encode_processes(e: _Enc, p: str, d: dict[str, Any]) -> None:
             args: list[object] = []
             for i, pr in enumerate(_list(f"{p}.processes.{kind}", procs[kind])):
                 q = f"{p}.processes.{kind}[{i}]"
-                _dict(q, pr, {"pid", "used_memory", "name", "user", "host_rss", "cgroup"}, required=("pid",))
+                _dict(q, pr, {"pid", "used_memory", "name", "user", "host_rss", "cgroup",
+                           "host_state"}, required=("pid",))
                 for k in ("name", "user", "cgroup"):
                     if pr.get(k) is not None:
                         _str(f"{q}.{k}", pr[k])
+                if pr.get("host_state") is not None and pr["host_state"] not in PROCESS_HOST_STATES:
+                    raise _fail(f"{q}.host_state", f"expected one of {', '.join(PROCESS_HOST_STATES)}, "
+                                                   f"got {pr['host_state']!r}")
                 _int(f"{q}.host_rss", pr.get("host_rss"), nullable=True)
                 args += [
                     _int(f"{q}.pid", pr["pid"], 1, _U32),
@@ -435,6 +443,8 @@ def encode_state(state: dict[str, Any]) -> str:
         from gpuwatchd.sim.host_tree import validate_torch
 
         validate_torch(state["torch"])
+    if state.get("host_pid_namespace") is not None and not isinstance(state["host_pid_namespace"], bool):
+        raise _fail("host_pid_namespace", f"expected true or false, got {state['host_pid_namespace']!r}")
     if state.get("thunderbolt") is not None:
         from gpuwatchd.sim.tb_tree import validate
 

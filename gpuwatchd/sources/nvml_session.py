@@ -316,6 +316,9 @@ class Worker:
             snap["lost"] = lost
         if xids:
             snap["xid_events"] = xids
+        host_ns = getattr(self.resolver, "host_namespace", None)
+        if host_ns is not None:  # whether a pid missing from /proc is dead (sources/processes.py)
+            snap["host_pid_namespace"] = bool(host_ns)
         return snap
 
     def _lose(self, newly_lost: list[tuple[_Device, str]]) -> None:

@@ -8,6 +8,7 @@ for the kept processes only.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +39,34 @@ class Resolver(Protocol):
     """Host facts for pids; unknown pids map to :data:`UNKNOWN` (e.g. a pid from another pid namespace)."""
 
     def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]: ...
+
+
+# Whether a pid NVML reports still has a process (docs/alerts.md, GpuMemoryHeldByDeadProcess):
+# LIVE, ZOMBIE (exited, its parent has not reaped it), GONE (no such pid, and our /proc is the host's pid
+# namespace, where NVML's pids live), HIDDEN (no such pid here, but we run in another pid namespace: a process
+# outside it is invisible, not dead).
+LIVE, ZOMBIE, GONE, HIDDEN = "live", "zombie", "gone", "hidden"
+# (state, seconds since it was first seen not live, or None while live)
+HostState = tuple[str | None, float | None]
+# The inode of the initial (host) pid namespace: a fixed constant of the kernel (PROC_PID_INIT_INO = 0xEFFFFFFC,
+# include/linux/proc_ns.h), so ``readlink /proc/self/ns/pid`` is ``pid:[4026531836]`` exactly when we run in it
+# (on the host, or in a container started with --pid=host / hostPID: true).
+HOST_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
+
+
+def in_host_pid_namespace(proc_root: Path = Path("/proc")) -> bool:
+    """True when this process runs in the host's pid namespace, the one NVML reports pids in. Unreadable (no
+    /proc, a sandbox hiding ns/): False, so that a missing pid is never called dead on no evidence."""
+    try:
+        return os.readlink(proc_root / "self/ns/pid") == HOST_PID_NAMESPACE
+    except OSError:
+        return False
+
+
+class StateResolver(Protocol):
+    """A resolver that can also tell whether each pid still has a process (:data:`HostState` per pid)."""
+
+    def states(self, pids: Sequence[int]) -> dict[int, HostState]: ...
 
 
 def merge_processes(
@@ -82,8 +111,7 @@ def process_dicts(
     top: Sequence[tuple[int, str, int | None]], resolver: Resolver | None
 ) -> list[dict[str, Any]]:
     """The pipe encoding of ``ProcessSample`` for the kept processes, with host facts where known."""
-    infos = resolver.resolve([t[0] for t in top]) if resolver is not None and top else {}
-    return _dicts(top, infos)
+    return process_dicts_per_gpu([top], resolver)[0]
 
 
 def process_dicts_per_gpu(
@@ -94,16 +122,24 @@ def process_dicts_per_gpu(
     again on every poll."""
     pids = [t[0] for top in tops for t in top]
     infos = resolver.resolve(pids) if resolver is not None and pids else {}
-    return [_dicts(top, infos) for top in tops]
+    states_of = getattr(resolver, "states", None)
+    states: Mapping[int, HostState] = states_of(pids) if states_of is not None and pids else {}
+    return [_dicts(top, infos, states) for top in tops]
 
 
-def _dicts(top: Sequence[tuple[int, str, int | None]], infos: Mapping[int, ProcInfo]) -> list[dict[str, Any]]:
+_NO_STATE: HostState = (None, None)
+
+
+def _dicts(top: Sequence[tuple[int, str, int | None]], infos: Mapping[int, ProcInfo],
+           states: Mapping[int, HostState]) -> list[dict[str, Any]]:
     get = infos.get
     out = []
     for pid, kind, mem in top:
         name, user, rss = get(pid, UNKNOWN)
+        state, since = states.get(pid, _NO_STATE)
         out.append(
-            {"pid": pid, "kind": kind, "used_memory_bytes": mem, "name": name, "user": user, "host_rss_bytes": rss}
+            {"pid": pid, "kind": kind, "used_memory_bytes": mem, "name": name, "user": user, "host_rss_bytes": rss,
+             "host_state": state, "host_state_seconds": since}
         )
     return out
 
@@ -115,11 +151,14 @@ class PsutilResolver:
     ``recheck`` seconds; both caches are bounded by the pids of the last call."""
 
     def __init__(self, recheck: float = MISSING_RECHECK_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, host_namespace: bool | None = None) -> None:
         self._cache: dict[int, tuple[psutil.Process, str | None, str | None]] = {}
         self._missing: dict[int, float] = {}  # pid -> when to look it up again
         self._recheck = recheck
         self._clock = clock
+        # Decided once: a worker does not change pid namespace. None: look at /proc/self/ns/pid.
+        self.host_namespace = in_host_pid_namespace() if host_namespace is None else host_namespace
+        self._since: dict[int, float] = {}  # pid -> clock() when first seen not live
         self.lookups = 0  # psutil.Process constructions (tests check the negative cache)
 
     def _entry(self, pid: int) -> tuple[psutil.Process, str | None, str | None] | None:
@@ -172,4 +211,38 @@ class PsutilResolver:
             del self._cache[gone]  # keep the cache bounded by the current top-N set
         for gone in [p for p in self._missing if p not in wanted]:
             del self._missing[gone]
+        return out
+
+    def states(self, pids: Sequence[int]) -> dict[int, HostState]:
+        """Whether each pid still has a process here: a missing one is GONE in the host's pid namespace and
+        HIDDEN in any other; a zombie is ZOMBIE. Uses :meth:`resolve`'s caches (call it first in the same poll),
+        plus one ``/proc/<pid>/stat`` read per live process for its state."""
+        out: dict[int, HostState] = {}
+        now = self._clock()
+        since = self._since
+        for pid in pids:
+            cached = self._cache.get(pid)
+            state = LIVE
+            if cached is None:
+                if pid in self._missing:
+                    state = GONE if self.host_namespace else HIDDEN
+                # else: it exists but psutil was denied access to it: alive
+            else:
+                try:
+                    if cached[0].status() == psutil.STATUS_ZOMBIE:
+                        state = ZOMBIE
+                except psutil.ZombieProcess:
+                    state = ZOMBIE
+                except psutil.NoSuchProcess:  # exited since resolve(); the next poll's lookup says for sure
+                    state = LIVE
+                except psutil.AccessDenied:
+                    state = LIVE
+            if state == LIVE:
+                since.pop(pid, None)
+                out[pid] = (LIVE, None)
+            else:
+                out[pid] = (state, now - since.setdefault(pid, now))
+        wanted = set(pids)
+        for gone in [p for p in since if p not in wanted]:
+            del since[gone]
         return out

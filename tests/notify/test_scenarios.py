@@ -44,6 +44,7 @@ SCENARIOS: dict[str, tuple[set[str], float]] = {
     "recovery-action": ({"GpuRecoveryActionRequired"}, 50.0),
     # Xid 31 in three jobs on GPU 0, three fatal Xid 119 episodes on GPU 1 (issue 22).
     "xid-repeat": ({"GpuXidError", "GpuXidRepeated", "GpuXidSupportCase"}, 100.0),
+    "dead-process-memory": ({"GpuMemoryHeldByDeadProcess"}, 60.0),
 }
 SCENARIOS["underutilized"] = ({"GpuUnderutilized"}, 300.0)  # with rules.underutilized.enabled (SCENARIO_RULES)
 TAIL = 60.0  # scenario seconds after the end, for resolutions and the last group_interval

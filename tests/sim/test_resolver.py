@@ -66,3 +66,30 @@ def test_sim_resolver_survives_a_well_formed_file_of_the_wrong_shape(tmp_path: P
     path.write_text(f"{MAGIC}\n# json {bad}\nEND\n")
     assert resolver.resolve([7]) == {7: ("a", "alice", 4096)}
     assert logged == ["WARNING"]
+
+
+def test_sim_resolver_models_proc_for_dead_pids(tmp_path: Path) -> None:
+    from gpuwatchd.sim.state import make_state, write_state
+
+    path = tmp_path / "state"
+    state = make_state(1)
+    state["clock"] = 1000.0
+    state["devices"][0]["processes"] = {
+        "compute": [{"pid": 1, "used_memory": 1 << 30}, {"pid": 2, "used_memory": 1 << 30, "host_state": "gone"},
+                    {"pid": 3, "used_memory": 1 << 30, "host_state": "zombie"}],
+        "graphics": [],
+    }
+    write_state(path, state)
+    sim = SimResolver(path)
+    assert sim.states([1, 2, 3]) == {1: ("live", None), 2: ("gone", 0.0), 3: ("zombie", 0.0)}
+    # ages in the state's clock (scenario seconds)
+    state["clock"] = 1030.0
+    time.sleep(0.01)
+    write_state(path, state)
+    assert sim.states([1, 2, 3])[2] == ("gone", 30.0)
+    # the daemon in a container without the host's pids: a missing pid is hidden, a zombie is still a zombie
+    state["host_pid_namespace"] = False
+    time.sleep(0.01)
+    write_state(path, state)
+    assert sim.states([2, 3]) == {2: ("hidden", 30.0), 3: ("zombie", 30.0)}
+    assert sim.host_namespace is False

@@ -21,6 +21,7 @@ CONTRACT_NAMES |= {"nvlink-errors", "recovery-action"}  # issue 10
 CONTRACT_NAMES |= {"egpu-flaky-cable"}  # issue 16
 CONTRACT_NAMES |= {"attribution"}  # issue 19
 CONTRACT_NAMES |= {"xid-repeat"}  # issue 22
+CONTRACT_NAMES |= {"dead-process-memory"}  # issue 22
 SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
 
 

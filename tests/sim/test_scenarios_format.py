@@ -180,3 +180,17 @@ def test_documented_examples_are_valid_scenarios() -> None:
     example = module.__doc__.split("in short::\n\n", 1)[1].split("\n\nDevices", 1)[0]
     scen = scenario_from_dict(yaml.safe_load(textwrap.dedent(example)), "scenario.py docstring")
     assert {s.action for s in scen.steps} == {"set", "ramp", "add_process"}
+
+
+def test_too_large_scenario_points_to_a_series_file(tmp_path: Path) -> None:
+    # A 40 min, 1 s trace written as timeline steps is far past the 256 KiB cap: the error names the way that works.
+    steps = "".join(f"  - {{at: {t}, set: {{devices[0].memory.used: {1000 + t}MiB}}}}\n" for t in range(2400 * 4))
+    lines = problems_of(tmp_path, HEAD + "timeline:\n" + steps)
+    assert "file too large" in lines[-1] and "at most 256 KiB" in lines[-1]
+    assert "series step with a file" in lines[-1] and "file: trace.txt" in lines[-1]
+    # ... and that way loads: the same trace as a series step reading a file of values.
+    (tmp_path / "trace.txt").write_text("".join(f"{1000 + t}MiB\n" for t in range(2400)), encoding="utf-8")
+    trace = tmp_path / "trace.txt"
+    sc = load_text(tmp_path, HEAD + "timeline:\n"
+                   f"  - {{at: 0, series: {{path: \"devices[0].memory.used\", every: 1, file: \"{trace}\"}}}}\n")
+    assert sc is not None

@@ -118,3 +118,24 @@ def test_not_supported_does_not_try_older_calls(standin_libdir: Path, write_sim_
     assert not {"nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses"} & set(
         lines[0]["calls"])
     assert _log_lines(err) == []
+
+
+@pytest.mark.parametrize(("host_ns", "expected"), [(None, "gone"), (False, "hidden")])
+def test_pids_without_a_process_reach_the_snapshot(standin_libdir: Path, write_sim_state: StateWriter,
+                                                    host_ns: bool | None, expected: str) -> None:
+    # The sim's /proc: pid 4242 has no entry (gone), 5151 is a zombie, 6161 lives; a daemon outside the host's
+    # pid namespace (host_pid_namespace: false) cannot tell a missing pid from one in another container.
+    procs = {"compute": [{"pid": 4242, "used_memory": 18 << 30, "host_state": "gone"},
+                         {"pid": 5151, "used_memory": 2 << 30, "host_state": "zombie"},
+                         {"pid": 6161, "used_memory": 1 << 30}], "graphics": []}
+    state = make_state(0, devices=[make_device(0, processes=procs)])
+    if host_ns is not None:
+        state["host_pid_namespace"] = host_ns
+    code, lines, err = run_worker(standin_libdir, write_sim_state(state), top_n=10)
+    assert code == 0, err
+    s = snap(lines[0])
+    assert s.host_pid_namespace is (host_ns is not False)
+    states = {p.pid: (p.host_state, p.host_state_seconds) for p in s.gpus[0].processes}
+    assert states[4242][0] == expected and states[4242][1] is not None and states[4242][1] >= 0
+    assert states[5151][0] == "zombie"
+    assert states[6161] == ("live", None)

@@ -6,13 +6,16 @@ import getpass
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
 
 from gpuwatchd.sources.processes import (
+    HOST_PID_NAMESPACE,
     UNKNOWN,
     PsutilResolver,
+    in_host_pid_namespace,
     merge_processes,
     pid_max,
     process_dicts,
@@ -72,7 +75,7 @@ def test_one_resolve_per_poll_keeps_every_gpus_cache() -> None:
     assert calls == [[1, 2, 3]]
     assert [[d["name"] for d in gpu] for gpu in out] == [["p1", "p2"], [], ["p3"]]
     assert out[2][0] == {"pid": 3, "kind": "graphics", "used_memory_bytes": None, "name": "p3", "user": None,
-                         "host_rss_bytes": None}
+                         "host_rss_bytes": None, "host_state": None, "host_state_seconds": None}
     assert process_dicts_per_gpu([[], []], Recording()) == [[], []] and len(calls) == 1  # nothing to resolve
     # PsutilResolver bounds its cache by the pids of its last call: with one call per poll, two GPUs' processes
     # both stay cached, so the next poll does not look every process up again
@@ -155,6 +158,64 @@ def test_process_dicts_is_the_pipe_encoding() -> None:
     out = process_dicts([(1, "compute", 100), (2, "graphics", None)], Fixed())
     assert out == [
         {"pid": 1, "kind": "compute", "used_memory_bytes": 100, "name": "python", "user": "alice",
-         "host_rss_bytes": 2048},
-        {"pid": 2, "kind": "graphics", "used_memory_bytes": None, "name": None, "user": None, "host_rss_bytes": None},
+         "host_rss_bytes": 2048, "host_state": None, "host_state_seconds": None},
+        {"pid": 2, "kind": "graphics", "used_memory_bytes": None, "name": None, "user": None, "host_rss_bytes": None,
+         "host_state": None, "host_state_seconds": None},
     ]
+
+
+def _unused_pid() -> int:
+    return next(p for p in range(pid_max() - 1, 1, -1) if not psutil.pid_exists(p))
+
+
+def test_host_pid_namespace_is_read_from_proc_self(tmp_path: Path) -> None:
+    # The host's pid namespace has a fixed inode (PROC_PID_INIT_INO); any other namespace, or none readable, is not.
+    (tmp_path / "host/self/ns").mkdir(parents=True)
+    (tmp_path / "host/self/ns/pid").symlink_to(HOST_PID_NAMESPACE)
+    (tmp_path / "container/self/ns").mkdir(parents=True)
+    (tmp_path / "container/self/ns/pid").symlink_to("pid:[4026532198]")
+    assert in_host_pid_namespace(tmp_path / "host")
+    assert not in_host_pid_namespace(tmp_path / "container")
+    assert not in_host_pid_namespace(tmp_path / "nothing")
+    assert in_host_pid_namespace() == (os.readlink("/proc/self/ns/pid") == HOST_PID_NAMESPACE)
+
+
+def test_states_of_real_processes_live_zombie_and_gone() -> None:
+    now = [0.0]
+    resolver = PsutilResolver(clock=lambda: now[0], host_namespace=True)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        resolver.resolve([child.pid])
+        assert resolver.states([child.pid]) == {child.pid: ("live", None)}
+        assert child.stdin is not None
+        child.stdin.close()  # it exits; not reaped until wait(): a zombie
+        for _ in range(300):
+            if psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE:
+                break
+            time.sleep(0.05)
+        resolver.resolve([child.pid])
+        assert resolver.states([child.pid]) == {child.pid: ("zombie", 0.0)}
+        now[0] += 42.0
+        assert resolver.states([child.pid]) == {child.pid: ("zombie", 42.0)}
+    finally:
+        child.kill()
+        child.wait()
+    # reaped: no /proc entry; in the host's pid namespace that is gone (still counting from the first sighting)
+    resolver.resolve([child.pid])
+    now[0] += 8.0
+    assert resolver.states([child.pid]) == {child.pid: ("gone", 50.0)}
+    # a pid no longer reported forgets its age
+    resolver.resolve([os.getpid()])
+    assert resolver.states([os.getpid()]) == {os.getpid(): ("live", None)}
+    resolver.resolve([child.pid])
+    assert resolver.states([child.pid]) == {child.pid: ("gone", 0.0)}
+
+
+def test_a_missing_pid_is_hidden_outside_the_host_pid_namespace() -> None:
+    missing = _unused_pid()
+    for host, expected in ((True, "gone"), (False, "hidden")):
+        resolver = PsutilResolver(host_namespace=host)
+        resolver.resolve([missing])
+        assert resolver.states([missing])[missing][0] == expected
+        out = process_dicts([(missing, "compute", 1 << 30)], resolver)
+        assert out[0]["host_state"] == expected and out[0]["host_state_seconds"] is not None

@@ -1,0 +1,162 @@
+"""``GpuMemoryHeldByDeadProcess``: GPU memory held by a process that no longer exists, or by no process at all.
+
+A process exits or is killed, but its CUDA context survives: a zombie its parent never reaps, a process stuck
+exiting, a child that inherited the ``/dev/nvidia*`` file descriptors, a container whose pid namespace is gone, an
+orphaned MPS client. NVML keeps listing the pid with its memory (or lists nothing while the memory stays used), and
+the next job on that GPU dies of out-of-memory. Two conditions, both ``warning``:
+
+- **dead pid** (labels ``uuid``, ``gpu``, ``pid``): a pid NVML lists on the GPU whose process is a zombie, or that
+  has no ``/proc`` entry while the daemon runs in the host's pid namespace (sources/processes.py, ``host_state``),
+  holding at least ``min_memory_bytes``, for ``for``;
+- **no process** (labels ``uuid``, ``gpu``): the GPU lists no process at all (the full list, not a top-N cut) while
+  its used memory is at least ``unattributed_min_bytes``, for ``unattributed_for``.
+
+The evidence rule for "dead" (docs/alerts.md): NVML reports pids of the host's pid namespace. Only when the daemon
+itself runs there (``/proc/self/ns/pid`` is the initial namespace, inode 0xEFFFFFFC: on the host, or a container
+with ``--pid=host`` / ``hostPID: true``) does a pid missing from its ``/proc`` mean the process is gone, and does an
+empty process list mean no process. Anywhere else a missing pid is ``hidden`` (a process in another container is
+invisible, not dead) and an empty list proves nothing (the driver lists only the caller's namespace): neither
+condition is raised there, except for zombies, which the daemon sees in its own namespace.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gpuwatchd.model import GpuSample, ProcessSample, Snapshot
+from gpuwatchd.rules.condition import Condition, RuleView, fmt_bytes, fmt_duration, gpu_labels, gpu_title
+from gpuwatchd.rules.config import DeadProcessRule, RulesConfig
+
+NAME = "GpuMemoryHeldByDeadProcess"
+DEAD_STATES = ("gone", "zombie")
+# A resolved note for a pid no longer listed is made while its history is this recent (as rules/leak_ended.py).
+NOTE_HORIZON = 300.0
+
+DEAD_DESCRIPTION = (
+    "NVML still lists GPU memory for a process that no longer exists, so no job can use that memory until it is "
+    "released. Find what keeps the CUDA context alive: `fuser -v /dev/nvidia*` lists every process holding the "
+    "device files (a child that inherited them, an MPS server, a process stuck exiting in D state: `ps -eo "
+    "pid,stat,cmd | awk '$2 ~ /D|Z/'`); a zombie goes away when its parent reaps it or exits (`ps -o ppid= -p "
+    "PID`, then restart or kill the parent). If nothing holds the device, drain the GPU and reset it "
+    "(`nvidia-smi --gpu-reset -i GPU`), or reboot."
+)
+NO_PROCESS_DESCRIPTION = (
+    "The GPU's memory is in use but the driver lists no process holding it: contexts of processes that died "
+    "without the driver releasing them (a container whose pid namespace is gone, an orphaned MPS client, a crash "
+    "in the driver's teardown). `fuser -v /dev/nvidia*` shows who still has the device open; if nobody does, "
+    "drain the GPU and reset it (`nvidia-smi --gpu-reset -i GPU`), or reboot."
+)
+
+
+def _clock(t: float) -> str:
+    # To the minute: the summary stays the same from one evaluation to the next (the age moves once a minute).
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+
+
+def _since(now: float, since: float | None) -> str:
+    if since is None:
+        return ""
+    return f" since {_clock(since)} ({fmt_duration(now - since)} ago)"
+
+
+def _used(g: GpuSample) -> str:
+    if g.memory_used_bytes is None or g.memory_total_bytes is None:
+        return ""
+    gib = 1024**3
+    return f"; {g.memory_used_bytes / gib:.1f}/{g.memory_total_bytes / gib:.1f} GiB used"
+
+
+def _what(p: ProcessSample) -> str:
+    name = f" ({p.name})" if p.name else ""
+    if p.host_state == "zombie":
+        return f"pid {p.pid}{name}, a zombie (exited, not reaped by its parent)"
+    return f"pid {p.pid}{name}, which no longer exists"
+
+
+def _dead(view: RuleView, now: float, cfg: DeadProcessRule, g: GpuSample, base: dict[str, str]) -> list[Condition]:
+    title = gpu_title(base)
+    out: list[Condition] = []
+    for p in g.processes:
+        labels = {**base, "pid": str(p.pid)}
+        if p.host_state not in DEAD_STATES:  # live, hidden (another pid namespace) or not looked up
+            continue
+        used = p.used_memory_bytes
+        if used is not None and used < cfg.min_memory_bytes:
+            out.append(Condition(NAME, "warning", labels,
+                                 f"{title}: pid {p.pid} holds {fmt_bytes(used)} now{_used(g)}", "", level="clear"))
+            continue
+        held = fmt_bytes(used) if used is not None else "memory (amount unknown)"
+        since = now - p.host_state_seconds if p.host_state_seconds is not None else None
+        summary = (f"{title}: {held} held by {_what(p)}{_since(now, since)}{_used(g)}; "
+                   f"find the holder with `fuser -v /dev/nvidia*`, reset the GPU if none")
+        annotations = {"held_bytes": str(used)} if used is not None else {}
+        if since is not None:
+            annotations["dead_since"] = f"{since:.0f}"
+        out.append(Condition(NAME, "warning", labels, summary, DEAD_DESCRIPTION, value=float(used or 0),
+                             annotations=annotations))
+    return out
+
+
+def _no_process_since(view: RuleView, uuid: str, threshold: float, now: float) -> float:
+    """When the current stretch of "used >= threshold with no process memory" began (the GPU's history)."""
+    since = now
+    for x in reversed(view.gpu_history(uuid)):
+        if x.memory_used_bytes is None or x.memory_used_bytes < threshold or (x.processes_memory_bytes or 0) > 0:
+            break
+        since = x.t
+    return since
+
+
+def _no_process(view: RuleView, now: float, cfg: DeadProcessRule, g: GpuSample, base: dict[str, str], *,
+                snap: Snapshot) -> list[Condition]:
+    # Only a full, empty process list read from the host's pid namespace is "no process" (module docstring).
+    if snap.host_pid_namespace is not True or g.processes or g.processes_total != 0:
+        return []
+    if g.memory_used_bytes is None or g.mig_mode_current:  # a MIG GPU's processes are on its MIG devices
+        return []
+    title = gpu_title(base)
+    used = g.memory_used_bytes
+    if used < cfg.unattributed_min_bytes:
+        return [Condition(NAME, "warning", base, f"{title}: memory released ({fmt_bytes(used)} used, no process)",
+                          "", level="clear")]
+    since = _no_process_since(view, g.uuid, cfg.unattributed_min_bytes, now)
+    summary = (f"{title}: {fmt_bytes(used)} used with no process listed{_since(now, since)}{_used(g)}; "
+               f"find the holder with `fuser -v /dev/nvidia*`, reset the GPU if none")
+    return [Condition(NAME, "warning", base, summary, NO_PROCESS_DESCRIPTION, value=float(used),
+                      annotations={"held_bytes": str(used), "dead_since": f"{since:.0f}"},
+                      hold_for=cfg.unattributed_for)]
+
+
+def _gone_pids(view: RuleView, now: float, snap: Snapshot) -> list[Condition]:
+    """Resolved notes for pids no GPU lists any more (the driver released their memory, or the GPU was reset)."""
+    listed = {(g.uuid, p.pid) for g in snap.gpus for p in g.processes}
+    out: list[Condition] = []
+    for uuid, pid in view.process_keys():
+        if (uuid, pid) in listed:
+            continue
+        hist = view.process_history(uuid, pid)
+        if not hist or hist[-1].t < now - NOTE_HORIZON:
+            continue
+        base = gpu_labels(view, uuid)
+        pres = view.presence.get(uuid)
+        how = (f"its GPU is {pres.state}" if pres is not None and pres.state != "present"
+               else "GPU reset" if pres is not None and pres.since > hist[-1].t
+               else "the driver released its memory")
+        out.append(Condition(NAME, "warning", {**base, "pid": str(pid)}, f"{gpu_title(base)}: pid {pid}: {how}",
+                             "", level="clear"))
+    return out
+
+
+def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
+    """Dead-pid and no-process conditions for every present GPU."""
+    cfg = config.dead_process
+    snap = view.latest
+    if snap is None:
+        return []
+    out: list[Condition] = []
+    for g in snap.gpus:
+        base = gpu_labels(view, g.uuid)
+        out.extend(_dead(view, now, cfg, g, base))
+        out.extend(_no_process(view, now, cfg, g, base, snap=snap))
+    out.extend(_gone_pids(view, now, snap))
+    return out
