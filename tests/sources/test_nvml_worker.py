@@ -265,7 +265,8 @@ def test_many_processes_and_unsupported_process_list(standin_libdir: Path, write
         g = snap(line).gpus[0]
         assert g.processes_total == 300 and g.errors == {}
         assert sorted(p.pid for p in g.processes) == list(range(1000, 1300))
-        assert g.processes[0] == g.processes[0].__class__(pid=1299, kind="compute", used_memory_bytes=4096 * 300)
+        assert g.processes[0] == g.processes[0].__class__(pid=1299, kind="compute", used_memory_bytes=4096 * 300,
+                                                          host_state="live")
     assert lines[0]["calls"]["nvmlDeviceGetGraphicsRunningProcesses_v3"] == 1
     assert "nvmlDeviceGetGraphicsRunningProcesses_v3" not in lines[1]["calls"]  # NOT_SUPPORTED learned once
     assert lines[1]["calls"]["nvmlDeviceGetComputeRunningProcesses_v3"] == 1  # one call per poll, buffer kept
