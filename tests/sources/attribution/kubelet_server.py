@@ -7,7 +7,6 @@ that tests can swap while it runs, can be made slow (sleep before answering) or 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent import futures
 from contextlib import contextmanager
@@ -40,13 +39,14 @@ class Kubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
         self.fail: grpc.StatusCode | None = None
         self.calls = 0
         self.lock = threading.Lock()
+        self.released = threading.Event()  # set when the server goes: a slow answer stops waiting then
 
     def List(self, request: Any, context: Any) -> Any:
         with self.lock:
             self.calls += 1
             delay, fail, pods = self.delay, self.fail, self.pods
         if delay:
-            time.sleep(delay)
+            self.released.wait(delay)
         if fail is not None:
             context.abort(fail, "stand-in kubelet told to fail")
         return response(pods)
@@ -62,4 +62,5 @@ def serve(socket: Path, pods: Pods) -> Iterator[Kubelet]:
     try:
         yield kubelet
     finally:
+        kubelet.released.set()
         server.stop(grace=None)

@@ -3,7 +3,6 @@ shared by time-slicing replicas, devices of other resources), and a slow or brok
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import grpc
@@ -52,12 +51,10 @@ def test_no_socket_is_unavailable(sock: Path) -> None:
 
 def test_a_slow_kubelet_is_cut_at_the_deadline(sock: Path) -> None:
     with serve(sock, PODS) as kubelet:
-        kubelet.delay = 3.0
-        t0 = time.monotonic()
+        kubelet.delay = 600.0  # answers only when the server goes, long after the deadline
         with pytest.raises(PodResourcesError) as e:
-            list_gpu_pods(sock, timeout=0.3)
-        assert e.value.reason == "deadline_exceeded"
-        assert time.monotonic() - t0 < 3.0  # returned at the deadline, not when the kubelet answered
+            list_gpu_pods(sock, timeout=1.0)
+        assert e.value.reason == "deadline_exceeded"  # returned at the deadline: the kubelet never answered
 
 
 def test_a_broken_kubelet_says_why(sock: Path) -> None:
