@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,6 +12,8 @@ import aiohttp
 from gpuwatchd.cli.daemon_client import AUTH_HINT, ClientSetupError, DaemonClient, tls_problem
 
 GIB = 1024**3
+# The largest status a daemon sends: 256 GPUs with thousands of processes each is a few MiB.
+MAX_ANSWER_BYTES = 64 << 20
 
 
 class StatusUnavailable(Exception):
@@ -51,10 +54,27 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
             hint = f" ({AUTH_HINT})" if resp.status == 401 else ""
             refused = DaemonRefused if resp.status in (401, 403) else StatusUnavailable
             raise refused(f"{url}: HTTP {resp.status}{hint}")
+        raw = await _read_capped(resp.content, MAX_ANSWER_BYTES + 1)  # whatever answers at --url
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise StatusUnavailable(f"{url}: the answer is larger than {MAX_ANSWER_BYTES >> 20} MiB (is this a "
+                                    "gpuwatchd?)")
         try:
-            return await resp.json(content_type=None)
-        except ValueError:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
             raise StatusUnavailable(f"{url}: not JSON (is this a gpuwatchd?)") from None
+
+
+async def _read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body up to ``limit`` bytes (``read(n)`` alone returns what one chunk holds, not ``n`` bytes)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await stream.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _alert_list(doc: Any) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.config.files import read_text_file
-from gpuwatchd.sim.scenario import Scenario, scenario_from_dict
+from gpuwatchd.sim.scenario import MAX_POPULATION, Scenario, scenario_from_dict
 from gpuwatchd.sim.series_step import MAX_VALUES
 from gpuwatchd.sim.standin_abi import MAX_SIM_GPUS
 
@@ -39,6 +39,11 @@ MAX_READINGS = 6_000_000
 # the readings, not the span (64 GPUs logged 11 days apart grew the sim to 3 GiB).
 MAX_REPLAY_VALUES = 6_000_000
 MAX_FILL_SECONDS = 60
+# Timeline steps the replay may have (a run of readings of one field is one step; a process adds two more): each
+# costs a few KiB validated, and the player walks them every tick.
+MAX_REPLAY_STEPS = 20_000
+# Processes a compute-apps log may name (GPU and pid pairs): as a generated population's limit (sim/scenario.py).
+MAX_REPLAY_PROCESSES = MAX_POPULATION
 MIB = 1024 * 1024
 # Largest memory a reading may name (1 PiB, in MiB): a real GPU has at most a few hundred GiB.
 MAX_MEMORY_MIB = float(1 << 30)
@@ -163,6 +168,7 @@ def parse_csv(text: str) -> CsvLog:
     gpus: dict[str, _Gpu] = {}
     procs: dict[tuple[str, int], list[tuple[float, float | None]]] = defaultdict(list)
     names: dict[tuple[str, int], str] = {}
+    proc_gpus: set[str] = set()
     start = end = math.nan
     first_line = 0
     readings = 0
@@ -199,6 +205,12 @@ def parse_csv(text: str) -> CsvLog:
         key = key[:MAX_FIELD_CHARS * 3]
         if "pid" in row:
             pkey = (key, _pid(row["pid"], n))
+            if pkey not in procs:
+                proc_gpus.add(key)
+                if len(proc_gpus) > MAX_SIM_GPUS:
+                    raise CsvReplayError(f"line {n}: more than {MAX_SIM_GPUS} GPUs")
+                if len(procs) >= MAX_REPLAY_PROCESSES:
+                    raise CsvReplayError(f"line {n}: more than {MAX_REPLAY_PROCESSES} processes in the log")
             procs[pkey].append((t, _number(row.get("proc.memory", ""), "proc.memory", n, label)))
             if row.get("process"):
                 names[pkey] = _text(row["process"], "process_name", n)[:MAX_PROCESS_NAME_CHARS]
@@ -265,10 +277,18 @@ class _Budget:
     """Counts the per-second values of every series against ``MAX_REPLAY_VALUES``."""
 
     def __init__(self, gpus: int, seconds: int) -> None:
-        self.used = 0
+        self.used = self.steps = 0
         self.gpus, self.seconds = gpus, seconds
 
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_REPLAY_STEPS:
+            raise CsvReplayError(
+                f"the replay needs more than {MAX_REPLAY_STEPS} timeline steps (runs of readings separated by gaps of "
+                f"more than {MAX_FILL_SECONDS} s, processes): replay fewer GPUs or a shorter part of the log")
+
     def take(self, n: int) -> None:
+        self.step()
         self.used += n
         if self.used > MAX_REPLAY_VALUES:
             raise CsvReplayError(
@@ -309,6 +329,7 @@ def scenario_from_log(log: CsvLog, source: str) -> Scenario:
             if segments:
                 # before its first reading the field reads the first one (the log's GPU was already in that state)
                 path = f"devices[{slot}].{target}"
+                budget.step()
                 timeline.append({"at": 0, "set": {path: round(segments[0][1][0] * factor)}})
                 timeline += _series_steps(path, segments, factor, budget)
     for (key, pid), rows in sorted(log.procs.items()):
@@ -316,6 +337,8 @@ def scenario_from_log(log: CsvLog, source: str) -> Scenario:
         first, last = min(t for t, _ in rows) - log.start, max(t for t, _ in rows) - log.start
         segments = _segments(rows, log.start)
         at = math.floor(first)
+        budget.step()
+        budget.step()  # its add_process, its remove_process
         timeline.append({"at": at, "add_process": {
             "gpu": slot, "pid": pid, "name": log.names.get((key, pid), "unknown"),
             "used_memory": round(segments[0][1][0] * MIB) if segments else None}})

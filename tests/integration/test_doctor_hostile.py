@@ -4,7 +4,9 @@ the capped, non-blocking reader of ``config/files.py``, as `run` reads its confi
 
 from __future__ import annotations
 
+import http.server
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,45 @@ def test_hostile_host_root_is_read_bounded(tmp_path: Path) -> None:
     assert "Traceback" not in m.stdout + m.stderr, m.describe()
     assert m.max_rss_mib < MAX_RSS_MIB, m.describe()
     assert "[FAIL] driver" in m.stdout, m.describe()
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """Whatever answers at --url: a 100k-deep JSON, a 100 MB body, bytes that are not UTF-8."""
+
+    def do_GET(self) -> None:
+        kind = self.server.kind  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        try:
+            if kind == "deep":
+                self.wfile.write(b"[" * 100_000 + b"]" * 100_000)
+            elif kind == "huge":
+                chunk = b"[" + b"0," * (1 << 19) + b"0]"
+                for _ in range(100):  # ~100 MB, never read whole
+                    self.wfile.write(chunk)
+            else:
+                self.wfile.write(b"\xff\xfe{}")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["deep", "huge", "not-utf8"])
+def test_a_hostile_answer_at_url_is_a_warning_not_a_crash(kind: str) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    server.kind = kind  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        [m] = _run_all([("--url", url, "--deadline", "10")])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert m.rc in (1, 2), m.describe()
+    assert "Traceback" not in m.stdout + m.stderr, m.describe()
+    assert m.max_rss_mib < MAX_RSS_MIB, m.describe()
+    assert "[WARN] daemon: running:" in m.stdout and ("not JSON" in m.stdout or "larger than" in m.stdout), m.stdout

@@ -50,6 +50,15 @@ CSV_CASES = {
     "pid-superscript": _app("\u00b2"),
     "pid-4301-digits": _app("1" * 4301),
     "process-memory-huge": _app("42", mem="9" * 400 + " MiB"),
+    # 300 GPU UUIDs in a compute-apps log; then 20000 processes on one GPU
+    "apps-300-gpus": APPS_HEADER + "".join(f"2025/05/20 00:00:00.000, GPU-{i}, {1 + i}, python, 1 MiB\n"
+                                           for i in range(300)),
+    "apps-20000-processes": APPS_HEADER + "".join(f"2025/05/20 00:00:00.000, GPU-1, {1 + i}, python, 1 MiB\n"
+                                                  for i in range(20000)),
+    # 4 GPUs read every 61 s for 11 days: 62k runs of readings, each its own series step
+    "gaps-everywhere": CSV_HEADER + "".join(
+        _row(ts=f"2025/05/{20 + s // 86400:02d} {s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}.000")
+        .replace(", 0, ", f", {g}, ", 1) for s in range(0, 950_000, 61) for g in range(4)),
 }
 
 
@@ -144,6 +153,9 @@ def test_hostile_replays_and_scenarios_are_refused_in_one_line(tmp_path: Path) -
     assert "timeline[0].set.devices[0].temperature" in err["scenario set-inf"]
     assert "loop" in err["scenario tiny-loop"] and "processes.per_gpu" in err["scenario maximal-population"]
     assert "--gpus 256" in err["fleet-256"]
+    assert "line 258: more than 256 GPUs" in err["csv apps-300-gpus"]
+    assert "more than 16384 processes" in err["csv apps-20000-processes"]
+    assert "timeline steps" in err["csv gaps-everywhere"]
 
 
 def _serves(args: tuple[str, ...], timeout: float = TIMEOUT) -> Measured:
