@@ -19,7 +19,8 @@ class HttpConfig(Section):
     # A connection with no request under way is closed after this long (HTTP keep-alive). Prometheus reuses its
     # connection between scrapes only when this is longer than the scrape interval.
     idle_timeout: PositiveDuration = 120.0
-    # A request's headers must arrive within this long of its first byte (a slowloris dribbles them).
+    # A request's headers must arrive within this long of its first byte (a slowloris dribbles them); with TLS, the
+    # handshake must also end within this long of the connection being accepted.
     header_timeout: PositiveDuration = 10.0
 
     @model_validator(mode="after")

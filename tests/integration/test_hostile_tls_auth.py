@@ -174,6 +174,7 @@ def test_tls_connections_that_never_say_hello_are_capped_from_accept(daemon: Tls
 
 def test_a_password_flood_leaves_cached_scrapes_fast_and_new_logins_bounded(daemon: TlsDaemon) -> None:
     assert daemon.get("/healthz")[0] == 200  # prometheus' credential passes once and is cached from then on
+    rss = daemon.rss_mb()
     stop = time.monotonic() + FLOOD_SECONDS
 
     def attacker(i: int) -> int:
@@ -206,4 +207,5 @@ def test_a_password_flood_leaves_cached_scrapes_fast_and_new_logins_bounded(daem
     assert (value(m, "gpuwatchd_http_auth_checks_total", result="cached") or 0) >= checked
     shed = sum(value(m, "gpuwatchd_http_auth_checks_total", result=r) or 0 for r in ("refused", "dropped"))
     assert shed >= 1, "the flood never filled the queue: it tested nothing"
+    assert daemon.rss_mb() - rss < RSS_GROWTH_MB
     assert daemon.get("/healthz", timeout=HEALTHZ_SECONDS)[0] == 200
