@@ -7,7 +7,8 @@
 - Every ``attribution.kubernetes.interval`` (:meth:`AttributionTask.run`): ``List`` on the kubelet's socket in a
   thread with a deadline, and the job-mapping directory. A missing, slow or broken socket is counted in
   ``gpuwatchd_attribution_errors_total{source="kubernetes"}``, logged once per streak, and the last good answer is
-  dropped (stale pods would name the wrong owner); the loop goes on.
+  dropped from ``gpuwatchd_gpu_pod_info`` (stale pods would name the wrong owner) while the owner a container
+  was already given stays with it (a container never changes pods); the loop goes on.
 
 Rules for an owner (never a guess): a host process (a cgroup outside any container) gets no container and no
 pod; a process in a pod's cgroup gets the pod named by its runtime's files, else the pod holding its GPU when the
@@ -67,6 +68,9 @@ class AttributionTask:
         self._cgroups: dict[int, tuple[float, cg.CgroupOwner | None]] = {}
         self._cgroup_failed: set[int] = set()
         self._meta: dict[str, ContainerMeta | None] = {}
+        # container id -> (namespace, pod, container) once known: a container never changes pods, so its owner
+        # outlives a kubelet outage or restart (alerts keep their labels instead of resolving and re-firing)
+        self._pod_of: dict[str, tuple[str, str, str]] = {}
         self.pods: tuple[GpuPod, ...] = ()
         self._pods_by_uuid: dict[str, list[GpuPod]] = {}
         self.jobs: dict[int, tuple[str, ...]] = {}
@@ -200,6 +204,9 @@ class AttributionTask:
         for gone in [pid for pid in self._cgroups if pid not in pids]:
             del self._cgroups[gone]
         self._cgroup_failed &= pids
+        live = {o.container_id for o in (c[1] for c in self._cgroups.values()) if o is not None and o.container_id}
+        for cid in [cid for cid in self._pod_of if cid not in live]:
+            del self._pod_of[cid]
         return Attribution(timestamp=snap.timestamp, owners=owners, pods=self.pods, errors=dict(self.errors))
 
     def _owner(self, g: GpuSample, pid: int, now: float, index_by_uuid: dict[str, int]) -> ProcessOwner | None:
@@ -215,6 +222,12 @@ class AttributionTask:
                 self._pods_by_uuid.get(g.parent_uuid, []) if g.parent_uuid else [])
             if len({(x.namespace, x.pod, x.container) for x in cands}) == 1:
                 namespace, pod, container = cands[0].namespace, cands[0].pod, cands[0].container
+        if c.container_id is not None:
+            if pod is not None and namespace is not None:
+                self._pod_of[c.container_id] = (namespace, pod, container or "")
+            elif c.container_id in self._pod_of:
+                namespace, pod, container = self._pod_of[c.container_id]
+                container = container or None
         job = c.hpc_job
         if job is None and c.container_id is None and c.pod_uid is None and self.jobs:
             index = index_by_uuid.get(g.parent_uuid, g.index) if g.parent_uuid else g.index

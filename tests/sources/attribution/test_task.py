@@ -99,10 +99,15 @@ async def test_a_replaced_pod_is_followed_at_the_next_refresh(tree: Path) -> Non
     with serve(tree / "kubelet.sock", PODS) as kubelet:
         await task.refresh()
         assert task.resolve(SNAP).owners[(G0, 100)].pod == "trainer-0"
+        # the pod is replaced: a new pod (uid), a new container, a new process on the same GPU
         kubelet.pods = {**{k: v for k, v in PODS.items() if k != ("ml", "trainer-0")},
                         ("ml", "trainer-1"): {"trainer": [("nvidia.com/gpu", [G0])]}}
+        _proc(tree / "proc", 101, KUBE_A.format(u="dddd5c1e_2b4f_4c6d_8e9f_0a1b2c3d4e5f", c="d" * 64))
         await task.refresh()
-        assert task.resolve(SNAP).owners[(G0, 100)].pod == "trainer-1"
+        owners = task.resolve(_snap((G0, 0, [101]))).owners
+        assert owners[(G0, 101)].labels() == {"container_id": "d" * 12, "namespace": "ml", "pod": "trainer-1",
+                                              "container": "trainer"}
+        assert {p.pod for p in task.pods if p.uuid == G0} == {"trainer-1"}
 
 
 async def test_missing_slow_and_broken_kubelet_count_and_log_once(tree: Path,
@@ -120,8 +125,11 @@ async def test_missing_slow_and_broken_kubelet_count_and_log_once(tree: Path,
         assert task.errors["kubernetes"] == 2 and task.pods
         assert sum("answers again" in r.message for r in caplog.records) == 1
         kubelet.delay = 600.0
+        assert task.resolve(SNAP).owners[(G0, 100)].pod == "trainer-0"
         await task.refresh()  # slow: cut at the deadline, pods dropped (stale pods would name the wrong owner)
         assert task.errors["kubernetes"] == 3 and task.pods == ()
+        # ... but a container already attributed keeps its pod (it cannot change pods): no alert flaps
+        assert task.resolve(SNAP).owners[(G0, 100)].pod == "trainer-0"
         kubelet.delay = 0.0
         kubelet.fail = grpc.StatusCode.UNAVAILABLE
         await task.refresh()
