@@ -50,8 +50,9 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _start(tmp: Path, *args: str) -> DaemonProcess:
-    port = free_port()
+def _start(tmp: Path, *args: str, port: int | None = None) -> DaemonProcess:
+    port = port or free_port()
+    tmp.mkdir(parents=True, exist_ok=True)
     log_path = tmp / "sim.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
@@ -245,20 +246,31 @@ def test_egpu_unplug_shows_the_lost_gpu(browser: Any, sims: dict[str, DaemonProc
 
 
 def test_page_keeps_going_when_the_daemon_goes_away(browser: Any, tmp_path: Path) -> None:
-    """The page says the daemon is not answering (and keeps retrying) instead of freezing on old numbers."""
-    d = _start(tmp_path, "--scenario", "idle")
+    """The page says the daemon is not answering (and keeps retrying) instead of freezing on old numbers, and is
+    live again once a daemon answers at the same address (a restart)."""
+    port = free_port()
+    d = _start(tmp_path, "--scenario", "idle", port=port)
+    again: DaemonProcess | None = None
     try:
         wait_until(lambda: serving(d), "gpuwatchd sim to serve")
-        ctx, page, _ = open_page(browser, d.url, DESKTOP)
+        ctx, page, log = open_page(browser, d.url, DESKTOP)
         d.proc.terminate()
         d.proc.wait(timeout=30)
         page.wait_for_selector("#conn.down", timeout=30_000)
         assert "not answering" in page.locator("#conn").inner_text()
+        again = _start(tmp_path / "again", "--scenario", "dock-unauthorized", port=port)
+        wait_until(lambda: serving(again), "the second sim to serve")
+        # Retries back off to 30 s at most: within a minute the page shows the new daemon's dock.
+        page.wait_for_selector(".dock code:has-text('boltctl enroll')", timeout=60_000)
+        assert page.locator("#conn").inner_text().startswith("live")
         ctx.close()
+        # Failed fetches while it was down are what the page reports itself; no script error.
+        assert [e for e in log.errors if "request failed" not in e and "Failed to load resource" not in e] == []
     finally:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
+        for p in (d, again):
+            if p is not None and p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait()
 
 
 def test_page_behind_tls_and_basic_auth(browser: Any, tmp_path: Path, tls_files: Any) -> None:

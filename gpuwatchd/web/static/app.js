@@ -189,6 +189,12 @@
     }
   }
 
+  // Indexes move when a GPU goes (the next one takes index 0): a gone GPU is "was GPU 0", and the name goes along.
+  function gpuLabel(g) {
+    return (g.state === "present" ? "GPU " : "was GPU ") + g.index + " · " + (g.name || "?");
+  }
+  function labels(st) { return new Map((st.gpus || []).map((g) => [g.uuid, gpuLabel(g)])); }
+
   function kv(label, value, cls) {
     return h("div", { class: "kv " + (cls || "") }, h("dt", {}, label), h("dd", {}, value));
   }
@@ -196,7 +202,7 @@
   function gpuBody(g, st, now) {
     const r = g.readings || {};
     const out = [];
-    out.push(h("h3", {}, "GPU " + g.index + " · " + (g.name || "?"),
+    out.push(h("h3", {}, gpuLabel(g),
       h("span", { class: "badge state-" + g.state }, g.state)));
     out.push(h("p", { class: "muted small" }, g.uuid + " · " + (g.pci_bus_id || "")));
     const hl = health(g);
@@ -339,11 +345,11 @@
 
   function renderXids(st, now) {
     const xids = (st.recent_xids || []).slice().reverse();
-    const idx = new Map((st.gpus || []).map((g) => [g.uuid, g.index]));
+    const idx = labels(st);
     if (!xids.length) { replace("xids", h("p", { class: "ok" }, "No Xid errors since the daemon started.")); return; }
     replace("xids", h("ol", { class: "timeline" }, xids.map((x) => h("li", { data: { xid: String(x.xid) } },
       h("time", { datetime: new Date(x.timestamp * 1000).toISOString() }, clock(x.timestamp)), " ",
-      h("strong", {}, "Xid " + x.xid), " on ", x.uuid ? "GPU " + (idx.get(x.uuid) ?? x.uuid) : (x.pci_bus_id || "?"),
+      h("strong", {}, "Xid " + x.xid), " on ", x.uuid ? (idx.get(x.uuid) ?? x.uuid) : (x.pci_bus_id || "?"),
       h("span", { class: "muted" }, " (" + ago(x.timestamp, now) + ", " + (x.source || "") + ")"),
       x.meaning ? h("p", {}, x.meaning) : null,
       x.action ? h("p", { class: "action" }, "What to do: " + x.action) : null))));
@@ -352,7 +358,7 @@
   function renderProbes(st, now) {
     const pr = st.probes || {};
     const results = st.probe_results || {};
-    const idx = new Map((st.gpus || []).map((g) => [g.uuid, g.index]));
+    const idx = labels(st);
     const out = [];
     if (pr.available === false) out.push(h("p", { class: "muted" }, "Probes unavailable: " + pr.unavailable_reason));
     for (const [uuid, recs] of Object.entries(results)) {
@@ -371,7 +377,7 @@
             h("td", { class: "muted" }, ago(r.timestamp, now))));
         }
       }
-      out.push(h("h3", {}, "GPU " + (idx.get(uuid) ?? uuid)));
+      out.push(h("h3", {}, idx.get(uuid) ?? uuid));
       out.push(h("div", { class: "scroll" }, h("table", { class: "probes" },
         h("thead", {}, h("tr", {}, ["Probe", "Result", "Measure", "Value", "vs baseline", "Detail", "When"].map((x) =>
           h("th", {}, x)))), h("tbody", {}, rows))));
@@ -379,7 +385,7 @@
     if (!out.length) {
       const verdicts = Object.entries(pr.gpus || {});
       out.push(h("p", { class: "muted" }, verdicts.length ? "No probe has run yet: " + verdicts.map(([u, v]) =>
-        "GPU " + (idx.get(u) ?? u) + " " + v.verdict).join("; ") : "No probe has run yet."));
+        (idx.get(u) ?? u) + " " + v.verdict).join("; ") : "No probe has run yet."));
     }
     replace("probes", out);
   }
