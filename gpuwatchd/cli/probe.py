@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import errno
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.cli.arg_types import daemon_url
 from gpuwatchd.cli.daemon_client import (
     AUTH_HINT,
     ClientSetupError,
@@ -201,6 +203,20 @@ def cmd_probe(config: Config, url: str, gpus: Sequence[str], probes: Sequence[st
 
 
 
+MAX_TIMEOUT_S = 86400.0  # a day: longer than any probe run, and finite (asyncio timers overflow on inf)
+
+
+def _timeout(text: str) -> float:
+    """``--timeout``: finite seconds in (0, MAX_TIMEOUT_S]; anything else is a one-line usage error (exit 2)."""
+    try:
+        value = float(text) if len(text) <= 32 else math.nan
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_TIMEOUT_S:  # also false for nan
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, {MAX_TIMEOUT_S:g}], got {text[:32]!r}")
+    return value
+
+
 def add_probe_parser(sub: Any) -> None:
     p = sub.add_parser("probe", help="run the torch health probes now (through the daemon when one runs)")
     p.add_argument("--gpu", action="append", default=[], metavar="INDEX|UUID", help="GPU to probe (repeatable; "
@@ -208,9 +224,10 @@ def add_probe_parser(sub: Any) -> None:
     p.add_argument("--probe", action="append", default=[], choices=("gemm", "memory", "pcie", "launch"),
                    help="probe to run (repeatable; default: those enabled in the config)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--url", help="daemon base URL (default: from the config's listen address)")
+    p.add_argument("--url", type=daemon_url, help="daemon base URL (default: from the config's listen address)")
     p.add_argument("--config", type=Path, help="config file (listen address, probes, state dir)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the daemon's answer")
+    p.add_argument("--timeout", type=_timeout, default=900.0,
+                   help=f"seconds to wait for the daemon's answer (0 < SECONDS <= {MAX_TIMEOUT_S:g})")
     add_client_args(p)
 
 

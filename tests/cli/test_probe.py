@@ -132,3 +132,13 @@ def _plain_config(tmp_path: Path) -> Path:
     cfg = tmp_path / "gpuwatchd.yml"
     cfg.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state-dir")}))
     return cfg
+
+
+def test_hostile_timeouts_and_urls_are_one_usage_line(tmp_path: Path) -> None:
+    cfg = str(_plain_config(tmp_path))
+    for args in (["--timeout", "inf"], ["--timeout", "nan"], ["--timeout", "-1"], ["--timeout", "1e308"],
+                 ["--url", "http://[::1"], ["--url", "ftp://127.0.0.1:9945"]):
+        out = _gpuwatchd("probe", "--config", cfg, *args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr.strip().splitlines()[-1].startswith("gpuwatchd probe: error: argument"), out.stderr
+        assert "Traceback" not in out.stderr
