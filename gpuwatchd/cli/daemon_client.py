@@ -21,6 +21,11 @@ AUTH_HINT = (f"the daemon wants basic auth: --auth-user NAME, with the password 
              "--auth-password-file FILE")
 
 
+# A password file holds one line; a CA bundle (the system's is ~200 KiB) a few hundred certificates.
+MAX_PASSWORD_FILE_BYTES = 64 << 10
+MAX_CA_FILE_BYTES = 4 << 20
+
+
 class ClientSetupError(Exception):
     """The client options cannot be used (unreadable CA or password file, a user without a password)."""
 
@@ -42,11 +47,14 @@ class DaemonClient:
         out: dict[str, Any] = {}
         if self.ca_files:
             ctx = ssl.create_default_context()
+            from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
+
             for ca in self.ca_files:
                 try:
-                    ctx.load_verify_locations(cafile=str(ca))
-                except (OSError, ssl.SSLError) as e:
-                    raise ClientSetupError(f"{ca}: cannot be used as a CA file: {e}") from None
+                    # through the capped, non-blocking reader: OpenSSL would block on a FIFO, read /dev/zero forever
+                    ctx.load_verify_locations(cadata=read_text_file(ca, max_bytes=MAX_CA_FILE_BYTES))
+                except (InputFileError, ssl.SSLError, ValueError) as e:
+                    raise ClientSetupError(f"{shown_path(ca)}: cannot be used as a CA file: {e}") from None
             out["connector"] = aiohttp.TCPConnector(ssl=ctx)
         if self.user is not None:
             out["headers"] = {"Authorization": aiohttp.encode_basic_auth(self.user, self.password or "")}
@@ -73,11 +81,13 @@ def client_from_args(args: argparse.Namespace, web_config_file: Path | None,
             cas.append(own)
     password: str | None = None
     if args.auth_password_file is not None:
+        from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
+
         try:
-            password = args.auth_password_file.read_text(encoding="utf-8").splitlines()[0]
-        except (OSError, UnicodeDecodeError, IndexError) as e:
-            raise ClientSetupError(f"--auth-password-file {args.auth_password_file}: cannot read a password "
-                                   f"({e or 'empty file'})") from None
+            password = read_text_file(args.auth_password_file, max_bytes=MAX_PASSWORD_FILE_BYTES).splitlines()[0]
+        except (InputFileError, IndexError) as e:
+            raise ClientSetupError(f"--auth-password-file {shown_path(args.auth_password_file)}: cannot read a "
+                                   f"password ({e or 'empty file'})") from None
     elif args.auth_user is not None:
         password = env.get(PASSWORD_ENV)
         if password is None:

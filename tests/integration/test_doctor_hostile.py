@@ -63,7 +63,20 @@ def test_hostile_kernel_log_files(tmp_path: Path) -> None:
         f.truncate(40 << 20)
     cases = [("--kernel-log", p) for p in ("/dev/zero", "/dev/urandom", str(fifo), str(tmp_path), str(huge),
                                           str(tmp_path / "missing.log"), "/" + "d" * 5000)]  # fmt: skip
+    cases += [("--auth-user", "u", "--auth-password-file", p) for p in ("/dev/zero", str(fifo), str(huge))]
     _assert_refused(_run_all(cases))
+
+
+def test_a_ca_file_that_is_not_a_file_is_a_warning(tmp_path: Path) -> None:
+    """--ca-file goes to OpenSSL through the same reader: a FIFO blocked it, /dev/zero was read forever."""
+    fifo = tmp_path / "ca.pem"
+    os.mkfifo(fifo)
+    results = _run_all([("--ca-file", p, "--url", "https://127.0.0.1:1", "--deadline", "10")
+                        for p in ("/dev/zero", str(fifo))])  # fmt: skip
+    for m in results:
+        assert m.rc in (1, 2) and "Traceback" not in m.stdout + m.stderr, m.describe()
+        assert "cannot be used as a CA file: cannot read: not a regular file" in m.stdout, m.describe()
+        assert m.max_rss_mib < MAX_RSS_MIB, m.describe()
 
 
 def test_hostile_sim_manifests(tmp_path: Path) -> None:
