@@ -6,19 +6,19 @@ Thin: parsing, logging, exit codes.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuwatchd import __version__
 from gpuwatchd.cli.daemon_client import ClientSetupError, DaemonClient, add_client_args, client_for, serves_tls
 from gpuwatchd.cli.probe import add_probe_parser, cmd_probe_args
 from gpuwatchd.config.files import missing, shown_path
-from gpuwatchd.config.loader import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, parse_listen
+from gpuwatchd.config.paths import DEFAULT_CONFIG_PATH
 from gpuwatchd.runtime.exitcodes import (
     EXIT_BROKEN_PIPE,
     EXIT_CODES_HELP,
@@ -28,6 +28,11 @@ from gpuwatchd.runtime.exitcodes import (
     EXIT_USAGE,
 )
 
+if TYPE_CHECKING:
+    from gpuwatchd.config.loader import Config
+
+# Each command imports what it needs when it runs (the config models, aiohttp, the daemon): `gpuwatchd --help` and
+# argument errors load none of them (tests/cli/test_imports.py).
 log = logging.getLogger("gpuwatchd")
 
 
@@ -152,6 +157,8 @@ def _err(msg: str) -> None:
 
 def _load(path: Path | None) -> Config | int:
     """Load the config or print why not and return the exit code."""
+    from gpuwatchd.config.loader import ConfigError, load_config
+
     if path is not None and missing(path):
         _err(f"{shown_path(path)}: file not found")
         return EXIT_USAGE
@@ -171,6 +178,9 @@ def cmd_check_config(path: Path) -> int:
 
 
 def cmd_run(config_path: Path | None, listen: str | None, web_config_file: Path | None = None) -> int:
+    import asyncio
+
+    from gpuwatchd.config.loader import parse_listen
     from gpuwatchd.daemon import Daemon, DaemonError
 
     cfg = _load(config_path)
@@ -199,6 +209,8 @@ def cmd_run(config_path: Path | None, listen: str | None, web_config_file: Path 
 
 def default_status_url(config_path: Path | None) -> str:
     """The URL `status` talks to: the config's listen address, loopback when it listens on all interfaces."""
+    from gpuwatchd.config.loader import Config, ConfigError, load_config, parse_listen
+
     try:
         cfg = load_config(config_path)
     except ConfigError:
@@ -211,6 +223,8 @@ def default_status_url(config_path: Path | None) -> str:
 
 def cmd_status(url: str | None, config_path: Path | None, as_json: bool, timeout: float,
                client: DaemonClient | None = None) -> int:
+    import asyncio
+
     from gpuwatchd.cli.status import StatusUnavailable, fetch_status, render_status
 
     base = (url or default_status_url(config_path)).rstrip("/")
@@ -229,6 +243,9 @@ def cmd_status(url: str | None, config_path: Path | None, as_json: bool, timeout
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gpuwatchd.config.loader import ConfigError, parse_listen
     from gpuwatchd.sim.runner import list_scenarios, run_sim
     from gpuwatchd.sim.scenario import looks_like_path
 

@@ -8,7 +8,6 @@ same baselines file in the state dir. Prints measured, baseline and expected fig
 from __future__ import annotations
 
 import argparse
-import asyncio
 import errno
 import json
 import math
@@ -17,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.cli.arg_types import daemon_url
 from gpuwatchd.cli.daemon_client import (
@@ -28,9 +27,10 @@ from gpuwatchd.cli.daemon_client import (
     client_for,
     tls_problem,
 )
-from gpuwatchd.config.loader import Config
-from gpuwatchd.model import Snapshot, snapshot_from_dict
-from gpuwatchd.probes.verdict import fmt_measure
+
+if TYPE_CHECKING:  # the command line imports this module for its parser: the models load when the command runs
+    from gpuwatchd.config.loader import Config
+    from gpuwatchd.model import Snapshot
 
 NVML_POLL_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 5.0
@@ -55,6 +55,8 @@ async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], 
                      client: DaemonClient | None = None) -> dict[str, Any]:
     """POST the request; :class:`NoDaemon` when nothing listens (then the caller runs the probes itself).
     ``client``: TLS trust and basic auth for a daemon with a web config (cli/daemon_client.py)."""
+    import asyncio
+
     import aiohttp  # here, not at the top: every CLI start imports this module
 
     t = aiohttp.ClientTimeout(total=timeout, connect=CONNECT_TIMEOUT_S)
@@ -104,6 +106,7 @@ def _refused(e: BaseException) -> bool:
 
 def nvml_snapshot(config: Config) -> Snapshot:
     """One poll of the NVML worker (a child process, as in the daemon): the GPUs to probe, their links, processes."""
+    from gpuwatchd.model import snapshot_from_dict
     from gpuwatchd.sources.worker_process import child_env
     from gpuwatchd.sources.worker_protocol import HELLO
 
@@ -127,6 +130,9 @@ def nvml_snapshot(config: Config) -> Snapshot:
 
 async def run_direct(config: Config, gpus: Sequence[str], probes: Sequence[str]) -> dict[str, Any]:
     """No daemon: one NVML poll, then the probes through the same service the daemon uses."""
+    import asyncio
+
+    from gpuwatchd.model import Snapshot
     from gpuwatchd.probes.api import run_request
     from gpuwatchd.probes.service import ProbeService
     from gpuwatchd.runtime.clock import RealClock
@@ -144,6 +150,8 @@ async def run_direct(config: Config, gpus: Sequence[str], probes: Sequence[str])
 
 
 def _fmt(key: str, value: Any) -> str:
+    from gpuwatchd.probes.verdict import fmt_measure
+
     # fmt_measure gives "<label> <number> <unit>"; the table's column names the measure already.
     return " ".join(fmt_measure(key, float(value)).split()[-2:]) if isinstance(value, int | float) else "-"
 
@@ -179,6 +187,8 @@ def render(result: Mapping[str, Any]) -> str:
 def cmd_probe(config: Config, url: str, gpus: Sequence[str], probes: Sequence[str], *, as_json: bool,
               timeout: float, client: DaemonClient | None = None) -> int:
     """Exit 0 when every probe run passed or was degraded, 1 when one failed or none could run."""
+    import asyncio
+
     try:
         try:
             result = asyncio.run(ask_daemon(url, gpus, probes, timeout, client))

@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from gpuwatchd.config.attribution import AttributionConfig
 from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
 from gpuwatchd.config.kernel_log import KernelLogConfig
+from gpuwatchd.config.paths import DEFAULT_CONFIG_PATH
 from gpuwatchd.config.safe_yaml import load_yaml
 from gpuwatchd.config.types import (
     Duration,
@@ -34,7 +35,6 @@ from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.probes.config import ProbesConfig
 from gpuwatchd.rules.config import RulesConfig
 
-DEFAULT_CONFIG_PATH = Path("/etc/gpuwatchd/gpuwatchd.yml")
 # 9945: free in the Prometheus default-port allocation wiki at the time of writing, and clear of
 # node_exporter (9100), dcgm-exporter (9400) and nvidia_gpu_exporter (9835).
 DEFAULT_PORT = 9945

@@ -11,11 +11,9 @@ from typing import Any
 
 from gpuwatchd.cli.daemon_client import DaemonClient
 from gpuwatchd.config.loader import Config
+from gpuwatchd.doctor.defaults import DEFAULT_DEADLINE, SERVICE_USER
 
-# NVML and torch run in child processes that are killed after this (seconds): a wedged GPU must not hang doctor.
-DEFAULT_DEADLINE = 15.0
-# The user the shipped systemd unit runs the daemon as (systemd/gpuwatchd.service User=, SupplementaryGroups=).
-SERVICE_USER = "gpuwatchd"
+__all__ = ["DEFAULT_DEADLINE", "SERVICE_USER", "Host"]
 
 
 @dataclass
