@@ -314,7 +314,22 @@
       return;
     }
     el.hidden = false;
-    const data = [hist.map((p) => p[0]), hist.map((p) => p[1] / GIB)];
+    const xs = hist.map((p) => p[0]);
+    const used = hist.map((p) => p[1] / GIB);
+    const proj = hist.map(() => null);
+    // A suspected leak: a dashed line from now towards full, at the rate the leak rule projects (drawn for at most
+    // twice the history shown, so a far-off time to full does not squash the history into a sliver).
+    const etas = (g.processes || []).map((p) => ((p.memory_trend || {}).leak || {}).eta_seconds).filter(num);
+    if (etas.length && num(total)) {
+      const eta = Math.max(1, Math.min(...etas));
+      const last = hist[hist.length - 1];
+      const shown = Math.min(eta, 2 * (last[0] - hist[0][0]) || eta);
+      proj[proj.length - 1] = last[1] / GIB;
+      xs.push(last[0] + shown);
+      used.push(null);
+      proj.push((last[1] + (total - last[1]) * (shown / eta)) / GIB);
+    }
+    const data = [xs, used, proj];
     let u = charts.get(g.uuid);
     const width = Math.max(200, Math.min(el.parentElement.clientWidth - 16, 900));
     if (u && u.width !== width) { u.destroy(); u = null; charts.delete(g.uuid); }
@@ -323,7 +338,8 @@
         width, height: 140, legend: { show: false }, cursor: { show: false },
         scales: { y: { range: [0, num(total) ? total / GIB : null] } },
         axes: [{ stroke: "#888" }, { stroke: "#888", size: 64, values: (_, ticks) => ticks.map((v) => v.toFixed(0) + " GiB") }],
-        series: [{}, { label: "memory used", stroke: "#3b82f6", fill: "rgba(59,130,246,0.15)", width: 2 }],
+        series: [{}, { label: "memory used", stroke: "#3b82f6", fill: "rgba(59,130,246,0.15)", width: 2 },
+          { label: "leak projection", stroke: "#dc2626", dash: [6, 4], width: 2, spanGaps: true, points: { show: false } }],
       }, data, el);
       charts.set(g.uuid, u);
     } else {
