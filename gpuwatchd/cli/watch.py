@@ -230,7 +230,7 @@ async def _watch(base: str, interval: float, timeout: float, client: DaemonClien
         while True:
             problem = None
             try:
-                status, alerts = await fetch_status(base, timeout=min(timeout, max(interval, 1.0)), client=client)
+                status, alerts = await fetch_status(base, timeout=timeout, client=client)  # --timeout
                 last_ok = time.time()
             except DaemonRefused:
                 raise
