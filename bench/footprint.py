@@ -4,13 +4,16 @@
 
 1. RSS and CPU at the default 1 s polling: the daemon as a subprocess (`gpuwatchd run`) over 8 GPUs x 32
    processes, scraped every 15 s like a default Prometheus. RSS is daemon + NVML worker (psutil, summed); CPU is
-   their combined CPU time over the window, in percent of one core.
+   their combined CPU time over the window, in percent of one core. RSS, USS (pages only this process holds: what
+   stopping it frees) and PSS (shared pages split among their users) are printed for the daemon and the worker
+   apart (psutil ``memory_full_info``, from /proc/PID/smaps_rollup).
 2. A compressed soak: polling every 50 ms (20x faster) for ``--soak-seconds`` (60 s = 20 min of 1 s polls),
    scraped every 0.75 s (20x a 15 s interval). The history is scaled by the same factor (step 5 s -> 0.25 s), and
    its retention is set to the warm-up, so the rings are full before the first measurement: the growth measured is
    what is *not* bounded by design. Growth = RSS at the end - RSS after warm-up.
 
-Last line: ``rss_mb=… cpu_pct=… rss_growth_mb=…`` (targets <= 80, <= 1, <= 1).
+Last line: ``rss_mb=… cpu_pct=… rss_growth_mb=…`` (targets <= 80, <= 1, <= 1) and the split:
+``daemon_rss_mb daemon_uss_mb daemon_pss_mb worker_rss_mb worker_uss_mb worker_pss_mb uss_mb pss_mb``.
 """
 
 from __future__ import annotations
@@ -61,19 +64,19 @@ def fleet_state(gpus: int, procs: int) -> dict[str, Any]:
 
 
 class Daemon:
-    def __init__(self, tmp: Path, name: str, state_path: Path, config: dict[str, Any]) -> None:
+    def __init__(self, tmp: Path, name: str, state_path: Path, config: dict[str, Any], tree: Path = ROOT) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cfg_path = tmp / f"{name}.yml"
         cfg_path.write_text(yaml.safe_dump({"state_dir": str(tmp / f"{name}-state"), **config}))
-        env = {**os.environ, STATE_ENV: str(state_path), "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, STATE_ENV: str(state_path), "PYTHONPATH": str(tree)}
         self.log = (tmp / f"{name}.log").open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuwatchd", "run", "--config", str(cfg_path), "--listen", f"127.0.0.1:{self.port}"],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=env,
-            cwd=ROOT,
+            cwd=tree,
         )
         self.ps = psutil.Process(self.proc.pid)
 
@@ -103,6 +106,22 @@ class Daemon:
             with contextlib.suppress(psutil.NoSuchProcess):  # a worker being replaced
                 total += p.memory_info().rss
         return total
+
+    def memory(self) -> dict[str, dict[str, float]]:
+        """RSS, USS and PSS in MB of the daemon and of its NVML worker (other children, if any, as ``other``)."""
+        out: dict[str, dict[str, float]] = {}
+        for p in self.processes():
+            try:
+                role = "daemon" if p.pid == self.ps.pid else (
+                    "worker" if any("nvml_worker" in a for a in p.cmdline()) else "other")
+                m = p.memory_full_info()
+            except psutil.NoSuchProcess:  # a worker being replaced
+                continue
+            acc = out.setdefault(role, {"rss": 0.0, "uss": 0.0, "pss": 0.0})
+            acc["rss"] += m.rss / MB
+            acc["uss"] += m.uss / MB
+            acc["pss"] += m.pss / MB
+        return out
 
     def cpu_seconds(self) -> float:
         # Children that ended (replaced workers) count through children_user/system of the daemon.
@@ -143,6 +162,8 @@ def main() -> int:
     ap.add_argument("--cpu-seconds", type=float, default=20.0)
     ap.add_argument("--soak-seconds", type=float, default=60.0)
     ap.add_argument("--warmup-seconds", type=float, default=10.0)
+    ap.add_argument("--tree", type=Path, default=ROOT,
+                    help="the gpuwatchd checkout to run (default: this one; another for a before/after)")
     args = ap.parse_args()
 
     libdir = build_standin()
@@ -153,7 +174,8 @@ def main() -> int:
         base = {"nvml": {"library_path": str(libdir)}, "sysfs": {"root": str(tmp / "sysfs")}}
 
         # 1. 1 s polling: RSS and CPU.
-        d = Daemon(tmp, "steady", state_path, {**base, "nvml": {**base["nvml"], "poll_interval": "1s"}})
+        d = Daemon(tmp, "steady", state_path, {**base, "nvml": {**base["nvml"], "poll_interval": "1s"}},
+                   args.tree.resolve())
         try:
             d.wait_for_gpus(args.gpus)
             run_for(d, args.warmup_seconds, 15.0)
@@ -161,7 +183,10 @@ def main() -> int:
             run_for(d, args.cpu_seconds, 15.0)
             cpu_pct = 100.0 * (d.cpu_seconds() - c0) / (time.monotonic() - t0)
             rss = d.rss()
+            mem = d.memory()
             print(f"steady: {len(d.processes())} processes, rss {rss / MB:.1f} MB, cpu {cpu_pct:.2f}% of one core")
+            for role, m in mem.items():
+                print(f"  {role}: rss {m['rss']:.1f} MB, uss {m['uss']:.1f} MB, pss {m['pss']:.1f} MB")
         finally:
             d.stop()
 
@@ -172,7 +197,7 @@ def main() -> int:
             "nvml": {**base["nvml"], "poll_interval": f"{1000 / COMPRESSION:g}ms"},
             "history": {"step": f"{step * 1000:g}ms", "retention": f"{args.warmup_seconds:g}s"},
         }
-        d = Daemon(tmp, "soak", state_path, soak_cfg)
+        d = Daemon(tmp, "soak", state_path, soak_cfg, args.tree.resolve())
         try:
             d.wait_for_gpus(args.gpus)
             run_for(d, args.warmup_seconds * 1.5, 15.0 / COMPRESSION)
@@ -188,7 +213,12 @@ def main() -> int:
             )
         finally:
             d.stop()
-    print(f"rss_mb={rss / MB:.1f} cpu_pct={cpu_pct:.2f} rss_growth_mb={growth:.2f}")
+    split = " ".join(f"{role}_{k}_mb={mem.get(role, {}).get(k, 0.0):.1f}"
+                     for role in ("daemon", "worker") for k in ("rss", "uss", "pss"))
+    uss = sum(m["uss"] for m in mem.values())
+    pss = sum(m["pss"] for m in mem.values())
+    print(f"rss_mb={rss / MB:.1f} cpu_pct={cpu_pct:.2f} rss_growth_mb={growth:.2f} {split} uss_mb={uss:.1f}"
+          f" pss_mb={pss:.1f}")
     return 0
 
 
