@@ -18,7 +18,10 @@ def test_shape_and_round_trip(mixed_store: Store) -> None:
     assert data["nvml"]["lost"][0]["uuid"] == UUID_C
     assert [g["uuid"] for g in data["gpus"]] == [UUID_A, UUID_B, UUID_C, UUID_D]
     assert data["sources"]["kmsg"]["error"] == "permission denied: /dev/kmsg"
-    assert {"uuid": UUID_A, "xid": 13, "count": 2} in data["xid_counts"]
+    xid13 = next(x for x in data["xid_counts"] if (x["uuid"], x["xid"]) == (UUID_A, 13))
+    assert xid13["count"] == 2
+    assert xid13["catalog"]["immediate_action"] == "RESTART_APP" and xid13["catalog"]["severity"] == "warning"
+    assert data["xid_catalog"]["source"].startswith("https://docs.nvidia.com/") and data["xid_catalog"]["version"]
     assert data["config"] == {"last_reload_successful": False, "last_reload_success_timestamp": 1_699_996_400.0}
     assert len(data["links"]) == 3
 
