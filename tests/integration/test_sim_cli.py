@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import ROOT, DaemonProcess, free_port, labels_of, metrics_when, value, wait_until
+from support import ROOT, DaemonProcess, Samples, free_port, labels_of, metrics_when, value, wait_until
 
 
 @pytest.fixture
@@ -133,4 +133,28 @@ def test_sim_dock_unauthorized_then_enrolled(sim: list[DaemonProcess], tmp_path:
     assert value(samples, "gpuwatchd_thunderbolt_device_authorized", unique_id=uid) == 1
     (info,) = labels_of(samples, "gpuwatchd_thunderbolt_device_info", unique_id=uid)
     assert info == {"unique_id": uid, "vendor": "Razer", "name": "Core X", "generation": "3", "gpu_uuid": gpu}
+    assert interrupt(d) == 0
+
+
+def test_sim_xid_repeat_health_states(sim: list[DaemonProcess], tmp_path: Path) -> None:
+    """`gpuwatchd sim --scenario xid-repeat`: Xid 31 in three jobs on GPU 0 and three fatal Xid 119 episodes on GPU 1
+    escalate, and the per-GPU health state says so in /metrics and /api/v1/status; /readyz stays 200."""
+    import json
+
+    d = start_sim(sim, tmp_path, "--scenario", "xid-repeat", "--speed", "20")
+    gpus = wait_until(lambda: json.loads(d.get("/api/v1/status")[1])["gpus"], "the GPUs in /api/v1/status")
+    gpu0, gpu1 = (g["uuid"] for g in sorted(gpus, key=lambda g: g["index"]))
+
+    def firing(m: Samples) -> set[tuple[str, str]]:
+        return {(a["alertname"], a["uuid"]) for a in labels_of(m, "gpuwatchd_alerts", alertstate="firing")}
+
+    samples = metrics_when(d, lambda m: {("GpuXidRepeated", gpu0), ("GpuXidSupportCase", gpu1)} <= firing(m),
+                           "both escalations firing")
+    assert value(samples, "gpuwatchd_gpu_health_state", uuid=gpu0, state="degraded") == 1
+    assert value(samples, "gpuwatchd_gpu_health_state", uuid=gpu0, state="healthy") == 0
+    assert value(samples, "gpuwatchd_gpu_health_state", uuid=gpu1, state="unhealthy") == 1
+    health = {g["uuid"]: g["health"] for g in json.loads(d.get("/api/v1/status")[1])["gpus"]}
+    assert health[gpu0]["action"] == "inspect_hardware" and "Xid 31" in health[gpu0]["reason"]
+    assert health[gpu1]["state"] == "unhealthy" and health[gpu1]["action"] == "inspect_hardware"
+    assert d.get("/readyz")[0] == 200
     assert interrupt(d) == 0
