@@ -87,6 +87,8 @@ def one_line_error(m: Measured) -> list[str]:
 SERVER = r"""
 import json, os, sys, time
 from gpuwatchd.cli.commands import main
+# what doctor and sim import on their way: paid once here, not in every child
+import aiohttp, gpuwatchd.doctor.run, gpuwatchd.sim.runner, gpuwatchd.sim.csv_replay, gpuwatchd.sim.capture
 
 for line in sys.stdin:
     req = json.loads(line)
@@ -158,21 +160,26 @@ class ForkRunner:
         self.dir.cleanup()
 
 
-def run_forked(cases: list[tuple[str, ...]], *, env: Mapping[str, str], cwd: Path, timeout: float,
-               servers: int = 2) -> list[Measured]:
-    """Each of ``cases`` as a forked child of one of ``servers`` fork servers (the machine's 2 cores)."""
-    from concurrent.futures import ThreadPoolExecutor
+class ForkPool:
+    """``servers`` fork servers (the machine's 2 cores) for a whole test module: the imports are paid once."""
 
-    runners = [ForkRunner(env, cwd, timeout) for _ in range(servers)]
-    try:
-        chunks = [cases[i::servers] for i in range(servers)]
-        with ThreadPoolExecutor(max_workers=servers) as pool:
-            done = list(pool.map(lambda rc: [rc[0].run(c) for c in rc[1]], zip(runners, chunks, strict=True)))
-    finally:
-        for r in runners:
+    def __init__(self, env: Mapping[str, str], cwd: Path, timeout: float, servers: int = 2) -> None:
+        self.runners = [ForkRunner(env, cwd, timeout) for _ in range(servers)]
+
+    def run_all(self, cases: list[tuple[str, ...]]) -> list[Measured]:
+        """Each of ``cases`` as a forked child, spread over the servers; results in the order of ``cases``."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        n = len(self.runners)
+        chunks = [cases[i::n] for i in range(n)]
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            done = list(pool.map(lambda rc: [rc[0].run(c) for c in rc[1]], zip(self.runners, chunks, strict=True)))
+        out: list[Measured] = [None] * len(cases)  # type: ignore[list-item]
+        for i, res in enumerate(done):
+            for j, m in enumerate(res):
+                out[i + j * n] = m
+        return out
+
+    def close(self) -> None:
+        for r in self.runners:
             r.close()
-    out: list[Measured] = [None] * len(cases)  # type: ignore[list-item]
-    for i, res in enumerate(done):
-        for j, m in enumerate(res):
-            out[i + j * servers] = m
-    return out

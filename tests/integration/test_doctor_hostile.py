@@ -7,10 +7,11 @@ from __future__ import annotations
 import http.server
 import os
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from measured import Measured, one_line_error, run_forked
+from measured import ForkPool, Measured, one_line_error
 from support import ROOT
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "GPUWATCHD_LOG_LEVEL": "warning"}
@@ -19,9 +20,16 @@ MAX_RSS_MIB = 400  # doctor's own start is ~60 MiB; the unbounded reads grew to 
 pytestmark = pytest.mark.timeout(600)
 
 
-def _run_all(cases: list[tuple[str, ...]], timeout: float = TIMEOUT) -> list[Measured]:
-    """Each case as its own process, forked from a server that imported the CLI once (measured.py)."""
-    return run_forked([("doctor", *c) for c in cases], env=ENV, cwd=ROOT, timeout=timeout)
+@pytest.fixture(scope="module")
+def doctor() -> Iterator[Callable[[list[tuple[str, ...]]], list[Measured]]]:
+    """Runs each case as its own `gpuwatchd doctor` process, forked from servers that imported the CLI once for
+    the module (measured.py)."""
+    pool = ForkPool(ENV, ROOT, TIMEOUT)
+    yield lambda cases: pool.run_all([("doctor", *c) for c in cases])
+    pool.close()
+
+
+Doctor = Callable[[list[tuple[str, ...]]], list[Measured]]
 
 
 def _assert_refused(results: list[Measured]) -> None:
@@ -48,14 +56,14 @@ def _manifest(state_dir: Path, url: str = "http://127.0.0.1:1", state: str | Non
     (state_dir / "sim-host.json").write_text(json.dumps(doc))
 
 
-def test_bad_option_values() -> None:
+def test_bad_option_values(doctor: Doctor) -> None:
     cases = [(f"--deadline={v}",) for v in ("nan", "inf", "-inf", "1e308", "-1", "0", "ten", "1e-400")]
     cases += [("--url", u) for u in ("http://[::1", "ftp://127.0.0.1:9945", "http://127.0.0.1:99999", "http://",
                                      "127.0.0.1:9945", "http://127.0.0.1:9945/?x#y", "http://a b", "x" * 5000)]
-    _assert_refused(_run_all(cases))
+    _assert_refused(doctor(cases))
 
 
-def test_hostile_kernel_log_files(tmp_path: Path) -> None:
+def test_hostile_kernel_log_files(doctor: Doctor, tmp_path: Path) -> None:
     fifo = tmp_path / "fifo.log"
     os.mkfifo(fifo)
     huge = tmp_path / "huge.log"
@@ -64,14 +72,14 @@ def test_hostile_kernel_log_files(tmp_path: Path) -> None:
     cases = [("--kernel-log", p) for p in ("/dev/zero", "/dev/urandom", str(fifo), str(tmp_path), str(huge),
                                           str(tmp_path / "missing.log"), "/" + "d" * 5000)]  # fmt: skip
     cases += [("--auth-user", "u", "--auth-password-file", p) for p in ("/dev/zero", str(fifo), str(huge))]
-    _assert_refused(_run_all(cases))
+    _assert_refused(doctor(cases))
 
 
-def test_a_ca_file_that_is_not_a_file_is_a_warning(tmp_path: Path) -> None:
+def test_a_ca_file_that_is_not_a_file_is_a_warning(doctor: Doctor, tmp_path: Path) -> None:
     """--ca-file goes to OpenSSL through the same reader: a FIFO blocked it, /dev/zero was read forever."""
     fifo = tmp_path / "ca.pem"
     os.mkfifo(fifo)
-    results = _run_all([("--ca-file", p, "--url", "https://127.0.0.1:1", "--deadline", "10")
+    results = doctor([("--ca-file", p, "--url", "https://127.0.0.1:1", "--deadline", "10")
                         for p in ("/dev/zero", str(fifo))])  # fmt: skip
     for m in results:
         assert m.rc in (1, 2) and "Traceback" not in m.stdout + m.stderr, m.describe()
@@ -79,7 +87,7 @@ def test_a_ca_file_that_is_not_a_file_is_a_warning(tmp_path: Path) -> None:
         assert m.max_rss_mib < MAX_RSS_MIB, m.describe()
 
 
-def test_hostile_sim_manifests(tmp_path: Path) -> None:
+def test_hostile_sim_manifests(doctor: Doctor, tmp_path: Path) -> None:
     """``--sim DIR``: the manifest and the state file it names, whatever they hold."""
     cases: list[tuple[str, ...]] = []
     bodies = {"list": "[]", "null": "null", "number": "5", "string": '"x"', "huge-int": "9" * 5000,
@@ -104,10 +112,10 @@ def test_hostile_sim_manifests(tmp_path: Path) -> None:
     _manifest(tmp_path / "state-list")
     (tmp_path / "state-list" / "state").write_text("GWSIM 1\n# json []\nEND\n")
     cases += [("--sim", str(tmp_path / n)) for n in ("bad-url", "state-zero", "state-deep", "state-list")]
-    _assert_refused(_run_all(cases))
+    _assert_refused(doctor(cases))
 
 
-def test_hostile_host_root_is_read_bounded(tmp_path: Path) -> None:
+def test_hostile_host_root_is_read_bounded(doctor: Doctor, tmp_path: Path) -> None:
     """``--root``: /dev/kmsg that never ends (/dev/zero), a FIFO as the driver's version file. doctor reports and
     ends; reading the ring is capped (it used to grow without end, and to re-split its buffer: 77 s for 32 MiB)."""
     root = tmp_path / "root"
@@ -117,7 +125,7 @@ def test_hostile_host_root_is_read_bounded(tmp_path: Path) -> None:
     (root / "dev/kmsg").symlink_to("/dev/zero")
     os.mkfifo(root / "proc/driver/nvidia/version")
     (root / "sys/module/nvidia/version").symlink_to("/dev/urandom")
-    [m] = _run_all([("--root", str(root), "--deadline", "10", "--url", "http://127.0.0.1:1")])
+    [m] = doctor([("--root", str(root), "--deadline", "10", "--url", "http://127.0.0.1:1")])
     assert m.rc is not None and m.rc in (1, 2), m.describe()  # failures (no driver), not a crash or a hang
     assert "Traceback" not in m.stdout + m.stderr, m.describe()
     assert m.max_rss_mib < MAX_RSS_MIB, m.describe()
@@ -149,14 +157,14 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("kind", ["deep", "huge", "not-utf8"])
-def test_a_hostile_answer_at_url_is_a_warning_not_a_crash(kind: str) -> None:
+def test_a_hostile_answer_at_url_is_a_warning_not_a_crash(doctor: Doctor, kind: str) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
     server.kind = kind  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        [m] = _run_all([("--url", url, "--deadline", "10")])
+        [m] = doctor([("--url", url, "--deadline", "10")])
     finally:
         server.shutdown()
         server.server_close()

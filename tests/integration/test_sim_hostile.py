@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from measured import Measured, one_line_error, run_forked, run_measured
+from measured import ForkPool, Measured, one_line_error, run_measured
 from support import ROOT, free_port
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "GPUWATCHD_LOG_LEVEL": "warning"}
@@ -55,10 +55,10 @@ CSV_CASES = {
                                            for i in range(300)),
     "apps-20000-processes": APPS_HEADER + "".join(f"2025/05/20 00:00:00.000, GPU-1, {1 + i}, python, 1 MiB\n"
                                                   for i in range(20000)),
-    # 4 GPUs read every 61 s for 11 days: 62k runs of readings, each its own series step
+    # a GPU read every 61 s: each reading is a run of its own, a series step per field (4 x 5200)
     "gaps-everywhere": CSV_HEADER + "".join(
         _row(ts=f"2025/05/{20 + s // 86400:02d} {s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}.000")
-        .replace(", 0, ", f", {g}, ", 1) for s in range(0, 950_000, 61) for g in range(4)),
+        for s in range(0, 61 * 5200, 61)),
 }
 
 
@@ -139,7 +139,11 @@ def test_hostile_replays_and_scenarios_are_refused_in_one_line(tmp_path: Path) -
     cases += [("sim", "--from-xml", str(p), *listen) for p in _write(tmp_path, XML_CASES, ".xml").values()]
     cases += [("sim", "--scenario", str(p), *listen) for p in _write(tmp_path, SCENARIO_CASES, ".yml").values()]
     cases.append(("sim", "--scenario", "fleet", "--gpus", "256", *listen))  # the population limit, via --gpus
-    results = run_forked(cases, env=ENV, cwd=ROOT, timeout=TIMEOUT)
+    pool = ForkPool(ENV, ROOT, TIMEOUT)
+    try:
+        results = pool.run_all(cases)
+    finally:
+        pool.close()
     _assert_refused(results)
     names = [*(f"csv {n}" for n in CSV_CASES), *(f"xml {n}" for n in XML_CASES),
              *(f"scenario {n}" for n in SCENARIO_CASES), "fleet-256"]  # fmt: skip
