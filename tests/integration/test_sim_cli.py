@@ -141,7 +141,7 @@ def test_sim_xid_repeat_health_states(sim: list[DaemonProcess], tmp_path: Path) 
     escalate, and the per-GPU health state says so in /metrics and /api/v1/status; /readyz stays 200."""
     import json
 
-    d = start_sim(sim, tmp_path, "--scenario", "xid-repeat", "--speed", "20")
+    d = start_sim(sim, tmp_path, "--scenario", "xid-repeat", "--speed", "50")
     gpus = wait_until(lambda: json.loads(d.get("/api/v1/status")[1])["gpus"], "the GPUs in /api/v1/status")
     gpu0, gpu1 = (g["uuid"] for g in sorted(gpus, key=lambda g: g["index"]))
 
