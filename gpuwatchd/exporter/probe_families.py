@@ -11,7 +11,7 @@ from __future__ import annotations
 from prometheus_client.core import Metric
 
 from gpuwatchd.exporter.families import Families, spec
-from gpuwatchd.probes.verdict import FAILED
+from gpuwatchd.model.probes import FAILED
 from gpuwatchd.store import Store
 
 AVAILABLE = spec("gpuwatchd_probe_available", "gauge",

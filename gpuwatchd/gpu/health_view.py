@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from gpuwatchd.gpu.health import GpuFacts, GpuHealth, assess
 from gpuwatchd.model import Alert
-from gpuwatchd.probes.verdict import FAILED
+from gpuwatchd.model.probes import FAILED
 from gpuwatchd.rules.xid import health_actions
 from gpuwatchd.store import Store
 

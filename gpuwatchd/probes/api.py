@@ -13,11 +13,11 @@ from typing import Any
 
 from aiohttp import web
 
+from gpuwatchd.model.probes import ProbeRecord
 from gpuwatchd.notify.api import write_refusal
 from gpuwatchd.notify.config import ApiConfig
 from gpuwatchd.notify.json_body import BodyError, read_json
 from gpuwatchd.probes.config import PROBE_NAMES
-from gpuwatchd.probes.ledger import ProbeRecord
 from gpuwatchd.probes.service import ProbeService
 from gpuwatchd.store import Store
 from gpuwatchd.textint import ascii_uint

@@ -20,16 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.config.loader import Config
+from gpuwatchd.gpu.bus_id import sysfs_bus_id
 from gpuwatchd.gpu.pcie_bandwidth import LinkExpectation, expectation, tunnel_name
+from gpuwatchd.model.probes import WORKER, ProbeRecord
 from gpuwatchd.probes.baseline import FILE_NAME, Baselines
 from gpuwatchd.probes.config import ProbesConfig
-from gpuwatchd.probes.ledger import ProbeRecord
 from gpuwatchd.probes.runner import WorkerRun, run_worker, worker_env
 from gpuwatchd.probes.scheduler import Scheduler, foreign_process, present
 from gpuwatchd.probes.sim import SimProbes
-from gpuwatchd.probes.verdict import LINK_MEASURES, WORKER, degraded_problem, judge_probe, ratio
+from gpuwatchd.probes.verdict import LINK_MEASURES, degraded_problem, judge_probe, ratio
 from gpuwatchd.runtime.clock import Clock
-from gpuwatchd.sources.sysfs_pcie import PCI_DEVICES, sysfs_bus_id
+from gpuwatchd.sources.sysfs_pcie import PCI_DEVICES
 from gpuwatchd.store import Store
 
 log = logging.getLogger(__name__)

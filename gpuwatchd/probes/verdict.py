@@ -8,16 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from gpuwatchd.gpu.pcie_bandwidth import LinkExpectation
+from gpuwatchd.model.probes import Result
 
-# runs_total{result}: pass, degraded (a measure below its share of baseline or link), fail (wrong numbers),
-# error (CUDA error), crash (worker died or printed no result), timeout (killed at the deadline), oom (the user's
-# memory won: a skip), cancelled (a user's job started: killed to get out of its way).
-Result = Literal["pass", "degraded", "fail", "error", "crash", "timeout", "oom", "cancelled"]
-FAILED: frozenset[str] = frozenset({"fail", "error", "crash", "timeout"})
-WORKER = "worker"  # the probe label of a whole-run failure (crash, timeout): no single probe is to blame
 # Measures where lower is better (the ratio to baseline is inverted so that < 1 always means worse).
 LOWER_IS_BETTER = frozenset({"launch.latency"})
 LINK_MEASURES = frozenset({"pcie.h2d", "pcie.d2h"})

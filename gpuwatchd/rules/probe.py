@@ -8,10 +8,10 @@ the run itself is the evidence. GpuLost/GpuRemoved inhibit both, per GPU, like e
 
 from __future__ import annotations
 
-from gpuwatchd.probes.ledger import ProbeLedger
-from gpuwatchd.probes.verdict import WORKER
+from gpuwatchd.model.probes import WORKER
 from gpuwatchd.rules.condition import Condition, RuleView, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
+from gpuwatchd.store.probes import ProbeLedger
 
 FAILED = "GpuProbeFailed"
 DEGRADED = "GpuPerformanceDegraded"

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from gpuwatchd.model import Snapshot, XidEvent
+from gpuwatchd.model.kernel_log import KernelLogStats
 from gpuwatchd.runtime.log_limit import LogLimit
 from gpuwatchd.series_cap import bump
 from gpuwatchd.sources import kmsg_parse as kp
-from gpuwatchd.sources.kernel_log_stats import KernelLogStats
 from gpuwatchd.sources.xid_dedup import XidDeduplicator
 from gpuwatchd.store import Store
 

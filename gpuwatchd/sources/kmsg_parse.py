@@ -20,11 +20,6 @@ from typing import Literal
 from gpuwatchd.textint import ascii_uint
 
 AerSeverity = Literal["corrected", "nonfatal", "fatal"]
-# The `kind` label of gpuwatchd_kernel_log_lines_total: every line is counted under one of these.
-KINDS = (
-    "xid", "gpu_address", "fallen_off_bus", "rm_init_failed", "version_mismatch", "driver_loaded", "aer",
-    "pciehp", "thunderbolt", "other", "malformed",
-)
 # Xid codes the driver can print: NVIDIA's catalog and nverror.h (ROBUST_CHANNEL_LAST_ERROR) end in the 150s today;
 # 1..255 leaves newer drivers room. A code outside it is a corrupt or forged line, counted as malformed.
 XID_MIN, XID_MAX = 1, 255

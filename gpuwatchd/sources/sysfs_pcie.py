@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpuwatchd.gpu.bus_id import sysfs_bus_id
 from gpuwatchd.model import LinkSample
 
 PCI_DEVICES = Path("sys/bus/pci/devices")
@@ -39,17 +40,6 @@ class SysfsUnreadable(OSError):
 
 def _unreadable(path: Path, e: OSError) -> SysfsUnreadable:
     return SysfsUnreadable(e.errno, f"cannot read {path}: {e.strerror or e}")
-
-
-def sysfs_bus_id(bus_id: str) -> str:
-    """NVML ``00000000:0C:00.0`` (8-digit domain, upper case) -> sysfs ``0000:0c:00.0``; sysfs form passes through."""
-    bus_id = bus_id.strip().lower()
-    domain, sep, rest = bus_id.partition(":")
-    if not sep:
-        return bus_id
-    if "." not in rest:
-        rest += ".0"  # kernel-log form has no function
-    return f"{int(domain, 16):04x}:{rest}"
 
 
 def read_attr(path: Path) -> str | None:

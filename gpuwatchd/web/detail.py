@@ -14,9 +14,9 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpuwatchd.gpu.bus_id import sysfs_bus_id
 from gpuwatchd.model import Alert, DockSample
 from gpuwatchd.rules.xid import describe
-from gpuwatchd.sources.sysfs_pcie import sysfs_bus_id
 from gpuwatchd.store import ProcessPoint, Store
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from prometheus_client.samples import Sample
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.exporter.runtime_families import BuildInfo
 from gpuwatchd.model import DockSample, LinkSample, SourceStatus, snapshot_from_dict
-from gpuwatchd.sources.kernel_log_stats import KernelLogStats
+from gpuwatchd.model.kernel_log import KernelLogStats
 from gpuwatchd.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures"

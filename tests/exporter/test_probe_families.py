@@ -7,7 +7,7 @@ import os
 from prometheus_client import generate_latest
 
 from gpuwatchd.exporter.collector import StoreCollector
-from gpuwatchd.probes.ledger import ProbeRecord
+from gpuwatchd.model.probes import ProbeRecord
 from gpuwatchd.store import Store
 
 from .conftest import BUILD, GOLDEN, promtool_check, registry_for

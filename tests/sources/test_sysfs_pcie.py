@@ -18,7 +18,6 @@ from gpuwatchd.sources.sysfs_pcie import (
     parse_speed,
     parse_width,
     read_links,
-    sysfs_bus_id,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
@@ -72,15 +71,6 @@ def test_parse_speed(text: str | None, gen: int | None) -> None:
 )
 def test_parse_width(text: str | None, width: int | None) -> None:
     assert parse_width(text) == width
-
-
-@pytest.mark.parametrize(
-    ("bus_id", "bdf"),
-    [("00000000:0C:00.0", "0000:0c:00.0"), ("0000:0c:00.0", "0000:0c:00.0"), ("0000:0C:00", "0000:0c:00.0"),
-     ("00000001:81:00.0", "0001:81:00.0")],
-)
-def test_sysfs_bus_id(bus_id: str, bdf: str) -> None:
-    assert sysfs_bus_id(bus_id) == bdf
 
 
 def _emfile(*_args: object, **_kwargs: object) -> None:

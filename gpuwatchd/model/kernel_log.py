@@ -1,14 +1,18 @@
 """What the kernel-log source has seen, as the exporter shows it (exporter/kernel_log_families.py).
 
-Kept apart from the source itself so the store can hold it without importing the source (the source imports the
-store).
+A value type of the model, so the store can hold it without importing the source (sources/kernel_log.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuwatchd.sources.kmsg_parse import KINDS
+# The `kind` label of gpuwatchd_kernel_log_lines_total: every line is counted under one of these
+# (sources/kmsg_parse.py classifies a line).
+KINDS = (
+    "xid", "gpu_address", "fallen_off_bus", "rm_init_failed", "version_mismatch", "driver_loaded", "aer",
+    "pciehp", "thunderbolt", "other", "malformed",
+)
 
 
 @dataclass

@@ -16,6 +16,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# The value types of the model's submodules, re-exported: ``from gpuwatchd.model import X`` works for every X.
+from gpuwatchd.model.kernel_log import KINDS as KINDS
+from gpuwatchd.model.kernel_log import KernelLogStats as KernelLogStats
+from gpuwatchd.model.probes import FAILED as FAILED
+from gpuwatchd.model.probes import WORKER as WORKER
+from gpuwatchd.model.probes import ProbeRecord as ProbeRecord
+from gpuwatchd.model.probes import Result as Result
+from gpuwatchd.model.probes import Verdict as Verdict
+
 GpuState = Literal["present", "lost", "removed"]
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwatchd.gpu.activity import ActivityLog
+from gpuwatchd.gpu.bus_id import sysfs_bus_id
 from gpuwatchd.gpu.health import GpuHealth
 from gpuwatchd.model import (
     HANG_SUSPECTED,
@@ -27,10 +28,9 @@ from gpuwatchd.model import (
     SourceStatus,
     XidEvent,
 )
-from gpuwatchd.probes.ledger import ProbeLedger
+from gpuwatchd.model.kernel_log import KernelLogStats
 from gpuwatchd.series_cap import bump
-from gpuwatchd.sources.kernel_log_stats import KernelLogStats
-from gpuwatchd.sources.sysfs_pcie import sysfs_bus_id
+from gpuwatchd.store.probes import ProbeLedger
 
 DEFAULT_RETENTION_SECONDS = 3600.0  # the longest rule window (leak trend) needs about an hour
 DEFAULT_STEP_SECONDS = 5.0  # 720 points per series: enough for a trend, small enough for 16 GPUs x top-N pids

@@ -1,45 +1,15 @@
 """What the probes found, for the rules, the exporter and ``gpuwatchd status``: counters and last results.
 
 Held by the store (``Store.probes``) so the rule family and the collectors read it like any other store data;
-written only by the probe service on the daemon's loop. No I/O, no torch.
+written only by the probe service on the daemon's loop. No I/O, no torch. The values it holds are in
+``gpuwatchd.model.probes``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-from gpuwatchd.probes.verdict import FAILED, Result
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeRecord:
-    """One probe's outcome in one run on one GPU."""
-
-    uuid: str
-    probe: str  # gemm, memory, pcie, launch, or "worker" for a whole-run failure
-    result: Result
-    timestamp: float  # end of the run (daemon clock)
-    duration_seconds: float
-    errors: int = 0
-    problem: str | None = None  # fail/error/crash/timeout: what was wrong, with numbers
-    measures: Mapping[str, float] = field(default_factory=dict)  # "pcie.h2d" -> bytes/s ...
-    ratios: Mapping[str, float] = field(default_factory=dict)  # measure -> share of baseline (< 1 worse)
-    degraded: Mapping[str, str] = field(default_factory=dict)  # measure -> why it is below its share
-
-    @property
-    def success(self) -> bool:
-        return self.result not in FAILED
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The last run on one GPU, summarised for ``gpuwatchd status``."""
-
-    verdict: str  # pass, degraded, FAILED, skipped (reason), building baseline
-    timestamp: float
-    detail: str | None = None
+from gpuwatchd.model.probes import ProbeRecord, Verdict
 
 
 class ProbeLedger:
