@@ -25,7 +25,7 @@ from gpuwatchd.exporter.status import scenario_clock
 from gpuwatchd.probes.config import sim_probes
 from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.runtime.clock import ScaledClock
-from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_USAGE
+from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from gpuwatchd.sim.csv_replay import CsvReplayError, load_csv_scenario
 from gpuwatchd.sim.host_tree import write_manifest
 from gpuwatchd.sim.kmsg_replay import KernelLogError, ReplayRing, feed_when_ready, load_kernel_log
@@ -145,7 +145,14 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
             daemon.status_extra = functools.partial(_scenario_status, player)
             if daemon.state_dir is not None:
                 clock_saver = asyncio.create_task(_save_clock(player, daemon.state_dir), name="sim clock")
-        task = (asyncio.create_task(_play(player, lambda: daemon.store.latest is not None, restart_clock=saved is None),
+        played: list[str] = []  # why the player stopped, when it did
+
+        def player_failed(why: str) -> None:
+            played.append(why)
+            daemon.request_stop()
+
+        task = (asyncio.create_task(_play(player, lambda: daemon.store.latest is not None, restart_clock=saved is None,
+                                          on_error=player_failed),
                                     name="scenario player") if player is not None else None)
         feeder = asyncio.create_task(feed_when_ready(ring, kernel_entries, lambda: daemon.store.latest is not None),
                                      name="kernel log replay")
@@ -163,10 +170,14 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
                     with contextlib.suppress(asyncio.CancelledError):
                         await t
             await daemon.stop()
+        if played:
+            print(f"gpuwatchd sim: {played[0]}", file=sys.stderr)
+            return EXIT_RUNTIME
         return EXIT_OK if daemon.failure is None else DaemonError.exit_code
 
 
-async def _play(player: Player, has_snapshot: Callable[[], bool], *, restart_clock: bool) -> None:
+async def _play(player: Player, has_snapshot: Callable[[], bool], *, restart_clock: bool,
+                on_error: Callable[[str], None] | None = None) -> None:
     """Play the scenario from the daemon's first snapshot: its ``at: 5`` is 5 s after the daemon first saw the
     GPUs, however long the start took on a busy machine (a hang due 1.25 s in at --speed 4 otherwise began before
     the first poll of the GPU, which was then never seen). Until then the state of t=0 is what the stand-in serves.
@@ -179,7 +190,14 @@ async def _play(player: Player, has_snapshot: Callable[[], bool], *, restart_clo
     if restart_clock:
         player.start = player.clock.now()
     player.started = True
-    await player.run()
+    try:
+        await player.run()
+    except (ValueError, OSError, ArithmeticError) as e:
+        # A state the load-time checks did not foresee, or a full disk: one line and a clean stop, never a
+        # traceback from the player thread while the daemon goes on serving a frozen state.
+        if on_error is None:
+            raise
+        on_error(f"scenario {player.scenario.name!r} stopped at t={player.scenario_time():.0f}s: {e}")
 
 
 def _check_options(scenario: str | None, from_xml: Path | None, speed: float, gpus: int | None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from gpuwatchd.sim.player import state_at
 from gpuwatchd.sim.scenario import PlateauSpec, Scenario, ScenarioError, WaveSpec
+from gpuwatchd.sim.series_step import SeriesSpec
 from gpuwatchd.sim.state import encode_state
 
 # Instants checked at most: a scenario has tens of steps; a generated one with thousands is checked at its first.
@@ -27,6 +28,11 @@ def check_states(scen: Scenario) -> None:
             instants.update(step.at + spec.period * share for share in (0.25, 0.75))
         elif isinstance(spec, PlateauSpec) and spec.spike_len > 0:
             instants.add(step.at + spec.warmup + spec.every - spec.spike_len / 2)
+        elif isinstance(spec, SeriesSpec) and spec.values:
+            # a series' extremes, wherever they fall in it (a 999 C in the middle was a traceback mid-run)
+            values = spec.values
+            for i in (values.index(min(values)), values.index(max(values))):
+                instants.add(step.at + (i + 0.5) * spec.every)
     for t in sorted(instants)[:MAX_INSTANTS]:
         try:
             encode_state(state_at(scen, t))

@@ -105,6 +105,8 @@ SCENARIO_CASES = {
     "process-memory-huge": _SCEN + "timeline:\n  - at: 0\n    add_process: {gpu: 0, pid: 42, used_memory: "
                                    "99999999999999999999999GiB}\n",
     "series-1e308": _SCEN + "timeline:\n  - at: 0\n    series: {path: 'devices[0].temperature', values: [1e308]}\n",
+    "series-999-in-the-middle": _SCEN + "timeline:\n  - at: 0\n    series: {path: 'devices[0].temperature', "
+                                        "values: [40, 999, 40, 40]}\n",
     "tiny-loop": _SCEN + "loop: true\nduration: 1.0e-300\ntimeline:\n  - at: 0\n    set: "
                          "{'devices[0].temperature': 50}\n",
     "maximal-population": "name: x\ndescription: d\ngpus: 256\nprocesses: {per_gpu: 4096, churn_every: 0.1, "
@@ -155,6 +157,7 @@ def test_hostile_replays_and_scenarios_are_refused_in_one_line(tmp_path: Path) -
     assert "gpu_power_readings/power_draw" in err["xml power-300-digits"]
     assert "processes/process_info[1]/pid" in err["xml pid-arabic"]
     assert "timeline[0].set.devices[0].temperature" in err["scenario set-inf"]
+    assert "at t=1.5s: devices[0].temperature: 999" in err["scenario series-999-in-the-middle"]
     assert "loop" in err["scenario tiny-loop"] and "processes.per_gpu" in err["scenario maximal-population"]
     assert "--gpus 256" in err["fleet-256"]
     assert "line 258: more than 256 GPUs" in err["csv apps-300-gpus"]
@@ -190,3 +193,20 @@ def test_a_kernel_log_of_millions_of_continuation_lines_loads_bounded(tmp_path: 
                     + " x\n" * 4_000_000)  # fmt: skip
     m = _serves(("--kernel-log", str(path)))
     assert m.max_rss_mib < MAX_SERVING_RSS_MIB, m.describe()
+
+
+def test_a_state_the_load_checks_miss_stops_the_sim_in_one_line(tmp_path: Path) -> None:
+    """The load-time check builds at most 400 instants; a bad value past them fails in the player, mid-run: the sim
+    then stops with one line and exit 6, not a traceback from the player thread under a daemon that goes on."""
+    lines = ["name: late", "description: d", "timeline:"]
+    for i in range(401):
+        lines += [f"  - at: {i}", "    set: {'devices[0].temperature': 40}"]
+    lines += ["  - at: 500", "    series: {path: 'devices[0].temperature', values: [999]}"]
+    path = tmp_path / "late.yml"
+    path.write_text("\n".join(lines) + "\n")
+    m = run_measured(("sim", "--scenario", str(path), "--speed", "100", "--listen", f"127.0.0.1:{free_port()}"),
+                     env=ENV, cwd=ROOT, timeout=TIMEOUT)  # fmt: skip
+    assert m.rc == 6, m.describe()
+    assert "Traceback" not in m.stderr, m.describe()
+    last = m.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpuwatchd sim: scenario 'late' stopped at t=") and "999 is outside 0..255" in last, last
