@@ -4,7 +4,7 @@ Part 1, leak detection: the seeded corpus of bench/leak_corpus.py (leaks of ever
 unattributed growth, a daemon restart mid-leak; non-leaks each observed from the start, from 5 s in, from a random
 phase and across a daemon restart), fed snapshot by snapshot (5 s) into the real Store and RulesEngine, evaluated
 after every snapshot like the daemon (the leak family runs every leak.interval), default rules config. A restart
-carries the history the daemon persists in its state dir (gpuwatchd/rules/persist.py) into a fresh Store and engine.
+carries the history the daemon persists in its state dir (gpuwatchd/store/persist.py) into a fresh Store and engine.
 A leak counts as detected if GpuMemoryLeak of its kind fires before the memory is full; a non-leak is a false
 alert if GpuMemoryLeak of any kind (gpu, unattributed, host_rss) fires.
 Figures: recall, false_alerts (non-leak runs that fired), delay_s (median time from leak start to firing, all
@@ -78,7 +78,7 @@ class Outcome:
 
 def _restart(store: Store, now: float) -> Store:
     """A daemon restart: the new store starts from the history the old one persisted in its state dir."""
-    from gpuwatchd.rules import persist
+    from gpuwatchd.store import persist
 
     fresh = Store()
     persist.restore(fresh, persist.decode(persist.encode(store, now)), now)

@@ -37,7 +37,6 @@ from gpuwatchd.probes.api import probe_routes
 from gpuwatchd.probes.service import ProbeService
 from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.rules.engine import RulesEngine
-from gpuwatchd.rules.history_file import HistoryFile
 from gpuwatchd.rules.metrics import AlertsCollector
 from gpuwatchd.runtime.clock import Clock, RealClock
 from gpuwatchd.runtime.gc_tuning import freeze_survivors, keep_frozen
@@ -50,6 +49,7 @@ from gpuwatchd.sources.supervisor import NvmlSupervisor
 from gpuwatchd.sources.thunderbolt import watch_docks
 from gpuwatchd.sources.worker_protocol import WORKER_MODULE
 from gpuwatchd.store import Store
+from gpuwatchd.store.history_file import HistoryFile
 from gpuwatchd.web.detail import add_details
 
 __all__ = ["Daemon", "DaemonError", "ListenError", "ReloadResult", "StateDirError", "resolve_state_dir"]
@@ -119,7 +119,7 @@ class Daemon:
         self._supervisor: NvmlSupervisor | None = None
         self.kernel_log: KernelLogTask | None = None
         self.attribution: AttributionTask | None = None  # who holds each GPU process (sources/attribution)
-        self.history: HistoryFile | None = None  # rule history kept across restarts (rules/history_file.py)
+        self.history: HistoryFile | None = None  # rule history kept across restarts (store/history_file.py)
         self.status_extra: Callable[[], dict[str, Any]] | None = None
         self._probe_sim = probe_sim  # gpuwatchd sim only: probes on the CPU device, faults from the scenario
         self.probes: ProbeService | None = None

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuwatchd.notify.json_body import BodyError, check_depth
 
-# The largest state file a daemon writes is the rule history (rules/persist.py bounds it separately); the JSON ones
+# The largest state file a daemon writes is the rule history (store/persist.py bounds it separately); the JSON ones
 # hold a few hundred entries at most.
 MAX_JSON_BYTES = 4 * 1024 * 1024
 

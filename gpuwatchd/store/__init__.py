@@ -398,7 +398,7 @@ class Store:
     def process_keys(self) -> Sequence[tuple[str, int]]:
         return tuple(self._proc_hist)
 
-    # -- history carried across a restart (gpuwatchd/rules/persist.py) --------------------------------------------
+    # -- history carried across a restart (gpuwatchd/store/persist.py) --------------------------------------------
 
     def gpu_keys(self) -> Sequence[str]:
         return tuple(self._gpu_hist)

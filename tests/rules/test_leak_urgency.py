@@ -327,7 +327,7 @@ def test_saturating_job_under_a_stalling_poller_across_a_restart_is_silent(seed:
     # 5-20 s, then jumps to where the curve is now. A saturating job (500 MiB -> 10 GiB, time constant 5 min) then
     # looks like a rough staircase; neither its chunks (rules/steps.py) nor onsets tried before its split
     # (onset.candidates) may make it a leak. The daemon restarts at 240 s (history carried over).
-    from gpuwatchd.rules import persist
+    from gpuwatchd.store import persist
 
     rng = random.Random(seed)
 

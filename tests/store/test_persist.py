@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatchd.rules import persist
-from gpuwatchd.store import Store
-
-from .conftest import GIB, T0, UUID, gpu, proc, snap, with_processes
+from gpuwatchd.store import Store, persist
+from tests.rules.conftest import GIB, T0, UUID, gpu, proc, snap, with_processes
 
 
 def filled(minutes: int = 20) -> Store:

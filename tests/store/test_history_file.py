@@ -14,9 +14,9 @@ import yaml
 
 from gpuwatchd.config.loader import load_config
 from gpuwatchd.daemon import Daemon
-from gpuwatchd.rules import persist
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
+from gpuwatchd.store import persist
 from tests.test_daemon import scrape, sim_config, value, wait_for
 
 GIB = 1024**3
@@ -83,7 +83,7 @@ async def test_corrupt_history_starts_empty_with_a_log_line_and_a_metric(
     (tmp_path / "state" / persist.FILE_NAME).write_bytes(content)
     path = write_sim_state(with_procs([4242]))
     d = daemon_for(tmp_path, standin_libdir, path)
-    with caplog.at_level(logging.WARNING, logger="gpuwatchd.rules.history_file"):
+    with caplog.at_level(logging.WARNING, logger="gpuwatchd.store.history_file"):
         await d.start()
     try:
         lines = [r for r in caplog.records if "rule history" in r.getMessage()]

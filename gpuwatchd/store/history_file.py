@@ -1,4 +1,4 @@
-"""The daemon's side of rule-history persistence (format and checks in ``gpuwatchd.rules.persist``): load once at
+"""The daemon's side of rule-history persistence (format and checks in ``gpuwatchd.store.persist``): load once at
 start, prune at the first snapshot, save every ``SAVE_INTERVAL`` and at stop, with its self-metrics."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpuwatchd.model import Snapshot
-from gpuwatchd.rules import persist
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.state_files import StateFileError, read_bytes, set_aside
-from gpuwatchd.store import Store
+from gpuwatchd.store import Store, persist
 
 MAX_FILE_BYTES = 64 * 1024 * 1024  # compressed; what it decompresses to is bounded by persist.MAX_BYTES
 
