@@ -83,8 +83,17 @@ def _read_values(name: str) -> list[str]:
         text = read_text_file(Path(name), max_bytes=MAX_FILE_BYTES)
     except (InputFileError, OSError) as e:
         raise ValueError(f"file {name}: {e}") from None
-    out = [line.split("#", 1)[0].strip() for line in text.splitlines()]
-    return [v for v in out if v]
+    out: list[str] = []
+    start = 0
+    # line by line without a list of every line (16M short lines fit in 32 MiB); one past the limit is enough
+    while start < len(text) and len(out) <= MAX_VALUES:
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        value = text[start:end].split("#", 1)[0].strip()
+        if value:
+            out.append(value)
+        start = end + 1
+    return out
 
 
 def series_value(spec: SeriesSpec, dt: float) -> float:

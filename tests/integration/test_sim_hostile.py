@@ -210,3 +210,20 @@ def test_a_state_the_load_checks_miss_stops_the_sim_in_one_line(tmp_path: Path) 
     assert "Traceback" not in m.stderr, m.describe()
     last = m.stderr.strip().splitlines()[-1]
     assert last.startswith("gpuwatchd sim: scenario 'late' stopped at t=") and "999 is outside 0..255" in last, last
+
+
+def test_a_series_file_of_millions_of_lines_is_refused_without_holding_them(tmp_path: Path) -> None:
+    """A `series` step's file of 16M one-character lines (32 MiB, the file limit): counted while read, refused past
+    1,000,000 values without a list of every line (that list took ~370 MB)."""
+    values = tmp_path / "values.txt"
+    values.write_bytes(b"1\n" * 16_000_000)
+    path = tmp_path / "series.yml"
+    path.write_text(_SCEN + f"timeline:\n  - at: 0\n    series: {{path: 'devices[0].temperature', file: {values}}}\n")
+    pool = ForkPool(ENV, ROOT, TIMEOUT, servers=1)
+    try:
+        [m] = pool.run_all([("sim", "--scenario", str(path), "--listen", "127.0.0.1:0")])
+    finally:
+        pool.close()
+    assert not one_line_error(m), m.describe()
+    assert "more than 1000000" in m.stderr, m.describe()
+    assert m.max_rss_mib < 300, m.describe()
