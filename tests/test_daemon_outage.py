@@ -64,7 +64,8 @@ RULES = Path(__file__).resolve().parents[1] / "dashboards" / "gpuwatchd.rules.ym
 # Series a GPU exports whatever NVML says: its identity and presence (runtime_families.presence_families).
 # identity and presence, and how old the last readings are (they are not exported while NVML is down)
 IDENTITY_SERIES = {"gpuwatchd_gpu_info", "gpuwatchd_gpu_present", "gpuwatchd_gpu_lost",
-                   "gpuwatchd_gpu_last_seen_timestamp_seconds", "gpuwatchd_gpu_reading_age_seconds"}
+                   "gpuwatchd_gpu_last_seen_timestamp_seconds", "gpuwatchd_gpu_reading_age_seconds",
+                   "gpuwatchd_gpu_health_state"}  # a state, not a reading: "unknown" while NVML is down
 
 
 async def scrape(url: str) -> Samples:
@@ -96,6 +97,7 @@ def sim_daemon(tmp_path: Path, libdir: Path, state: Path) -> Daemon:
                  "restart_backoff_max": "200ms"},
         "sysfs": {"root": str(tmp_path / "sysfs")},
         "rules": {"expected_gpu_count": 2},
+        "probes": {"enabled": False},  # the outage's log lines alone (torch here is a CPU build: a warning)
     }
     return Daemon(config_from_dict(cfg), worker_env={STATE_ENV: str(state)})
 
@@ -175,6 +177,7 @@ async def test_driver_outage_after_gpus_were_seen_is_nvml_down_not_gpus_lost(
         assert value(down, "gpuwatchd_gpu_lost", uuid=uuid) == 0
     assert value(down, "gpuwatchd_gpus") == 2
     assert all((value(down, "gpuwatchd_gpu_reading_age_seconds", uuid=u) or 0) > 0 for u in uuids)
+    assert all(value(down, "gpuwatchd_gpu_health_state", uuid=u, state="unknown") == 1 for u in uuids)
     gpu_series = {n for n, _ in down if n.startswith("gpuwatchd_gpu_")} - IDENTITY_SERIES
     assert {n for n, _ in healthy if n.startswith("gpuwatchd_gpu_memory")} and gpu_series == set(), gpu_series
     # the daemon's own rules: a driver outage is not a lost, removed or missing GPU

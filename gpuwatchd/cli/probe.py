@@ -1,6 +1,6 @@
 """``gpuwatchd probe [--gpu INDEX|UUID ...] [--probe NAME ...] [--json]``: run the torch health probes now.
 
-With a daemon running it asks the daemon (``POST /api/v1/probe``), so the daemon's one-probe-at-a-time lock and
+With a daemon running it asks the daemon (``POST /api/v1/probe``), so the daemon's probe slots (probes.parallel) and
 its baselines are used; without one it reads the GPUs with one NVML poll and runs the probes itself, with the
 same baselines file in the state dir. Prints measured, baseline and expected figures and a verdict per probe.
 """

@@ -179,7 +179,7 @@ class ProbeService:
             return
         self.ledger.set_available(ok, reason)
         self._changed()
-        if not ok and not self._logged_unavailable:
+        if not ok and not self._logged_unavailable and reason != "disabled":  # the user's choice: nothing to say
             self._logged_unavailable = True
             log.warning("torch health probes are off (%s): %s", reason, ENABLE_HINT.get(reason or "", reason))
 
