@@ -55,9 +55,11 @@ def fleet_state(gpus: int, procs: int) -> dict[str, Any]:
     state = make_state(gpus)
     for i, dev in enumerate(state["devices"]):
         dev["utilization"] = {"gpu": 70, "memory": 40}
-        dev["memory"]["used"] = procs * 256 * MB
+        # 256 MiB each, less when that many would not fit (16x256: 64 MiB each on a 24 GiB GPU)
+        each = min(256 * MB, (dev["memory"]["total"] // 2 // max(procs, 1)) // MB * MB)
+        dev["memory"]["used"] = procs * each
         dev["processes"]["compute"] = [
-            {"pid": 10000 + i * 1000 + p, "used_memory": 256 * MB, "name": f"worker{p}", "user": "bench"}
+            {"pid": 10000 + i * 1000 + p, "used_memory": each, "name": f"worker{p}", "user": "bench"}
             for p in range(procs)
         ]
     return state
@@ -162,6 +164,7 @@ def main() -> int:
     ap.add_argument("--cpu-seconds", type=float, default=20.0)
     ap.add_argument("--soak-seconds", type=float, default=60.0)
     ap.add_argument("--warmup-seconds", type=float, default=10.0)
+    ap.add_argument("--top-n", type=int, help="processes.top_n (default: the config's; 256: every process at 16x256)")
     ap.add_argument("--tree", type=Path, default=ROOT,
                     help="the gpuwatchd checkout to run (default: this one; another for a before/after)")
     args = ap.parse_args()
@@ -171,7 +174,9 @@ def main() -> int:
         tmp = Path(tmp_name)
         state_path = tmp / "sim-state"
         write_state(state_path, fleet_state(args.gpus, args.procs))
-        base = {"nvml": {"library_path": str(libdir)}, "sysfs": {"root": str(tmp / "sysfs")}}
+        base: dict[str, Any] = {"nvml": {"library_path": str(libdir)}, "sysfs": {"root": str(tmp / "sysfs")}}
+        if args.top_n is not None:
+            base["processes"] = {"top_n": args.top_n}
 
         # 1. 1 s polling: RSS and CPU.
         d = Daemon(tmp, "steady", state_path, {**base, "nvml": {**base["nvml"], "poll_interval": "1s"}},
