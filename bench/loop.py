@@ -40,8 +40,8 @@ from gpuwatchd.sim.build import build_standin  # noqa: E402
 from gpuwatchd.sim.standin_abi import STATE_ENV  # noqa: E402
 from gpuwatchd.sim.state import make_state, write_state  # noqa: E402
 from gpuwatchd.sim.worker import WORKER_MODULE  # noqa: E402
-from gpuwatchd.sources.intake import SnapshotIntake  # noqa: E402
-from gpuwatchd.sources.worker_protocol import encode_line  # noqa: E402
+from gpuwatchd.sources.nvml.intake import SnapshotIntake  # noqa: E402
+from gpuwatchd.sources.nvml.protocol import encode_line  # noqa: E402
 from gpuwatchd.store import Store  # noqa: E402
 
 SIZES = [(8, 32), (16, 256)]  # GPUs, processes per GPU

@@ -133,7 +133,7 @@ mig_gis = {}  # id(GPU handle) -> GPU instance ids of its MIG devices
 GPU_PROCESS_CALLS = (N.nvmlDeviceGetComputeRunningProcesses_v3, N.nvmlDeviceGetGraphicsRunningProcesses_v3,
                      process_utilization)
 def mig_calls(h):
-    # MIG devices as the worker reads them (sources/nvml_mig.py): opened once; per poll each one's memory and
+    # MIG devices as the worker reads them (sources/nvml/worker/mig.py): opened once; per poll each one's memory and
     # processes (the GPU's own process lists are their aggregate, so not read), and each empty slot probed
     try:
         if N.nvmlDeviceGetMigMode(h)[0] != N.NVML_DEVICE_MIG_ENABLE:
@@ -172,7 +172,7 @@ GPM_IDS = [getattr(N, "NVML_GPM_METRIC_" + k) for k in (
 class Gpm:
     # GPM as nvml.h prescribes: two sample buffers, a sample per poll, the metrics from the last two samples
     def __init__(self, h, gi=None):
-        # gi: a GPU instance of h (a MIG device's GPM, nvmlGpmMigSampleGet, as sources/nvml_mig.py reads it)
+        # gi: a GPU instance of h (a MIG device's GPM, nvmlGpmMigSampleGet, as sources/nvml/worker/mig.py reads it)
         self.h, self.buf, self.cur, self.paired = h, [N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()], 0, False
         self.gi = gi
         self.get = N.c_nvmlGpmMetricsGet_t()
@@ -239,7 +239,7 @@ def bench_state(gpus: int, procs: int) -> dict[str, Any]:
         # GPM (a Hopper board): every metric the worker asks for is served, so both sides compute all of them
         dev["gpm"] = {**{k: 10.0 + g for k, _ in GPM_METRICS if not k.endswith("_per_sec")},
                       **{k: 1000.0 * (g + 1) for k, _ in GPM_METRICS if k.endswith("_per_sec")}}
-    # GPU 0 in MIG mode (sources/nvml_mig.py): its processes run in two MIG devices, read per MIG device
+    # GPU 0 in MIG mode (sources/nvml/worker/mig.py): its processes run in two MIG devices, read per MIG device
     gpu0 = state["devices"][0]
     half = len(gpu0["processes"]["compute"]) // 2
     gpu0.update(name="NVIDIA A100-SXM4-80GB", mig_mode=[1, 1],

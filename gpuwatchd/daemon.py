@@ -2,7 +2,7 @@
 
 Embeddable: tests and ``gpuwatchd sim`` build a :class:`Daemon`, ``await start()``, ``await wait_closed()`` and
 ``await stop()``. ``gpuwatchd run`` does the same through :meth:`Daemon.serve`, which adds signal handling.
-The daemon never calls NVML itself: :mod:`gpuwatchd.sources.supervisor` runs it in a child process.
+The daemon never calls NVML itself: :mod:`gpuwatchd.sources.nvml.supervisor` runs it in a child process.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ from gpuwatchd.runtime.sdnotify import SdNotifier
 from gpuwatchd.runtime.startup import DaemonError, ListenError, StateDirError, listen_error, resolve_state_dir
 from gpuwatchd.sources.attribution.task import AttributionTask, socket_explicit
 from gpuwatchd.sources.kernel_log_task import KernelLogTask
-from gpuwatchd.sources.supervisor import NvmlSupervisor
+from gpuwatchd.sources.nvml.protocol import WORKER_MODULE
+from gpuwatchd.sources.nvml.supervisor import NvmlSupervisor
 from gpuwatchd.sources.thunderbolt import watch_docks
-from gpuwatchd.sources.worker_protocol import WORKER_MODULE
 from gpuwatchd.store import Store
 from gpuwatchd.store.history_file import HistoryFile
 from gpuwatchd.web.detail import add_details

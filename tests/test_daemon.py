@@ -234,7 +234,7 @@ async def test_a_crashed_core_task_stops_the_daemon_with_exit_6(
     tmp_path: Path, standin_libdir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A supervisor that dies would leave the daemon serving frozen data: it stops instead, for systemd to restart."""
-    from gpuwatchd.sources.supervisor import NvmlSupervisor
+    from gpuwatchd.sources.nvml.supervisor import NvmlSupervisor
 
     async def crash(self: NvmlSupervisor) -> None:
         raise RuntimeError("injected supervisor crash")

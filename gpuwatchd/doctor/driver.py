@@ -83,7 +83,8 @@ def _library(nvml: NvmlFacts, kmod: str | None) -> Result:
             "(`sudo nvidia-smi -r -i N`) or reboot",
         )  # fmt: skip
     if nvml.error is not None:
-        return fail(G, name, nvml.error, "run `python -m gpuwatchd.sources.nvml_doctor` to see the error in full")
+        return fail(G, name, nvml.error,
+                    "run `python -m gpuwatchd.sources.nvml.worker.doctor` to see the error in full")
     if nvml.init == "library_not_found":
         return fail(
             G, name, "not found by the dynamic loader",

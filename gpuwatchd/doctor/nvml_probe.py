@@ -1,4 +1,4 @@
-"""Run ``gpuwatchd.sources.nvml_doctor`` in a child process with a deadline and collect what it printed.
+"""Run ``gpuwatchd.sources.nvml.worker.doctor`` in a child process with a deadline and collect what it printed.
 
 The child is in its own session and killed as a group at the deadline; the lines it wrote before hanging still
 count, and the last ``gpu_start`` names the GPU it hung on.
@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuwatchd.doctor.context import Host
 
-PROBE_MODULE = "gpuwatchd.sources.nvml_doctor"
+PROBE_MODULE = "gpuwatchd.sources.nvml.worker.doctor"
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""GPM activity families (``sources/nvml_gpm.py``): SM, tensor, FP pipe, DRAM, PCIe and NVLink activity.
+"""GPM activity families (``sources/nvml/worker/gpm.py``): SM, tensor, FP pipe, DRAM, PCIe and NVLink activity.
 
 Hopper and newer GPUs and their MIG instances only; a GPU without GPM, and every GPU on the daemon's first poll,
 has no sample in these families (never a 0 for "unknown"). Values are averages over the last poll interval.

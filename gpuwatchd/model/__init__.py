@@ -42,11 +42,11 @@ class ProcessSample:
     # percent as NVML reports them (integers: a quarter of the JSON encoding cost of four float ratios per process,
     # bench/poll.py); None where unknown
     utilization_percent: Sequence[int] | None = None
-    # What the host says of the pid (sources/processes.py HostState; docs/alerts.md, GpuMemoryHeldByDeadProcess):
-    # "live", "zombie" (exited, not reaped), "gone" (no such pid, and the daemon sees the host's pid namespace),
-    # "hidden" (no such pid here, but the daemon's pid namespace is not the host's: a container may hold it);
-    # None where not looked up. ``host_state_seconds``: how long the worker has seen it zombie/gone/hidden (an age,
-    # not a time: the worker's clock is not the daemon's under a scaled sim clock).
+    # What the host says of the pid (sources/nvml/worker/processes.py HostState; docs/alerts.md,
+    # GpuMemoryHeldByDeadProcess): "live", "zombie" (exited, not reaped), "gone" (no such pid, and the daemon sees the
+    # host's pid namespace), "hidden" (no such pid here, but the daemon's pid namespace is not the host's: a container
+    # may hold it); None where not looked up. ``host_state_seconds``: how long the worker has seen it
+    # zombie/gone/hidden (an age, not a time: the worker's clock is not the daemon's under a scaled sim clock).
     host_state: str | None = None
     host_state_seconds: float | None = None
 
@@ -136,7 +136,7 @@ class GpuSample:
     pcie_errors_total: dict[str, int] = field(default_factory=dict)  # (field values)
     pcie_lane_errors_total: dict[str, int] = field(default_factory=dict)  # lane number -> errors (field values)
     nvlink_links_active: int | None = None
-    # NVLink per link, keyed by the link number as a string (sources/nvml_nvlink.py): state 1 up / 0 down; error
+    # NVLink per link, keyed by the link number as a string (sources/nvml/worker/nvlink.py): state 1 up / 0 down; error
     # counters by kind (crc_flit, crc_data, replay, recovery); data bytes sent and received (field values)
     nvlink_states: dict[str, int] = field(default_factory=dict)
     nvlink_errors_total: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -150,7 +150,7 @@ class GpuSample:
     processes_total: int | None = None  # before the top-N cut
     # field name -> reason, for readings that failed this poll with something other than "not supported"
     errors: dict[str, str] = field(default_factory=dict)
-    # GPM activity (sources/nvml_gpm.py; Hopper and newer, MIG instances), averaged between the last two polls
+    # GPM activity (sources/nvml/worker/gpm.py; Hopper and newer, MIG instances), averaged between the last two polls
     gpm_graphics_activity_ratio: float | None = None
     gpm_sm_activity_ratio: float | None = None
     gpm_sm_occupancy_ratio: float | None = None
@@ -160,7 +160,7 @@ class GpuSample:
     gpm_dram_activity_ratio: float | None = None
     gpm_pcie_bytes_per_second: dict[str, float] = field(default_factory=dict)  # tx, rx
     gpm_nvlink_bytes_per_second: dict[str, float] = field(default_factory=dict)  # tx, rx (all links)
-    # A MIG device (sources/nvml_mig.py): keyed by its own MIG-... UUID, ``index`` is its GPU's; None on a GPU.
+    # A MIG device (sources/nvml/worker/mig.py): keyed by its own MIG-... UUID, ``index`` is its GPU's; None on a GPU.
     parent_uuid: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
@@ -234,8 +234,9 @@ class Snapshot:
     lost: tuple[LostGpu, ...] = ()
     xid_events: tuple[XidEvent, ...] = ()
     poll_duration_seconds: float | None = None
-    # The worker runs in the host's pid namespace (sources/processes.py in_host_pid_namespace): NVML's pids are
-    # its pids, so a listed pid missing from /proc is dead and a GPU listing no process has none. None: unknown.
+    # The worker runs in the host's pid namespace (sources/nvml/worker/processes.py in_host_pid_namespace): NVML's
+    # pids are its pids, so a listed pid missing from /proc is dead and a GPU listing no process has none. None:
+    # unknown.
     host_pid_namespace: bool | None = None
 
 

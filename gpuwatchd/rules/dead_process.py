@@ -6,8 +6,8 @@ orphaned MPS client. NVML keeps listing the pid with its memory (or lists nothin
 the next job on that GPU dies of out-of-memory. Two conditions, both ``warning``:
 
 - **dead pid** (labels ``uuid``, ``gpu``, ``pid``): a pid NVML lists on the GPU whose process is a zombie, or that
-  has no ``/proc`` entry while the daemon runs in the host's pid namespace (sources/processes.py, ``host_state``),
-  holding at least ``min_memory_bytes``, for ``for``;
+  has no ``/proc`` entry while the daemon runs in the host's pid namespace (sources/nvml/worker/processes.py,
+  ``host_state``), holding at least ``min_memory_bytes``, for ``for``;
 - **no process** (labels ``uuid``, ``gpu``): the GPU lists no process at all (the full list, not a top-N cut) while
   its used memory is at least ``unattributed_min_bytes``, for ``unattributed_for``.
 

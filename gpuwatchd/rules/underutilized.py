@@ -5,8 +5,8 @@ stalled on data loading (CPU-bound input pipeline, slow storage), or a notebook 
 message names the process holding the most memory (pid, name, user where known), so the owner can be told.
 
 Activity is GPM's SM activity where the GPU has it (Hopper and newer: the share of SM cycles with a warp resident,
-``sources/nvml_gpm.py``), else NVML's ``utilization.gpu`` (the share of time any kernel ran: coarser, a single tiny
-kernel counts as busy, so it under-reports idleness, never over-reports it). Hysteresis: the alert starts at
+``sources/nvml/worker/gpm.py``), else NVML's ``utilization.gpu`` (the share of time any kernel ran: coarser, a single
+tiny kernel counts as busy, so it under-reports idleness, never over-reports it). Hysteresis: the alert starts at
 ``max_activity_ratio`` or below, and a pending or firing alert holds up to ``clear_activity_ratio``, so a stalled job's
 short bursts of compute neither reset the ``for:`` timer nor flap the alert.
 """

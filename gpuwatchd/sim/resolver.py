@@ -1,7 +1,7 @@
 """Host facts of the stand-in's fictitious GPU processes, read from the sim state (the worker's resolver under sim).
 
-The NVML worker takes a process resolver (:class:`gpuwatchd.sources.processes.Resolver`); in production it is
-psutil. Under the stand-in driver the pids do not exist on the host, so ``gpuwatchd.sim.worker`` hands the worker
+The NVML worker takes a process resolver (:class:`gpuwatchd.sources.nvml.worker.processes.Resolver`); in production it
+is psutil. Under the stand-in driver the pids do not exist on the host, so ``gpuwatchd.sim.worker`` hands the worker
 this one instead, which reads name, user and RSS from the same state file the stand-in serves.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import read_state
-from gpuwatchd.sources.processes import GONE, HIDDEN, LIVE, UNKNOWN, HostState, ProcInfo
+from gpuwatchd.sources.nvml.worker.processes import GONE, HIDDEN, LIVE, UNKNOWN, HostState, ProcInfo
 
 # (message, level name): how the resolver reports trouble; the worker passes its stderr line writer.
 Log = Callable[[str, str], None]
@@ -98,9 +98,10 @@ class SimResolver:
         return {pid: by_pid.get(pid, UNKNOWN) for pid in pids}
 
     def states(self, pids: Sequence[int]) -> dict[int, HostState]:
-        """What the simulated /proc says of each pid, as :class:`~gpuwatchd.sources.processes.PsutilResolver`
-        does for the real one: "gone" is HIDDEN when the simulated daemon is not in the host's pid namespace. Ages
-        are in scenario seconds (the state's clock), the daemon's time under a scaled sim clock."""
+        """What the simulated /proc says of each pid, as
+        :class:`~gpuwatchd.sources.nvml.worker.processes.PsutilResolver` does for the real one: "gone" is HIDDEN when
+        the simulated daemon is not in the host's pid namespace. Ages are in scenario seconds (the state's clock), the
+        daemon's time under a scaled sim clock."""
         self._refresh()
         now = self._clock if self._clock is not None else time.monotonic()
         out: dict[int, HostState] = {}

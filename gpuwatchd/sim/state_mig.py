@@ -4,7 +4,7 @@ which ``standin_mig.c`` serves through MIG device handles.
 
 A MIG device answers ``nvmlDeviceGetName`` with ``"<GPU name> MIG <profile>"``, as real drivers name MIG devices
 (``NVIDIA A100-SXM4-80GB MIG 1g.10gb``); the daemon takes the profile from that name
-(:mod:`gpuwatchd.sources.nvml_mig`).
+(:mod:`gpuwatchd.sources.nvml.worker.mig`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuwatchd.sim.resolver import SimResolver
 from gpuwatchd.sim.standin_abi import STATE_ENV
-from gpuwatchd.sources.nvml_session import Worker
+from gpuwatchd.sources.nvml.worker.session import Worker
 
 
 def main() -> int:

@@ -40,10 +40,10 @@ from gpuwatchd.sim.player import SCENARIO_EPOCH, state_at
 from gpuwatchd.sim.scenario import load_scenario
 from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
 from gpuwatchd.sources.attribution.task import AttributionTask
-from gpuwatchd.sources.intake import SnapshotIntake
 from gpuwatchd.sources.kernel_log import KernelLogIngest
 from gpuwatchd.sources.kernel_log_task import sysfs_topology
 from gpuwatchd.sources.kmsg_parse import KmsgRecord
+from gpuwatchd.sources.nvml.intake import SnapshotIntake
 from gpuwatchd.sources.thunderbolt import read_docks
 from gpuwatchd.store import Store
 

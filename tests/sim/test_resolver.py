@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gpuwatchd.sim.resolver import SimResolver, from_env
 from gpuwatchd.sim.standin_abi import STATE_ENV
-from gpuwatchd.sources.processes import UNKNOWN
+from gpuwatchd.sources.nvml.worker.processes import UNKNOWN
 
 
 def test_sim_resolver_reads_the_state_file_the_stand_in_reads(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from gpuwatchd.model import LinkSample
 from gpuwatchd.sources import sysfs_pcie
-from gpuwatchd.sources.hotplug import SysfsWatch
+from gpuwatchd.sources.nvml.hotplug import SysfsWatch
 from gpuwatchd.sources.sysfs_pcie import (
     SysfsUnreadable,
     nvidia_devices,

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from gpuwatchd.sim.state import make_device, make_state
-from gpuwatchd.sources import stderr_relay, supervisor, worker_process
+from gpuwatchd.sources.nvml import stderr_relay, supervisor, worker_process
 
 from .test_supervisor import Harness, _children, fast_nvml
 
 StateWriter = Callable[[dict[str, Any]], Path]
-LOGGER = "gpuwatchd.sources.supervisor"
+LOGGER = "gpuwatchd.sources.nvml.supervisor"
 
 
 def records(caplog: pytest.LogCaptureFixture, level: int, text: str = "") -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.sim.state import make_device, make_state
-from gpuwatchd.sources.nvml_nvlink import error_field_id
+from gpuwatchd.sources.nvml.worker.nvlink import error_field_id
 from tests.sources.workerutil import run_worker, snap
 
 StateWriter = Callable[[dict[str, Any]], Path]

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import pynvml as N
 
-from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml.worker.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
 
 Handle = Any
 Out = dict[str, Any]
@@ -199,7 +199,8 @@ class GpmReading:
     __slots__ = ("absent", "gpu_instance_id", "handle", "sampler")
 
     def __init__(self, handle: Handle, gpu_instance_id: int | None = None) -> None:
-        """``gpu_instance_id``: read that GPU instance of device ``handle`` (a MIG device's, sources/nvml_mig.py)."""
+        """``gpu_instance_id``: read that GPU instance of device ``handle`` (a MIG device's,
+        sources/nvml/worker/mig.py)."""
         self.handle = handle
         self.gpu_instance_id = gpu_instance_id
         self.absent = False

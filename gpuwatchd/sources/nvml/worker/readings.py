@@ -18,13 +18,13 @@ from typing import Any
 
 import pynvml as N
 
-from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
-from gpuwatchd.sources.nvml_field_values import FieldId, FieldValues
-from gpuwatchd.sources.nvml_gpm import GpmReading
-from gpuwatchd.sources.nvml_nvlink import NvLink, Sink
-from gpuwatchd.sources.nvml_process_util import CALLS as PROCESS_UTIL_CALLS
-from gpuwatchd.sources.nvml_process_util import ProcessUtilization
-from gpuwatchd.sources.worker_protocol import log_line
+from gpuwatchd.sources.nvml.protocol import log_line
+from gpuwatchd.sources.nvml.worker.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml.worker.field_values import FieldId, FieldValues
+from gpuwatchd.sources.nvml.worker.gpm import GpmReading
+from gpuwatchd.sources.nvml.worker.nvlink import NvLink, Sink
+from gpuwatchd.sources.nvml.worker.process_util import CALLS as PROCESS_UTIL_CALLS
+from gpuwatchd.sources.nvml.worker.process_util import ProcessUtilization
 
 Handle = Any
 Out = dict[str, Any]
@@ -414,7 +414,7 @@ _INITIAL_PROCESS_CAPACITY = 64
 
 
 def worker_log(msg: str, level: str = "INFO") -> None:
-    """One stderr line in the worker's log format (:func:`gpuwatchd.sources.worker_protocol.log_line`), which the
+    """One stderr line in the worker's log format (:func:`gpuwatchd.sources.nvml.protocol.log_line`), which the
     supervisor relays at ``level``; a line without this prefix (a traceback) is relayed as a WARNING."""
     sys.stderr.write(log_line(os.getpid(), level, msg))
     sys.stderr.flush()
@@ -505,7 +505,7 @@ class DeviceReadings:
     """The readings of one device and what has been learned about them (the capability cache)."""
 
     def __init__(self, handle: Handle, only: frozenset[str] | None = None) -> None:
-        """``only``: the names of the readings to take (a MIG device: sources/nvml_mig.py); None: all."""
+        """``only``: the names of the readings to take (a MIG device: sources/nvml/worker/mig.py); None: all."""
         self.handle = handle
         self._slots = [_Slot(n, i) for n, i in readings() if only is None or n in only]
         self.absent: list[str] = []  # names learned absent, in the order learned (logged once)

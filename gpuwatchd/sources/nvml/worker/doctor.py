@@ -1,7 +1,8 @@
-"""``python -m gpuwatchd.sources.nvml_doctor``: the NVML facts ``gpuwatchd doctor`` checks, one JSON line at a time.
+"""``python -m gpuwatchd.sources.nvml.worker.doctor``: the NVML facts ``gpuwatchd doctor`` checks, one JSON line at a
+time.
 
 Run by ``gpuwatchd/doctor/nvml_probe.py`` in a child process under a deadline (this module imports pynvml, which
-only ``sources/nvml_*.py`` may). Lines are written as each fact is read, so when a wedged GPU makes a call hang
+only ``sources/nvml/worker/`` may). Lines are written as each fact is read, so when a wedged GPU makes a call hang
 the parent still has everything before it and knows which GPU it was (the last ``{"gpu_start": i}``):
 
     {"init": "ok"} | {"init": "<reason>", "code": N, "message": "..."}
@@ -22,7 +23,7 @@ from typing import Any
 
 import pynvml as N
 
-from gpuwatchd.sources.errors import reason
+from gpuwatchd.sources.nvml.worker.errors import reason
 
 
 def _emit(obj: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ its GPU in the snapshot. What a MIG handle answers is per instance: memory and t
 (temperature, power, clocks, PCIe, ECC, fans) stays on the GPU, which in MIG mode lists no processes of its own:
 its process list is the aggregate of its instances', which are attributed to the instances instead. GPM activity
 (Hopper and newer) is per GPU instance: a MIG device has its GPU instance's, sampled on the GPU with
-``nvmlGpmMigSampleGet`` (:class:`~gpuwatchd.sources.nvml_gpm.GpmReading`), where the GPU supports GPM.
+``nvmlGpmMigSampleGet`` (:class:`~gpuwatchd.sources.nvml.worker.gpm.GpmReading`), where the GPU supports GPM.
 
 The profile (``1g.10gb``) is taken from the MIG device's name: drivers name MIG devices
 ``"<GPU name> MIG <profile>"`` (nvml.h ``nvmlDeviceGetName``: "MIG device names which can be used to identify
@@ -29,9 +29,9 @@ from typing import Any
 
 import pynvml as N
 
-from gpuwatchd.sources.errors import LOST_CODES, NvmlGpuLost, reason
-from gpuwatchd.sources.nvml_gpm import GpmReading
-from gpuwatchd.sources.nvml_readings import DeviceReadings, worker_log
+from gpuwatchd.sources.nvml.worker.errors import LOST_CODES, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml.worker.gpm import GpmReading
+from gpuwatchd.sources.nvml.worker.readings import DeviceReadings, worker_log
 
 Out = dict[str, Any]
 # The readings a MIG device has (nvml_readings.readings() names); the rest are the GPU's.

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gpuwatchd.sources.worker_protocol import NOT_IN_A_GPU_CALL
+from gpuwatchd.sources.nvml.protocol import NOT_IN_A_GPU_CALL
 
 # Watchdog period bounds (real seconds): a quarter of stall_after, clamped. Only while a poll is in a GPU's
 # calls or a GPU is stuck; between polls the watch sleeps on the poller's activity event (see watch).

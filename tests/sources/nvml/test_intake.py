@@ -1,10 +1,10 @@
-"""The daemon's intake of snapshot lines (sources/intake.py): MIG devices share their GPU's index, so they never
+"""The daemon's intake of snapshot lines (sources/nvml/intake.py): MIG devices share their GPU's index, so they never
 stand for the GPU at that index when a later worker reports it lost unnamed."""
 
 from __future__ import annotations
 
 from gpuwatchd.runtime.clock import ManualClock
-from gpuwatchd.sources.intake import SnapshotIntake
+from gpuwatchd.sources.nvml.intake import SnapshotIntake
 
 GPU = "GPU-5a3c1b2e-0000-4000-8000-000000000000"
 MIG = "MIG-2f6c1d57-9a4e-5b3c-8d21-7e5f0a4b9c13"

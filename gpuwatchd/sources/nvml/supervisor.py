@@ -2,18 +2,18 @@
 
 NVML is never called in the daemon process (docs/architecture.md, "Processes"): a GPU that falls off the bus can
 block an NVML call forever, and a blocked C call cannot be cancelled. The worker streams one JSON snapshot per
-poll (:mod:`gpuwatchd.sources.worker_protocol`) and sets aside a GPU whose calls block by itself, so the others keep
-their schedule (:mod:`gpuwatchd.sources.stall_watch`). Here: a snapshot that is late marks the data stale at once
-(``on_late``); a worker silent for ``poll_timeout`` past a due snapshot failed as a whole (stuck outside GPU
+poll (:mod:`gpuwatchd.sources.nvml.protocol`) and sets aside a GPU whose calls block by itself, so the others keep
+their schedule (:mod:`gpuwatchd.sources.nvml.worker.stall_watch`). Here: a snapshot that is late marks the data stale
+at once (``on_late``); a worker silent for ``poll_timeout`` past a due snapshot failed as a whole (stuck outside GPU
 calls, stopped, crashed): ``on_stale``, its process group gets SIGTERM, then SIGKILL after ``kill_grace``, and a
 new worker is spawned after an exponential backoff. No GPU is blamed for that: a stopped or starved worker is not
 a hung GPU. A worker that exits because a GPU was
 lost or the device count changed, or a change in the set of NVIDIA PCI functions in sysfs
-(:mod:`gpuwatchd.sources.hotplug`), gets a fresh worker at once: only a fresh NVML session re-enumerates reliably.
+(:mod:`gpuwatchd.sources.nvml.hotplug`), gets a fresh worker at once: only a fresh NVML session re-enumerates reliably.
 
-The parts: :mod:`~gpuwatchd.sources.worker_process` (the OS process), :mod:`~gpuwatchd.sources.stderr_relay`
-(its log lines), :mod:`~gpuwatchd.sources.hang_log` (GPUs whose calls block), :mod:`~gpuwatchd.sources.hotplug`
-(sysfs). This module is the loop that ties them together and reads the snapshots.
+The parts: :mod:`~gpuwatchd.sources.nvml.worker_process` (the OS process), :mod:`~gpuwatchd.sources.nvml.stderr_relay`
+(its log lines), :mod:`~gpuwatchd.sources.nvml.hang_log` (GPUs whose calls block),
+:mod:`~gpuwatchd.sources.nvml.hotplug` (sysfs). This module is the loop that ties them together and reads the snapshots.
 
 Logging: an operator reads one line per failure episode, not one per kill cycle. A GPU hang is logged by the
 hang log; any other worker failure (crash, garbage, no start) is one WARNING while its reason stays the same,
@@ -42,13 +42,12 @@ from typing import Any
 from gpuwatchd.config.loader import NvmlConfig, ProcessesConfig, SysfsConfig
 from gpuwatchd.model import LinkSample, Snapshot
 from gpuwatchd.runtime.clock import Clock
-from gpuwatchd.sources import worker_process
-from gpuwatchd.sources.hang_log import HangEpisode, HangLog
-from gpuwatchd.sources.hang_retry import retry_worker
-from gpuwatchd.sources.hotplug import SysfsWatch
-from gpuwatchd.sources.intake import SnapshotIntake
-from gpuwatchd.sources.stderr_relay import StderrRelay
-from gpuwatchd.sources.worker_protocol import (
+from gpuwatchd.sources.nvml import worker_process
+from gpuwatchd.sources.nvml.hang_log import HangEpisode, HangLog
+from gpuwatchd.sources.nvml.hang_retry import retry_worker
+from gpuwatchd.sources.nvml.hotplug import SysfsWatch
+from gpuwatchd.sources.nvml.intake import SnapshotIntake
+from gpuwatchd.sources.nvml.protocol import (
     EXIT_REENUMERATE,
     GPM_MIN_SAMPLE_INTERVAL,
     HELLO,
@@ -60,6 +59,7 @@ from gpuwatchd.sources.worker_protocol import (
     encode_line,
     encode_progress,
 )
+from gpuwatchd.sources.nvml.stderr_relay import StderrRelay
 
 __all__ = ["HangEpisode", "NvmlSupervisor"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gpuwatchd.sources.worker_protocol import LOG_LINE
+from gpuwatchd.sources.nvml.protocol import LOG_LINE
 
-log = logging.getLogger("gpuwatchd.sources.supervisor")  # one logger for everything about the worker
+log = logging.getLogger("gpuwatchd.sources.nvml.supervisor")  # one logger for everything about the worker
 
 # Unexpected output (a traceback) is gathered into one log record; it ends at EOF, at a regular line, or after
 # this many real seconds without another line (a traceback is written in one go).

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from gpuwatchd import model
-from gpuwatchd.sources import worker_protocol
+from gpuwatchd.sources.nvml import protocol as worker_protocol
 
 
 def test_lost_reasons_are_spelled_alike_on_both_sides() -> None:
@@ -15,7 +15,7 @@ def test_lost_reasons_are_spelled_alike_on_both_sides() -> None:
 
 
 def test_the_worker_loads_neither_the_model_nor_the_daemon_stack() -> None:
-    code = ("import json, sys; import gpuwatchd.sources.nvml_worker; "
+    code = ("import json, sys; import gpuwatchd.sources.nvml.worker.main; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('gpuwatchd', 'aiohttp', 'prometheus_client', 'pydantic', 'yaml', 'torch'))))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

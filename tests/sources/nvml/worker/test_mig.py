@@ -1,4 +1,5 @@
-"""MIG devices as devices (sources/nvml_mig.py): the real worker and pynvml against the stand-in's MIG handles."""
+"""MIG devices as devices (sources/nvml/worker/mig.py): the real worker and pynvml against the stand-in's MIG
+handles."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from mig_states import GIB, a100
 
 from gpuwatchd.sim.state import make_device, make_state
-from gpuwatchd.sources.nvml_mig import profile_of
+from gpuwatchd.sources.nvml.worker.mig import profile_of
 from tests.sources.workerutil import LiveWorker, run_worker, snap
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The NVML worker as an OS process: its environment, spawn in its own session, signals, kill with a grace.
 
-Nothing here knows what the worker says; :mod:`gpuwatchd.sources.supervisor` reads it. The worker runs in its
+Nothing here knows what the worker says; :mod:`gpuwatchd.sources.nvml.supervisor` reads it. The worker runs in its
 own session so a TERM or KILL reaches everything it started, and a blocked C call cannot be cancelled, only killed.
 """
 

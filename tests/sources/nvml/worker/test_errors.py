@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwatchd.sources.errors import NvmlAbsent, NvmlFailure, NvmlGpuLost, classify, reason
+from gpuwatchd.sources.nvml.worker.errors import NvmlAbsent, NvmlFailure, NvmlGpuLost, classify, reason
 
 
 @pytest.mark.parametrize(

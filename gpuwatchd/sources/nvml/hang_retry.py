@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuwatchd.sources import worker_process
-from gpuwatchd.sources.worker_protocol import HELLO
+from gpuwatchd.sources.nvml import worker_process
+from gpuwatchd.sources.nvml.protocol import HELLO
 
 
 async def retry_worker(

@@ -22,7 +22,7 @@ from typing import Any
 
 import pynvml as N
 
-from gpuwatchd.sources.errors import ABSENT_CODES
+from gpuwatchd.sources.nvml.worker.errors import ABSENT_CODES
 
 Handle = Any
 # pid -> [sm, memory, encoder, decoder] in percent, as NVML reports them

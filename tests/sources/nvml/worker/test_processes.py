@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from gpuwatchd.sources.processes import (
+from gpuwatchd.sources.nvml.worker.processes import (
     HOST_PID_NAMESPACE,
     UNKNOWN,
     PsutilResolver,

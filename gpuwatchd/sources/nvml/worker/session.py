@@ -1,9 +1,10 @@
 """One NVML session inside the worker process: enumeration, per-GPU polls, GPUs set aside while their calls block.
 
 Imports pynvml (only the worker process loads this module). :class:`Worker` is shared by the poller threads of
-:mod:`gpuwatchd.sources.nvml_worker` (each passes its own :class:`~gpuwatchd.sources.stall_watch.Position`); a
-thread whose generation is no longer current stops at its next step. The snapshot it returns is the ``Snapshot``
-dict form (pipe encoding), with host facts of the kept processes from the resolver it was given.
+:mod:`gpuwatchd.sources.nvml.worker.main` (each passes its own
+:class:`~gpuwatchd.sources.nvml.worker.stall_watch.Position`); a thread whose generation is no longer current stops at
+its next step. The snapshot it returns is the ``Snapshot`` dict form (pipe encoding), with host facts of the kept
+processes from the resolver it was given.
 """
 
 from __future__ import annotations
@@ -17,19 +18,25 @@ from typing import Any
 
 import pynvml as N
 
-from gpuwatchd.sources.errors import ABSENT_CODES, LOST_CODES, TIMEOUT, NvmlGpuLost, reason
-from gpuwatchd.sources.nvml_mig import MigDevice, MigSet
-from gpuwatchd.sources.nvml_process_util import Utilization, attach
-from gpuwatchd.sources.nvml_readings import DeviceReadings, worker_log
-from gpuwatchd.sources.processes import Resolver, merge_processes, pid_max, process_dicts_per_gpu, top_processes
-from gpuwatchd.sources.stall_watch import Position, Stuck
-from gpuwatchd.sources.worker_protocol import (
+from gpuwatchd.sources.nvml.protocol import (
     HANG_SUSPECTED,
     HUNG,
     NOT_IN_A_GPU_CALL,
     PROGRESS_BYTES,
     encode_progress,
 )
+from gpuwatchd.sources.nvml.worker.errors import ABSENT_CODES, LOST_CODES, TIMEOUT, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml.worker.mig import MigDevice, MigSet
+from gpuwatchd.sources.nvml.worker.process_util import Utilization, attach
+from gpuwatchd.sources.nvml.worker.processes import (
+    Resolver,
+    merge_processes,
+    pid_max,
+    process_dicts_per_gpu,
+    top_processes,
+)
+from gpuwatchd.sources.nvml.worker.readings import DeviceReadings, worker_log
+from gpuwatchd.sources.nvml.worker.stall_watch import Position, Stuck
 
 # When the supervisor does not say (tests, bench): a GPU whose call has blocked this long (real seconds of the
 # worker running) is reported hung rather than suspected; nvml.poll_timeout's default.
@@ -55,7 +62,7 @@ class _Device:
         self.pci_bus_id: str | None = pci.busId if pci is not None else None
         self.serial: str | None = _optional(N.nvmlDeviceGetSerial, handle)
         self.readings = DeviceReadings(handle)
-        self.mig = MigSet.open(handle)  # its MIG devices (sources/nvml_mig.py); None: not MIG-capable
+        self.mig = MigSet.open(handle)  # its MIG devices (sources/nvml/worker/mig.py); None: not MIG-capable
 
 
 def _optional(fn: Any, handle: Any) -> Any:
@@ -71,8 +78,8 @@ def _optional(fn: Any, handle: Any) -> Any:
 class Worker:
     """One NVML session: ``start()`` (init), then ``poll()`` repeatedly; the first poll enumerates the GPUs.
 
-    Poller threads share it (:mod:`gpuwatchd.sources.stall_watch`): each passes its own :class:`Position`, and a
-    thread whose generation is no longer current stops at its next step without emitting anything.
+    Poller threads share it (:mod:`gpuwatchd.sources.nvml.worker.stall_watch`): each passes its own :class:`Position`,
+    and a thread whose generation is no longer current stops at its next step without emitting anything.
     """
 
     def __init__(self, top_n: int, resolver: Resolver | None, *, progress_fd: int | None = None,
@@ -97,7 +104,7 @@ class Worker:
         self.gen = 0
         self.pos = Position(0)  # the current poller's position
         # Set when a poller enters a GPU's calls from outside them: the stall watch sleeps on it between polls
-        # instead of ticking every check period (gpuwatchd.sources.stall_watch.watch).
+        # instead of ticking every check period (gpuwatchd.sources.nvml.worker.stall_watch.watch).
         self.activity = threading.Event()
         self.stuck: dict[int, Stuck] = {}  # index -> the GPU set aside while a call on it blocks
         self._lock = threading.Lock()
@@ -317,7 +324,7 @@ class Worker:
         if xids:
             snap["xid_events"] = xids
         host_ns = getattr(self.resolver, "host_namespace", None)
-        if host_ns is not None:  # whether a pid missing from /proc is dead (sources/processes.py)
+        if host_ns is not None:  # whether a pid missing from /proc is dead (sources/nvml/worker/processes.py)
             snap["host_pid_namespace"] = bool(host_ns)
         return snap
 
@@ -339,7 +346,7 @@ class Worker:
     def _poll_mig(self, dev: _Device, gpu_out: dict[str, Any]
                   ) -> list[tuple[dict[str, Any], list[tuple[int, str, int | None]], Utilization | None]]:
         """The snapshot entries of a GPU's MIG devices (with their kept processes); notices a changed MIG
-        configuration and asks for re-enumeration (sources/nvml_mig.py)."""
+        configuration and asks for re-enumeration (sources/nvml/worker/mig.py)."""
         assert dev.mig is not None
         why = dev.mig.changed(gpu_out)
         entries = []

@@ -22,7 +22,7 @@ from gpuwatchd.sim.scenario import load_scenario
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_device, make_state
 from gpuwatchd.sim.worker import WORKER_MODULE as SIM_WORKER_MODULE
-from gpuwatchd.sources.supervisor import NvmlSupervisor
+from gpuwatchd.sources.nvml.supervisor import NvmlSupervisor
 from gpuwatchd.store import Store
 
 StateWriter = Callable[[dict[str, Any]], Path]
@@ -384,7 +384,7 @@ async def test_out_of_file_descriptors_is_a_failed_start_not_the_end(
             raise OSError(errno.EMFILE, "Too many open files")
         return real(name, flags)
 
-    monkeypatch.setattr("gpuwatchd.sources.supervisor.os.memfd_create", memfd_create)
+    monkeypatch.setattr("gpuwatchd.sources.nvml.supervisor.os.memfd_create", memfd_create)
     path = write_sim_state(make_state(1))
     async with Harness(fast_nvml(standin_libdir), path, tmp_path) as h:
         await h.until(lambda: any(s.nvml_ok for s in h.snaps), "a worker once descriptors are back")

@@ -1,7 +1,7 @@
-"""The NVML worker: ``python -m gpuwatchd.sources.nvml_worker '<json options>'``, supervised by the daemon.
+"""The NVML worker: ``python -m gpuwatchd.sources.nvml.worker.main '<json options>'``, supervised by the daemon.
 
-The only module (with its ``nvml_*`` helpers) that imports pynvml. It initialises NVML (the session and its GPUs:
-:mod:`gpuwatchd.sources.nvml_session`), enumerates GPUs by index (keyed by UUID downstream), then polls every
+The only module (with its helpers in this package) that imports pynvml. It initialises NVML (the session and its GPUs:
+:mod:`gpuwatchd.sources.nvml.worker.session`), enumerates GPUs by index (keyed by UUID downstream), then polls every
 ``interval`` seconds in a poller thread watched by the main one, and writes one JSON line per poll to stdout:
 the ``Snapshot`` dict form (the supervisor reads it with ``snapshot_from_dict``).
 The first line is ``{"hello": <pid>}``, written before ``nvmlInit`` so the supervisor can time init as part of
@@ -10,7 +10,7 @@ the first poll. Logs go to stderr as ``nvml_worker[<pid>] <LEVEL>: <message>`` l
 Host facts about GPU processes (name, user, RSS) come from psutil; ``main(resolver=...)`` takes another source
 (``gpuwatchd.sim.worker`` passes the simulator's, whose pids are fictitious).
 
-Lines, exit codes and the progress word are defined in :mod:`gpuwatchd.sources.worker_protocol`. A GPU lost or a
+Lines, exit codes and the progress word are defined in :mod:`gpuwatchd.sources.nvml.protocol`. A GPU lost or a
 changed device count ends the worker with ``EXIT_REENUMERATE``: a long-lived NVML session does not see hot-plug,
 so a fresh worker re-enumerates.
 
@@ -23,8 +23,8 @@ per GPU), ``library_path`` (the library the supervisor pointed ``LD_LIBRARY_PATH
 ``progress_fd`` (an inherited 4-byte memfd where the index of the GPU being called is kept, so the supervisor
 can say where a worker that missed its deadline was), ``stall_after`` and ``hang_after`` (real seconds: a GPU
 whose calls block this long is set aside, reported lost as ``hang_suspected`` and then as ``timeout``, while the
-other GPUs keep their schedule; :mod:`gpuwatchd.sources.stall_watch`), ``only`` (GPU indices: open just these,
-for the supervisor's retry of GPUs that hung), ``gpm_min_interval`` (real seconds: GPM samples are taken at
+other GPUs keep their schedule; :mod:`gpuwatchd.sources.nvml.worker.stall_watch`), ``only`` (GPU indices: open just
+these, for the supervisor's retry of GPUs that hung), ``gpm_min_interval`` (real seconds: GPM samples are taken at
 least this far apart, nvml.h's 100 ms refresh rate under the daemon; polls in between repeat the last GPM metrics;
 default 0, every poll). Commands come on stdin (``worker_protocol``).
 """
@@ -44,13 +44,7 @@ from typing import Any
 
 import pynvml as N
 
-from gpuwatchd.sources.errors import reason
-from gpuwatchd.sources.nvml_gpm import GpmSampler
-from gpuwatchd.sources.nvml_readings import worker_log
-from gpuwatchd.sources.nvml_session import DEFAULT_HANG_AFTER_SECONDS, Worker
-from gpuwatchd.sources.processes import PsutilResolver, Resolver
-from gpuwatchd.sources.stall_watch import Position, watch
-from gpuwatchd.sources.worker_protocol import (
+from gpuwatchd.sources.nvml.protocol import (
     EXIT_INIT_FAILED,
     EXIT_REENUMERATE,
     EXIT_STOPPED,
@@ -58,6 +52,12 @@ from gpuwatchd.sources.worker_protocol import (
     RELEASE,
     encode_line,
 )
+from gpuwatchd.sources.nvml.worker.errors import reason
+from gpuwatchd.sources.nvml.worker.gpm import GpmSampler
+from gpuwatchd.sources.nvml.worker.processes import PsutilResolver, Resolver
+from gpuwatchd.sources.nvml.worker.readings import worker_log
+from gpuwatchd.sources.nvml.worker.session import DEFAULT_HANG_AFTER_SECONDS, Worker
+from gpuwatchd.sources.nvml.worker.stall_watch import Position, watch
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # When the supervisor does not say (tests, bench): a GPU whose call blocks this long (real seconds) is set aside.
@@ -206,7 +206,7 @@ def run(opts: dict[str, Any], resolver: Resolver) -> int:
 
 
 def main(argv: list[str] | None = None, resolver: Callable[[], Resolver] = PsutilResolver) -> int:
-    """``python -m gpuwatchd.sources.nvml_worker '<json options>'``; ``resolver`` makes the host-facts source."""
+    """``python -m gpuwatchd.sources.nvml.worker.main '<json options>'``; ``resolver`` makes the host-facts source."""
     argv = sys.argv[1:] if argv is None else argv
     opts = json.loads(argv[0]) if argv else {}
     _die_with_parent()

@@ -1,7 +1,7 @@
 """What the NVML worker and its supervisor agree on: options, stdout lines, stderr lines, exit codes, progress word.
 
 Both sides import this module and nothing here imports pynvml, so the daemon can read the worker's protocol
-without loading NVML. The worker is ``python -m <module> '<json options>'``; :mod:`gpuwatchd.sources.nvml_worker`
+without loading NVML. The worker is ``python -m <module> '<json options>'``; :mod:`gpuwatchd.sources.nvml.worker.main`
 documents the options.
 
 - stdout: the first line is ``{"hello": <pid>}`` (written before ``nvmlInit``, so init counts towards the first
@@ -45,7 +45,7 @@ __all__ = [
     "log_line",
 ]
 
-WORKER_MODULE = "gpuwatchd.sources.nvml_worker"
+WORKER_MODULE = "gpuwatchd.sources.nvml.worker.main"
 HELLO = "hello"
 RELEASE = "release"
 
@@ -79,5 +79,6 @@ def decode_progress(raw: bytes) -> int:
     return int.from_bytes(raw[:PROGRESS_BYTES], "little", signed=True)
 
 # nvml.h (nvmlGpmSampleGet): "The interval between two nvmlGpmSampleGet() calls should be greater than 100ms due to
-# the internal sample refresh rate." The supervisor passes it as the worker's gpm_min_interval (sources/nvml_gpm.py).
+# the internal sample refresh rate." The supervisor passes it as the worker's gpm_min_interval
+# (sources/nvml/worker/gpm.py).
 GPM_MIN_SAMPLE_INTERVAL = 0.1

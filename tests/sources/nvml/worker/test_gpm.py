@@ -147,7 +147,7 @@ def nvml(inprocess_nvml: InProcessNvml, monkeypatch: pytest.MonkeyPatch) -> Iter
 
 
 def test_buffers_are_allocated_once_and_freed_when_the_worker_closes(nvml: Any) -> None:
-    from gpuwatchd.sources.nvml_session import Worker
+    from gpuwatchd.sources.nvml.worker.session import Worker
 
     w = Worker(0, None)
     w.start()
@@ -161,7 +161,7 @@ def test_buffers_are_allocated_once_and_freed_when_the_worker_closes(nvml: Any) 
 
 
 def test_a_gpu_instance_is_sampled_on_its_own(nvml: Any) -> None:
-    from gpuwatchd.sources.nvml_gpm import GpmSampler
+    from gpuwatchd.sources.nvml.worker.gpm import GpmSampler
 
     nvml.nvmlInit()
     h = nvml.nvmlDeviceGetHandleByIndex(0)
@@ -183,8 +183,8 @@ def test_samples_are_kept_nvmls_100ms_apart(nvml: Any, monkeypatch: pytest.Monke
     """Under the daemon (gpm_min_interval 0.1 s, nvml.h's refresh rate) a poll closer than that to the last sample
     takes none and repeats the last metrics: a 10 ms poll interval never computes GPM from counters that have not
     refreshed."""
-    from gpuwatchd.sources.nvml_gpm import GpmSampler
-    from gpuwatchd.sources.worker_protocol import GPM_MIN_SAMPLE_INTERVAL
+    from gpuwatchd.sources.nvml.protocol import GPM_MIN_SAMPLE_INTERVAL
+    from gpuwatchd.sources.nvml.worker.gpm import GpmSampler
 
     now = [1000.0]
     monkeypatch.setattr(GpmSampler, "min_interval", GPM_MIN_SAMPLE_INTERVAL)
@@ -212,7 +212,7 @@ def test_the_unpacked_metric_layout_is_pynvmls() -> None:
 
     import pynvml
 
-    from gpuwatchd.sources.nvml_gpm import _METRIC
+    from gpuwatchd.sources.nvml.worker.gpm import _METRIC
 
     assert _METRIC.size == ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
     assert pynvml.c_nvmlGpmMetric_t.value.offset == 8  # after metricId and nvmlReturn, as "@Iid" unpacks it

@@ -8,7 +8,7 @@ import struct
 import pynvml as N
 import pytest
 
-from gpuwatchd.sources import nvml_field_values as fv
+from gpuwatchd.sources.nvml.worker import field_values as fv
 
 
 def _fake(results: list[tuple[int, int, bytes]]) -> object:

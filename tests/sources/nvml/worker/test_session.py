@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 
 from gpuwatchd.sim.state import make_device, make_state
-from gpuwatchd.sources.worker_protocol import HANG_SUSPECTED, NOT_IN_A_GPU_CALL
+from gpuwatchd.sources.nvml.protocol import HANG_SUSPECTED, NOT_IN_A_GPU_CALL
 from tests.sources.conftest import InProcessNvml
 
 
 def _worker(inprocess_nvml: InProcessNvml, n: int, **device: Any) -> Any:
-    from gpuwatchd.sources.nvml_session import Worker
+    from gpuwatchd.sources.nvml.worker.session import Worker
 
     inprocess_nvml(make_state(0, devices=[make_device(i, **device) for i in range(n)]))
     w = Worker(10, None)
@@ -71,7 +71,7 @@ def test_the_watchdog_cannot_blame_a_gpu_the_poller_has_left(inprocess_nvml: InP
     # finds the poller outside every GPU. Before, the position still named the last GPU, which was set aside while
     # this poll went on and was sent anyway (dropped as stale); no abandoned call was left to end the set-aside, so
     # the GPU was skipped, then shown hung and lost, until a retry worker freed it.
-    from gpuwatchd.sources import nvml_session
+    from gpuwatchd.sources.nvml.worker import session as nvml_session
 
     w = _worker(inprocess_nvml, 2, processes={"compute": [{"pid": 4242, "used_memory": 1 << 20}], "graphics": []})
     resolve = nvml_session.process_dicts_per_gpu

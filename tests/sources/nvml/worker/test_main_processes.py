@@ -11,12 +11,12 @@ import pytest
 from gpuwatchd.sim.build import build_standin
 from gpuwatchd.sim.capture import state_from_xml
 from gpuwatchd.sim.state import make_device, make_state
-from gpuwatchd.sources.worker_protocol import LOG_LINE
+from gpuwatchd.sources.nvml.protocol import LOG_LINE
 from tests.sources.workerutil import run_worker, snap
 
 StateWriter = Callable[[dict[str, Any]], Path]
 MiB = 1 << 20
-FIXTURE = Path(__file__).parents[1] / "sim" / "fixtures" / "new_schema_590.xml"
+FIXTURE = Path(__file__).parents[3] / "sim" / "fixtures" / "new_schema_590.xml"
 
 V3 = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")
 V2 = ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v2")

@@ -1,5 +1,5 @@
-"""Per-process utilization in the worker (sources/nvml_process_util.py) against the stand-in: attached to the kept
-top-N processes only, the older call as a fallback learned once, absent on a driver with neither call."""
+"""Per-process utilization in the worker (sources/nvml/worker/process_util.py) against the stand-in: attached to the
+kept top-N processes only, the older call as a fallback learned once, absent on a driver with neither call."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def test_struct_layouts_are_nvmls() -> None:
 
     import pynvml
 
-    from gpuwatchd.sources import nvml_process_util as pu
+    from gpuwatchd.sources.nvml.worker import process_util as pu
 
     # array strides, trailing padding included (a 36-byte stride read the second sample 4 bytes off)
     assert pu._INFO_V1.size == ctypes.sizeof(pynvml.c_nvmlProcessUtilizationInfo_v1_t) == 40

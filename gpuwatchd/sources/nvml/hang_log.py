@@ -1,10 +1,10 @@
 """The daemon's account of GPUs whose NVML calls block, read from the worker's snapshots.
 
-The worker sets such a GPU aside itself (:mod:`gpuwatchd.sources.stall_watch`) and keeps polling the others; each
-snapshot lists it as lost with reason ``hang_suspected`` (its call has blocked for a moment: a guess, so the store
-keeps it present and holds its last readings) or ``timeout`` (blocked past ``nvml.poll_timeout`` while the worker
-ran and the other GPUs answered: evidence, so it is shown lost). One episode per GPU, from the first such snapshot
-until the GPU answers again or is no longer enumerated at that index: an INFO line when it is set aside, one
+The worker sets such a GPU aside itself (:mod:`gpuwatchd.sources.nvml.worker.stall_watch`) and keeps polling the
+others; each snapshot lists it as lost with reason ``hang_suspected`` (its call has blocked for a moment: a guess, so
+the store keeps it present and holds its last readings) or ``timeout`` (blocked past ``nvml.poll_timeout`` while the
+worker ran and the other GPUs answered: evidence, so it is shown lost). One episode per GPU, from the first such
+snapshot until the GPU answers again or is no longer enumerated at that index: an INFO line when it is set aside, one
 WARNING if the hang is confirmed, one INFO at the end.
 """
 
@@ -14,9 +14,9 @@ import logging
 from dataclasses import dataclass
 
 from gpuwatchd.model import Snapshot
-from gpuwatchd.sources.worker_protocol import HANG_SUSPECTED, HUNG
+from gpuwatchd.sources.nvml.protocol import HANG_SUSPECTED, HUNG
 
-log = logging.getLogger("gpuwatchd.sources.supervisor")  # one logger for everything about the worker
+log = logging.getLogger("gpuwatchd.sources.nvml.supervisor")  # one logger for everything about the worker
 
 
 @dataclass
