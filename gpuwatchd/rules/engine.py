@@ -122,6 +122,7 @@ class RulesEngine:
         # evaluation and dropped before the states advance: one pass over the alerts per evaluation instead of one per
         # untracked condition (8x32: ~100 conditions x the alerts, the largest cost of a poll in the profile).
         self._by_labels: dict[tuple[tuple[str, str], ...], str] | None = None
+        self._names_uuids: set[tuple[str, str]] = set()  # (alertname, uuid) of those alerts: most lookups end here
         self._stats: dict[str, FamilyStats] = {f.name: FamilyStats() for f in families}
         self._cache: dict[str, tuple[float, list[Condition]]] = {}  # family -> (run at, conditions)
         self._failing: set[str] = set()  # families whose last run raised
@@ -220,9 +221,13 @@ class RulesEngine:
             return fp
         if self._by_labels is None:
             self._by_labels = {}
+            self._names_uuids = set()
             for tfp, t in self._tracked.items():  # the first (oldest) one wins, as a scan in order would find it
                 if t.alert.state != "resolved":
                     self._by_labels.setdefault(_without_gpu(t.alert.labels), tfp)
+                    self._names_uuids.add((t.alert.labels.get("alertname", ""), t.alert.labels.get("uuid", "")))
+        if (labels.get("alertname", ""), labels["uuid"]) not in self._names_uuids:
+            return fp  # no active alert of this name on this GPU: 16x256 has ~4k such notes per evaluation
         return self._by_labels.get(_without_gpu(labels), fp)
 
     def _labels(self, c: Condition) -> dict[str, str]:
