@@ -262,6 +262,13 @@ class Daemon:
         self.host = host
         # With port 0 (tests) the kernel picks the port; report the one actually bound.
         self.port = server.port
+        if not self._tls and not middlewares and not _loopback(host):
+            log.warning(
+                "listening on %s:%d without TLS or basic auth: anyone who reaches this port reads the GPUs, the "
+                "processes on them (names, pids, users) and the alerts (/metrics, /api/v1/status, /api/v1/alerts); "
+                "set web_config_file, or listen on 127.0.0.1 when only local scrapers read it (docs/security.md)",
+                host, self.port,
+            )
 
     def _probe_routes(self) -> list[web.RouteDef]:
         return probe_routes(self.probes, lambda: self.config.notify.api) if self.probes is not None else []
@@ -548,3 +555,15 @@ class Daemon:
         self._engine = engine
         self._alerts_collector = AlertsCollector(engine)
         self.registry.register(self._alerts_collector)
+
+
+def _loopback(host: str) -> bool:
+    """Whether a listen host only accepts local connections (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -1,4 +1,4 @@
-"""Command line: ``gpuwatchd run | check-config | status | probe | sim | doctor``.
+"""Command line: ``gpuwatchd run | check-config | status | probe | sim | doctor | notify test | silence``.
 
 Thin: parsing, logging, exit codes.
 """
@@ -105,8 +105,12 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--resume", action="store_true",
                      help="with --state-dir: go on with the scenario where the last run there stopped")
     from gpuwatchd.cli.doctor import add_parser as add_doctor
+    from gpuwatchd.cli.notify_test import add_parser as add_notify
+    from gpuwatchd.cli.silence import add_parser as add_silence
 
     add_doctor(sub)
+    add_notify(sub)
+    add_silence(sub)
     return p
 
 
@@ -340,4 +344,12 @@ def _main(argv: Sequence[str] | None) -> int:
         return cmd_doctor(args)
     if args.command == "probe":
         return cmd_probe_args(args, default_status_url(args.config))
+    if args.command == "notify":
+        from gpuwatchd.cli.notify_test import cmd_notify
+
+        return cmd_notify(args)
+    if args.command == "silence":
+        from gpuwatchd.cli.silence import cmd_silence
+
+        return cmd_silence(args, default_status_url(args.config))
     return cmd_sim(args)

@@ -1,4 +1,5 @@
-"""``gpuwatchd doctor [--json]``: check this host's GPU set-up, one line per check with the fix for each warn/fail.
+"""``gpuwatchd doctor [--json] [--python PATH]``: check this host's GPU set-up, one line per check with the fix for
+each warn/fail. ``--python`` (default: ``probes.python``) is the interpreter whose torch is checked against the driver.
 
 Exit 0 when everything passes, 1 on any warning, 2 on any failure. ``--sim DIR`` examines a running
 ``gpuwatchd sim`` instead of this machine (DIR is the sim's state dir, printed in its banner; docs/egpu.md).
@@ -43,6 +44,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    f"{MAX_DEADLINE_SECONDS:g})")
     d.add_argument("--kernel-log", type=Path, metavar="FILE",
                    help="read recent Xids from this saved kernel log (dmesg, journalctl -k) instead of the daemon's")
+    d.add_argument("--python", metavar="PATH",
+                   help="the interpreter whose torch/CUDA to check against the driver: the environment that trains "
+                   "(default: the config's probes.python when set, else gpuwatchd's own)")
     d.add_argument("--sim", type=Path, metavar="DIR",
                    help="examine a running `gpuwatchd sim` (DIR: its state dir, as its banner prints)")
     add_client_args(d)
@@ -67,6 +71,10 @@ def host_from_args(args: argparse.Namespace) -> Host:
                 kernel_log=args.kernel_log, client=client_from_args(args, config.web_config_file))  # fmt: skip
     if args.sim is not None:
         _simulated(host, args.sim, args.url)
+    python = args.python or (str(config.probes.python) if config.probes.python is not None else None)
+    if python is not None:
+        host.python = python
+        host.torch_facts = None  # a real interpreter named: run it, even against a simulated host's driver
     return host
 
 

@@ -5,6 +5,7 @@ deadline: ``torch.cuda`` initialisation can hang on a wedged GPU, and the daemon
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from gpuwatchd.doctor.context import Host
@@ -14,6 +15,25 @@ from gpuwatchd.doctor.report import Result, fail, ok, warn
 G = "cuda"
 # The probe worker's availability check (the one torch importer, as for the probes themselves): one JSON line.
 CHECK_ARGV = ("-m", "gpuwatchd.probes.worker", "--check", "--device", "cuda")
+# Another interpreter (`doctor --python`, `probes.python`: the environment that trains) may not have gpuwatchd at
+# all: ask torch directly, in the same terms as the worker's check. ``-I``: nothing from the caller's environment
+# or current directory is imported in its place.
+FOREIGN_CHECK = """
+import json, sys
+try:
+    import torch
+except ImportError as e:
+    print(json.dumps({"check": {"reason": "torch_not_installed", "detail": str(e)}}))
+    sys.exit(0)
+chk = {"torch": torch.__version__, "cuda": torch.version.cuda, "available": False}
+try:
+    chk["available"] = bool(torch.cuda.is_available())
+    if chk["available"]:
+        chk["device_count"] = torch.cuda.device_count()
+except Exception as e:
+    chk["error"] = f"{type(e).__name__}: {e}"
+print(json.dumps({"check": chk}))
+"""
 
 
 def cuda_text(v: int) -> str:
@@ -34,8 +54,10 @@ def probe_torch(host: Host) -> dict[str, Any]:
     """The installed torch's build and view of the GPUs, from a child process killed at the deadline."""
     if host.torch_facts is not None:
         return host.torch_facts
+    own = host.python == sys.executable
+    argv = [host.python, *CHECK_ARGV] if own else [host.python, "-I", "-c", FOREIGN_CHECK]
     try:
-        run = run_child(host, [host.python, *CHECK_ARGV])
+        run = run_child(host, argv)
     except OSError as e:
         return {"installed": None, "error": f"could not start {host.python}: {e}"}
     if run.timed_out:
@@ -80,7 +102,13 @@ def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:
         ))  # fmt: skip
         return out
     if t.get("installed") is False:
-        out.append(ok(G, "torch", f"not installed for {host.python} (nothing to check)"))
+        out.append(warn(
+            G, "torch", f"torch is not installed for {host.python}: CUDA/driver compatibility cannot be checked, "
+            "and the health probes cannot run with it",
+            f"`{host.python} -m pip install torch --index-url https://download.pytorch.org/whl/cu124` (pick the cuXYZ "
+            "at or below the driver's CUDA version), or point `doctor --python` / probes.python at the environment "
+            "that trains",
+        ))  # fmt: skip
         return out
     if t.get("installed") is None or t.get("error"):
         out.append(fail(G, "torch", f"torch failed: {t.get('error')}", "run `python -c 'import torch'` to see why"))

@@ -397,6 +397,8 @@ class GpuPresence:
     last_seen: float  # timestamp of the last snapshot that had readings for it
     since: float  # when it entered ``state``
     first_seen: float | None = None  # first sight by this daemon; since > first_seen while present = came back
+    # when it fell off the bus, kept while it then leaves the enumeration (the fall is the incident); None: never
+    lost_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from gpuwatchd.notify.config import ApiConfig
 from gpuwatchd.notify.fingerprints import alert_fp
 from gpuwatchd.notify.json_body import BodyError, read_json
 from gpuwatchd.notify.notification import alert_annotations
+from gpuwatchd.notify.silence_form import form_routes
 from gpuwatchd.notify.silence_input import SilenceError, check_id, parse_matchers_json, parse_text, parse_time
 from gpuwatchd.notify.silences import silence_json
 from gpuwatchd.notify.webhook import rfc3339
@@ -187,6 +188,7 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
         web.get("/api/v1/silences", list_silences),
         web.post("/api/v1/silences", post_silence),
         web.delete("/api/v1/silences/{id}", expire_silence),
+        *form_routes(d),  # the chat messages' silence link (notify.external_url)
     ]
 
 

@@ -28,6 +28,12 @@ DEFAULT_GROUP_BY = ("alertname", "host", "uuid")
 DEFAULT_GROUP_WAIT = 30.0
 DEFAULT_GROUP_INTERVAL = 300.0
 DEFAULT_REPEAT_INTERVAL = 4 * 3600.0
+# Presence alerts (a GPU or its dock gone, fewer GPUs than expected) describe one state of one GPU that flips when
+# the hardware comes back: nothing accumulates in their groups for group_interval to batch, and the user is waiting
+# to hear that the GPU is back. Their default route sends them at once (group_wait 0) and the resolution within
+# PRESENCE_GROUP_INTERVAL of the GPU's return (a cable flapping faster still yields at most 4 messages a minute).
+PRESENCE_ALERTS = ("GpuLost", "GpuRemoved", "GpuCountLow", "GpuDockUnauthorized")
+PRESENCE_GROUP_INTERVAL = 15.0
 # Prometheus' --rules.alert.resend-delay default: how often firing alerts are re-posted to an Alertmanager.
 DEFAULT_ALERTMANAGER_RESEND = 60.0
 # A notification older than this is dropped (failure counted): a day-old "firing" message misleads more than it
@@ -226,20 +232,33 @@ class InhibitRuleConfig(Section):
 
 
 def _default_inhibit_rules() -> tuple[InhibitRuleConfig, ...]:
-    # A lost or removed GPU makes every other alert about it noise (its throttling, leak, link...): one message
-    # about the loss is what the operator needs. Loss and removal do not mute each other.
+    # One fault, one message (docs/alerts.md "One incident, one message"). A lost or removed GPU makes every other
+    # alert about it noise (its Xid 79, throttling, leak, link...): the loss is what the operator needs. Loss and
+    # removal do not mute each other (the presence rule raises only one of them per GPU). GpuCountLow only
+    # restates, host-wide, a GPU that is lost, removed or stuck behind an unauthorized dock: those speak instead.
     targets = (parse_matcher('alertname!~"GpuLost|GpuRemoved"'),)
-    return tuple(
+    per_gpu = tuple(
         InhibitRuleConfig(
             source_matchers=(parse_matcher(f'alertname="{name}"'),), target_matchers=targets, equal=("host", "uuid")
         )
         for name in ("GpuLost", "GpuRemoved")
     )
+    count = InhibitRuleConfig(
+        source_matchers=(parse_matcher('alertname=~"GpuLost|GpuRemoved|GpuDockUnauthorized"'),),
+        target_matchers=(parse_matcher('alertname="GpuCountLow"'),),
+        equal=("host",),
+    )
+    return (*per_gpu, count)
 
 
 def _default_routes() -> tuple[RouteConfig, ...]:
-    # Critical alerts (GPU lost, uncorrectable ECC) skip group_wait: there is nothing to wait for.
-    return (RouteConfig(matchers=(parse_matcher('severity="critical"'),), group_wait=0.0),)
+    # Presence alerts at once, and their resolution soon after the GPU is back (PRESENCE_GROUP_INTERVAL).
+    # Other critical alerts (uncorrectable ECC, Xids that need a reset) skip group_wait: there is nothing to wait for.
+    presence = parse_matcher(f'alertname=~"{"|".join(PRESENCE_ALERTS)}"')
+    return (
+        RouteConfig(matchers=(presence,), group_wait=0.0, group_interval=PRESENCE_GROUP_INTERVAL),
+        RouteConfig(matchers=(parse_matcher('severity="critical"'),), group_wait=0.0),
+    )
 
 
 class ApiConfig(Section):

@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -68,6 +69,67 @@ async def _read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One POST to a receiver: HTTP status (None when no answer), the verdict, the error as said, the latency."""
+
+    status: int | None
+    verdict: Verdict
+    error: str | None
+    seconds: float
+
+
+def _snippet(body: bytes, secrets: list[str]) -> str:
+    """The start of an error body for the log and the outbox, on one line, with every secret form redacted.
+
+    Redacted before it is cut: a cut through a secret would leave a prefix no fragment matches.
+    """
+    text = redact(body.decode(errors="replace"), secrets)
+    return " ".join(text.split())[:ERROR_BODY_LOG_CHARS]
+
+
+async def post_once(
+    session: aiohttp.ClientSession, rc: ReceiverConfig, payload: str, *, url: str, endpoint: str,
+    idempotency_key: str, secrets: list[str], now: float,
+) -> Attempt:  # fmt: skip
+    """POST one outbox text to one receiver member as every delivery does (the integration's body, content type
+    and headers, the receiver's headers, timeout, no redirects) and classify the answer; errors name the
+    endpoint, never its URL. The delivery workers and ``gpuwatchd notify test`` both send through this."""
+    # The integration owns its request (notify/integration.py): body, content type, its own headers, the URL.
+    req = integration(rc.type).request(payload, rc, url)
+    headers = {
+        "Content-Type": req.content_type,
+        "User-Agent": USER_AGENT,
+        IDEMPOTENCY_HEADER: idempotency_key,
+    }
+    headers.update({k: v.get_secret_value() for k, v in rc.headers.items()})
+    headers.update(req.headers)
+    t0 = time.monotonic()
+    status: int | None = None
+    error: str | None = None
+    try:
+        async with session.post(
+            req.url,
+            data=req.body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=rc.timeout),
+            allow_redirects=False,
+        ) as resp:
+            status = resp.status
+            text = await _read_capped(resp.content, MAX_RESPONSE_BYTES)  # an answer can be any size
+            verdict = classify_status(resp.status, dict(resp.headers), text, now)
+            if verdict.outcome != "success":
+                error = f"{endpoint}: HTTP {resp.status}: {_snippet(text, secrets)}"
+    except asyncio.TimeoutError:
+        error = f"{endpoint}: timed out after {rc.timeout:g}s"
+        verdict = Verdict("retry", "timeout")
+    except (aiohttp.ClientError, OSError, ValueError) as e:
+        # aiohttp puts the URL in many of these texts: redact before it reaches a log or the API.
+        error = f"{endpoint}: {describe_error(e, secrets)}"
+        verdict = Verdict("retry", "connection")
+    return Attempt(status, verdict, error, time.monotonic() - t0)
 
 
 class Worker:
@@ -141,47 +203,14 @@ class Worker:
             self._settle(row, verdict)
 
     async def _attempt(self, row: OutboxRow) -> Verdict:
-        # The integration owns its request (notify/integration.py): body, content type, its own headers, the URL.
-        req = integration(self.rc.type).request(row.payload, self.rc, self.member.url.get_secret_value())
-        body, url = req.body, req.url
-        headers = {
-            "Content-Type": req.content_type,
-            "User-Agent": USER_AGENT,
-            IDEMPOTENCY_HEADER: row.idempotency_key,
-        }
-        headers.update({k: v.get_secret_value() for k, v in self.rc.headers.items()})
-        headers.update(req.headers)
-        t0 = time.monotonic()
-        try:
-            async with self._session.post(
-                url,
-                data=body,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=self.rc.timeout),
-                allow_redirects=False,
-            ) as resp:
-                text = await _read_capped(resp.content, MAX_RESPONSE_BYTES)  # an answer can be any size
-                verdict = classify_status(resp.status, dict(resp.headers), text, self._clock.now())
-                if verdict.outcome != "success":
-                    self.last_error = f"{self.endpoint}: HTTP {resp.status}: {self._snippet(text)}"
-        except asyncio.TimeoutError:
-            self.last_error = f"{self.endpoint}: timed out after {self.rc.timeout:g}s"
-            verdict = Verdict("retry", "timeout")
-        except (aiohttp.ClientError, OSError, ValueError) as e:
-            # aiohttp puts the URL in many of these texts: redact before it reaches a log or the API.
-            self.last_error = f"{self.endpoint}: {describe_error(e, self._secrets)}"
-            verdict = Verdict("retry", "connection")
-        finally:
-            self._metrics.latency.labels(self.key, self.rc.type).observe(time.monotonic() - t0)
-        return verdict
-
-    def _snippet(self, body: bytes) -> str:
-        """The start of an error body for the log and the outbox, on one line, with every secret form redacted.
-
-        Redacted before it is cut: a cut through a secret would leave a prefix no fragment matches.
-        """
-        text = redact(body.decode(errors="replace"), self._secrets)
-        return " ".join(text.split())[:ERROR_BODY_LOG_CHARS]
+        result = await post_once(
+            self._session, self.rc, row.payload, url=self.member.url.get_secret_value(), endpoint=self.endpoint,
+            idempotency_key=row.idempotency_key, secrets=self._secrets, now=self._clock.now(),
+        )  # fmt: skip
+        self._metrics.latency.labels(self.key, self.rc.type).observe(result.seconds)
+        if result.verdict.outcome != "success":
+            self.last_error = result.error
+        return result.verdict
 
     def _settle(self, row: OutboxRow, verdict: Verdict) -> None:
         now = self._clock.now()

@@ -29,7 +29,8 @@ def render(n: Notification) -> dict[str, Any]:
         rest = len(n.alerts) - MAX_EMBEDS
         note = f"\n\n…and {rest} more alerts" if i == len(shown) - 1 and rest > 0 else ""
         head = truncate(f"{'RESOLVED' if a.state == 'resolved' else a.severity.upper()}: {a.name}", EMBED_TITLE_LIMIT)
-        desc = truncate(alert_text(a, bold="**"), EMBED_DESCRIPTION_LIMIT - len(note)) + note
+        text = alert_text(a, bold="**", external_url=n.external_url)
+        desc = truncate(text, EMBED_DESCRIPTION_LIMIT - len(note)) + note
         if len(head) + len(desc) > budget:
             desc = truncate(desc, budget - len(head))
         if budget - len(head) <= 0 or not desc:

@@ -108,6 +108,12 @@ class Dispatcher:
     async def start(self) -> None:
         """Start the scheduler and one delivery worker per receiver member (undelivered rows from before resume)."""
         self._session = aiohttp.ClientSession()
+        if not self.config.receivers:
+            log.warning(
+                "no notification receivers configured (notify.receivers): alerts go nowhere but the API "
+                "(/api/v1/alerts) and gpuwatchd status; add one and test it with `gpuwatchd notify test` "
+                "(docs/notifications.md)"
+            )
         for rc in self.config.receivers:
             for m in rc.members:
                 self._start_worker(rc, m)
@@ -412,6 +418,7 @@ class Dispatcher:
             silenced=self._muted_counts[0],
             inhibited=self._muted_counts[1],
             groups=len(self._groups),
+            receivers=len(self.config.receivers),
         )
 
     def collector(self) -> Collector:

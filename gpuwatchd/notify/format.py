@@ -86,10 +86,12 @@ def title(n: Notification) -> str:
     return f"[{status}{num}] {name} on {where}{gpu}"
 
 
-def alert_text(alert: Alert, *, bold: str = "*") -> str:
+def alert_text(alert: Alert, *, bold: str = "*", external_url: str = "") -> str:
     """The lines about one alert: state, summary (the numbers), GPU, trend, description, times, silence hint.
 
     ``bold`` is the service's bold marker: ``*`` for Slack mrkdwn, ``**`` for Markdown, ``""`` for plain text.
+    With ``external_url`` (``notify.external_url``, where the user reaches this daemon) the silence hint is a link
+    to the daemon's silence form for exactly this alert; without it, the API call to make.
     """
     b = bold
     resolved = alert.state == "resolved"
@@ -106,16 +108,31 @@ def alert_text(alert: Alert, *, bold: str = "*") -> str:
     since = utc(alert.fired_at if alert.fired_at is not None else alert.active_at)
     lines.append(f"Since: {since}" + (f" · resolved {utc(alert.resolved_at)}" if resolved else ""))
     if not resolved:
-        lines.append(f"Silence: POST /api/v1/silences with {silence_matchers(alert)}")
+        if external_url:
+            lines.append(f"Silence: {silence_link(alert, external_url)}")
+        else:
+            lines.append(f"Silence: POST /api/v1/silences with {silence_matchers(alert)}")
     return "\n".join(lines)
+
+
+SILENCE_KEYS = ("alertname", "host", "uuid", "unique_id", "pid")
+SILENCE_FORM_PATH = "/silences/new"
 
 
 def silence_matchers(alert: Alert) -> str:
     """Matchers that would silence exactly this alert on this GPU (or Thunderbolt dock)."""
-    keys = [k for k in ("alertname", "host", "uuid", "unique_id", "pid") if alert.labels.get(k)]
+    keys = [k for k in SILENCE_KEYS if alert.labels.get(k)]
     return ", ".join(f'{k}="{alert.labels[k]}"' for k in keys)
+
+
+def silence_link(alert: Alert, external_url: str) -> str:
+    """``<external_url>/silences/new?alertname=...&uuid=...``: the daemon's silence form, filled in for this alert."""
+    from urllib.parse import urlencode
+
+    query = urlencode([(k, alert.labels[k]) for k in SILENCE_KEYS if alert.labels.get(k)])
+    return f"{external_url.rstrip('/')}{SILENCE_FORM_PATH}?{query}"
 
 
 def body_text(n: Notification, *, bold: str = "*") -> str:
     """All alerts of the notification, firing first, separated by blank lines."""
-    return "\n\n".join(alert_text(a, bold=bold) for a in n.alerts)
+    return "\n\n".join(alert_text(a, bold=bold, external_url=n.external_url) for a in n.alerts)

@@ -26,6 +26,7 @@ class GaugeState:
     inhibited: int = 0
     silenced: int = 0
     groups: int = 0
+    receivers: int = 0
 
 
 class _Gauges(Collector):
@@ -52,6 +53,11 @@ class _Gauges(Collector):
         )
         yield GaugeMetricFamily(
             "gpuwatchd_notification_groups", "Active aggregation groups.", value=float(state.groups)
+        )
+        yield GaugeMetricFamily(
+            "gpuwatchd_notify_receivers",
+            "Receivers configured (notify.receivers); 0: alerts reach nobody, only the API and the status page.",
+            value=float(state.receivers),
         )
 
 

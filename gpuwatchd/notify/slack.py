@@ -26,11 +26,10 @@ def render(n: Notification) -> dict[str, Any]:
     # One section per alert; keep two blocks free for the header and a possible "more" note.
     room = MAX_BLOCKS - 2
     for a in n.alerts[:room]:
-        blocks.append(
-            {"type": "section", "text": {"type": "mrkdwn", "text": truncate(alert_text(a), SECTION_TEXT_LIMIT)}}
-        )
+        text = truncate(alert_text(a, external_url=n.external_url), SECTION_TEXT_LIMIT)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
     if len(n.alerts) > room:
         more = f"…and {len(n.alerts) - room} more alerts"
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": more}]})
-    text = truncate(f"{head}\n\n{body_text(n)}", TEXT_LIMIT)
-    return {"text": text, "blocks": blocks, "unfurl_links": False, "unfurl_media": False}
+    fallback = truncate(f"{head}\n\n{body_text(n)}", TEXT_LIMIT)
+    return {"text": fallback, "blocks": blocks, "unfurl_links": False, "unfurl_media": False}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from gpuwatchd.model import GpuPresence
+from gpuwatchd.model import DockSample, GpuPresence
 from gpuwatchd.rules.condition import Condition, RuleView, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.dock import dock_title
@@ -20,15 +20,37 @@ LOST = "GpuLost"
 REMOVED = "GpuRemoved"
 COUNT_LOW = "GpuCountLow"
 
+# One disappearance is one incident and reaches chat as one alert, whose name and advice follow the evidence
+# (docs/alerts.md "One incident, one message"):
+#   the GPU's Thunderbolt dock was detached (cable pulled, enclosure switched off) -> GpuRemoved: re-plug it;
+#   the GPU fell off the bus while its dock stayed attached -> GpuLost: cable and enclosure PSU, then reboot;
+#   a GPU without a dock fell off the bus -> GpuLost: reboot;
+#   a GPU without a dock left the enumeration (unbound, hot-removed) -> GpuRemoved.
+# A docked GPU that stops answering is held DOCK_SETTLE_SECONDS before GpuLost fires: a cable pull takes the dock
+# off the Thunderbolt bus in the same instant, and the dock watch (one read per poll interval) must get to see it,
+# or the user would read "reboot" and then "re-plug" about one pull of the cable.
+DOCK_SETTLE_SECONDS = 5.0
+
 LOST_DESCRIPTION = (
     "The GPU stopped answering (NVML GPU_IS_LOST; the kernel log usually shows Xid 79 'fallen off the bus'). "
     "Jobs on it have failed. A reboot is needed to recover it; if it recurs, check the PCIe slot/riser, power "
-    "cables and PSU, and the GPU's temperature history. On an eGPU: check the cable and the enclosure's power."
+    "cables and PSU, and the GPU's temperature history."
+)
+LOST_DOCKED_DESCRIPTION = (
+    "The GPU fell off the bus while its Thunderbolt dock stayed attached: the PCIe tunnel or the GPU's power "
+    "failed, not the plug. Jobs on it have failed. Check the Thunderbolt cable (a certified 40 Gb/s one, seated at "
+    "both ends) and the enclosure's power supply, then reboot to recover the GPU (re-plugging the dock can be "
+    "enough on some enclosures)."
 )
 REMOVED_DESCRIPTION = (
-    "The GPU is no longer enumerated by the driver: an eGPU dock or cable was disconnected, the device was "
-    "unbound, or it dropped off the bus. If that was not intended, re-plug the dock (check its power) and look "
-    "at the kernel log; re-attaching resolves this alert."
+    "The GPU is no longer enumerated by the driver: the device was unbound or hot-removed, or it dropped off the "
+    "bus. If that was not intended, look at the kernel log (Xid 79, PCIe AER errors) and lspci; re-attaching it "
+    "resolves this alert."
+)
+DETACHED_DESCRIPTION = (
+    "The GPU went with its Thunderbolt dock: the cable was pulled or the enclosure lost power. Jobs on it have "
+    "failed. Re-plug the dock (and check the enclosure is switched on); it comes back under the same UUID, no "
+    "reboot needed, and re-attaching resolves this alert."
 )
 COUNT_DESCRIPTION = (
     "Fewer GPUs are present than rules.expected_gpu_count. Check the lost/removed GPUs, the kernel log "
@@ -40,29 +62,82 @@ def _clock(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
-def _present_note(name: str, pres: GpuPresence, labels: dict[str, str], now: float) -> Condition:
-    verb = "reattached" if name == REMOVED else "answering again"
+def _present_note(name: str, pres: GpuPresence, labels: dict[str, str], view: RuleView) -> Condition:
+    # The resolution keeps the labels the alert fired with (its header names the index it had then): the body names
+    # the GPU by model and uuid, and says where it is now, so header and body never contradict each other.
+    ident = pres.identity
+    model = labels.get("model") or "the GPU"
+    where = f"now at index {ident.index}" + (f", PCI {ident.pci_bus_id}" if ident.pci_bus_id else "")
+    d = view.gpu_docks.get(ident.uuid)
+    dock = f", behind its dock {dock_title(d)} ({d.unique_id})" if d is not None else ""
     return Condition(
         name,
         "critical" if name == LOST else "warning",
         labels,
-        f"{gpu_title(labels)}: {verb} at index {pres.identity.index} (back since {_clock(pres.since)})",
+        f"{model} ({ident.uuid}) is back since {_clock(pres.since)}: {where}{dock}",
         "The GPU is present again; check that its jobs restarted.",
         level="clear",
     )
 
 
-def _detached_dock(view: RuleView, uuid: str) -> tuple[str, str]:
-    """The Thunderbolt dock the GPU was last behind, when that dock is no longer attached: (name, summary note).
-
-    Named in the GpuRemoved message itself (an annotation, not a label: the dock may be read a moment after the
-    removal, and a label appearing later would split the alert in two), so a detach reaches chat as one message.
-    """
+def _dock(view: RuleView, uuid: str) -> tuple[DockSample | None, bool]:
+    """The Thunderbolt dock the GPU is (or was last) behind, and whether that dock is attached now."""
     d = view.gpu_docks.get(uuid)
-    if d is None or any(a.unique_id == d.unique_id for a in view.docks):
-        return "", ""
-    name = dock_title(d)
-    return name, f"; its Thunderbolt dock {name} ({d.unique_id}) was detached"
+    if d is None:
+        return None, False
+    return d, any(a.unique_id == d.unique_id for a in view.docks)
+
+
+def _missing(view: RuleView, uuid: str, pres: GpuPresence, labels: dict[str, str]) -> list[Condition]:
+    """The one alert about a GPU that is not present, chosen by the evidence (see DOCK_SETTLE_SECONDS)."""
+    title = gpu_title(labels)
+    d, attached = _dock(view, uuid)
+    bus = f" at PCI {pres.identity.pci_bus_id}" if pres.identity.pci_bus_id else ""
+    what = "stopped answering (fell off the bus)" if pres.state == "lost" else "no longer enumerated"
+    fell = pres.lost_since if pres.lost_since is not None else pres.since
+    if d is not None and not attached:
+        name = dock_title(d)
+        return [
+            Condition(
+                REMOVED, "warning", labels,
+                f"{title}{bus}: its Thunderbolt dock {name} ({d.unique_id}) was detached; the GPU {what} since "
+                f"{_clock(pres.since)}",
+                DETACHED_DESCRIPTION, value=pres.since, annotations={"dock": name},
+            ),
+            Condition(LOST, "critical", labels, f"{title}: went with its dock (see GpuRemoved)", LOST_DESCRIPTION,
+                      level="clear"),
+        ]
+    if pres.state == "lost" or pres.lost_since is not None:
+        # Fell off the bus; a GPU that then also leaves the enumeration (a fresh NVML session no longer lists it)
+        # is still that one incident.
+        if d is not None:
+            name = dock_title(d)
+            return [
+                Condition(
+                    LOST, "critical", labels,
+                    f"{title}{bus}: fell off the bus since {_clock(fell)} (last answered "
+                    f"{_clock(pres.last_seen)}) while its Thunderbolt dock {name} ({d.unique_id}) stayed attached",
+                    LOST_DOCKED_DESCRIPTION, value=fell, annotations={"dock": name},
+                    hold_for=DOCK_SETTLE_SECONDS,
+                )
+            ]
+        return [
+            Condition(
+                LOST, "critical", labels,
+                f"{title}{bus}: lost (fell off the bus) since {_clock(fell)}, last answered "
+                f"{_clock(pres.last_seen)}",
+                LOST_DESCRIPTION, value=fell,
+            )
+        ]
+    return [
+        Condition(
+            REMOVED, "warning", labels,
+            f"{title}{bus}: removed (no longer enumerated) since {_clock(pres.since)}",
+            REMOVED_DESCRIPTION, value=pres.since,
+        ),
+        Condition(LOST, "critical", labels, f"{title}: no longer enumerated (see GpuRemoved)", LOST_DESCRIPTION,
+                  level="clear"),
+    ]
 
 
 def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
@@ -77,42 +152,11 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         title = gpu_title(labels)
         if pres.state == "present":
             present += 1
-            out.append(_present_note(LOST, pres, labels, now))
-            out.append(_present_note(REMOVED, pres, labels, now))
-        elif pres.state == "lost":
-            missing.append(f"{title} lost")
-            out.append(
-                Condition(
-                    LOST,
-                    "critical",
-                    labels,
-                    f"{title}: lost (fell off the bus) since {_clock(pres.since)}, "
-                    f"last answered {_clock(pres.last_seen)}",
-                    LOST_DESCRIPTION,
-                    value=pres.since,
-                )
-            )
+            out.append(_present_note(LOST, pres, labels, view))
+            out.append(_present_note(REMOVED, pres, labels, view))
         else:
-            missing.append(f"{title} removed")
-            bus = f" at PCI {pres.identity.pci_bus_id}" if pres.identity.pci_bus_id else ""
-            dock, dock_note = _detached_dock(view, uuid)
-            out.append(
-                Condition(
-                    REMOVED,
-                    "warning",
-                    labels,
-                    f"{title}{bus}: removed (no longer enumerated) since {_clock(pres.since)}{dock_note}",
-                    REMOVED_DESCRIPTION,
-                    value=pres.since,
-                    annotations={"dock": dock} if dock else {},
-                )
-            )
-            out.append(
-                Condition(
-                    LOST, "critical", labels, f"{title}: no longer enumerated (see GpuRemoved)", LOST_DESCRIPTION,
-                    level="clear",
-                )
-            )
+            missing.append(f"{title} {pres.state}")
+            out.extend(_missing(view, uuid, pres, labels))
     expected = config.expected_gpu_count
     if expected is not None and present < expected and (view.latest is not None or view.presence):
         what = f"; {', '.join(missing)}" if missing else ""

@@ -27,6 +27,10 @@ NAME = "GpuXidError"
 
 # Application-level codes: once is the job's bug (docs/alerts.md); rules/xid_repeat.py escalates repeats.
 APPLICATION = frozenset({13, 31, 43, 45, 68, 94})
+FALLEN_OFF_BUS = 79
+# The loss follows an Xid 79 within a poll or two (NVML) and the docked GPU's settle (rules/presence.py); past
+# this, an Xid 79 without a lost GPU is news of its own.
+FALLEN_OFF_HOLD_SECONDS = 15.0
 
 RESTART_APP = "Restart the application that hit it; the GPU itself is fine. Repeats point to a bug in the job."
 RESET_GPU = (
@@ -234,6 +238,9 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                 f"{action} Resolves after {fmt_duration(cfg.resolve_after)} without a repeat.",
                 value=float(count),
                 annotations={"source": last.source, "last_seen": f"{last.timestamp:.3f}"},
+                # Xid 79 is the fall off the bus that GpuLost/GpuRemoved speak for (they inhibit this alert): held
+                # long enough for them to fire, it alerts on its own only when the GPU did not go away.
+                hold_for=max(FALLEN_OFF_HOLD_SECONDS, cfg.for_) if code == FALLEN_OFF_BUS else None,
             )
         )
     return out

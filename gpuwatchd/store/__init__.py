@@ -242,7 +242,7 @@ class Store:
                 ident = prev.identity if prev else GpuIdentity(lost.uuid, lost.index, None, lost.pci_bus_id)
                 if prev is None or prev.state != "lost":
                     self._presence[lost.uuid] = GpuPresence(
-                        ident, "lost", prev.last_seen if prev else t, t, prev.first_seen if prev else t
+                        ident, "lost", prev.last_seen if prev else t, t, prev.first_seen if prev else t, lost_since=t
                     )
             # A GPU missing from a successful enumeration has been removed (dock detached, unbound).
             for uuid, pres in list(self._presence.items()):
@@ -271,7 +271,9 @@ class Store:
             return False
         if prev.state == "lost" and prev.since <= since:
             return False
-        self._presence[uuid] = GpuPresence(prev.identity, "lost", prev.last_seen, since, prev.first_seen)
+        self._presence[uuid] = GpuPresence(
+            prev.identity, "lost", prev.last_seen, since, prev.first_seen, lost_since=since
+        )
         self.version += 1
         return True
 

@@ -99,3 +99,35 @@ def test_sim_dir_without_a_simulation(tmp_path: Path) -> None:
                          text=True, cwd=ROOT, env=ENV, timeout=60, check=False)  # fmt: skip
     assert res.returncode == 2 and res.stdout == ""
     assert f"--sim {tmp_path}: cannot read the simulation's sim-host.json" in res.stderr
+
+
+def test_python_checks_the_environment_that_trains(sims: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    # The simulated host's driver, and a real interpreter for torch: `--python PATH`, else the config's probes.python.
+    state_dir = start_sim(sims, tmp_path, "idle")
+    bare = tmp_path / "train-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    python = str(bare / "bin" / "python")
+
+    def torch_lines(doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+        return [(c["check"], c["status"], c["detail"], c.get("fix") or "") for c in doc["checks"]
+                if c["group"] == "cuda" and c["check"].startswith("torch")]  # fmt: skip
+
+    code, doc = doctor("--sim", str(state_dir), "--python", python)
+    ((check, status, detail, fix),) = torch_lines(doc)
+    assert (check, status) == ("torch", "warn") and code >= 1, doc  # a warning at least, never a pass
+    assert f"torch is not installed for {python}" in detail and f"{python} -m pip install torch" in fix
+    # The config's probes.python is the default interpreter.
+    cfg = tmp_path / "g.yml"
+    cfg.write_text(f"probes: {{python: {python}}}\n")
+    code, doc = doctor("--sim", str(state_dir), "--config", str(cfg))
+    assert torch_lines(doc)[0][:2] == ("torch", "warn")
+    # This interpreter's torch, run for real (the CI's is a CPU-only build: a warning that it never uses the GPU).
+    pytest.importorskip("torch")
+    import torch
+
+    code, doc = doctor("--sim", str(state_dir), "--python", sys.executable)
+    lines = torch_lines(doc)
+    if torch.version.cuda is None:
+        assert lines[0][:2] == ("torch build", "warn") and "CPU-only build" in lines[0][2], lines
+    else:
+        assert lines[0][0] == "torch build" and f"CUDA {torch.version.cuda}" in lines[0][2], lines

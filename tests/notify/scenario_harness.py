@@ -193,19 +193,26 @@ def check_chat_text(sinks: dict[str, Sink]) -> None:
                     assert f"Trend: {a['annotations']['sparkline']}" in text, service
 
 
-def check_unplug(hooks: list[Any]) -> None:
-    """egpu-unplug as a user sees it: GpuLost fired, then GpuRemoved fired, then GpuRemoved resolved, once, saying
-    the GPU was reattached at its new index (1)."""
+def check_unplug(hooks: list[Any], *, exact: bool = True) -> None:
+    """egpu-unplug as a user sees it: one incident, one firing GpuRemoved naming the detached dock and saying to
+    re-plug it (no GpuLost, no "reboot"), then one resolution saying the GPU is back, now at index 1.
+
+    ``exact=False`` (the 30x run): those two come first; what follows them is timing at that speed (the kernel's
+    "NVRM: GPU at" line for the re-plugged GPU can be read after the first snapshot that shows it back, 1/30 of the
+    moment it has at 1x), and tests/integration/test_sim_incidents.py counts the messages at 1x."""
     events = [
-        (a["status"], a["labels"]["alertname"], a["annotations"]["summary"])
+        (a["status"], a["labels"]["alertname"], a["annotations"]["summary"], a["annotations"].get("description", ""))
         for h in hooks
         for a in h["alerts"]
         if a["labels"]["alertname"] in ("GpuLost", "GpuRemoved")
     ]
-    order = [(status, alert) for status, alert, _ in events]
-    for step in (("firing", "GpuLost"), ("firing", "GpuRemoved"), ("resolved", "GpuRemoved")):
-        assert step in order, f"egpu-unplug: no {step[1]} {step[0]} message; got {order}"
-    assert order.index(("firing", "GpuLost")) < order.index(("firing", "GpuRemoved"))
-    assert order.index(("firing", "GpuRemoved")) < order.index(("resolved", "GpuRemoved"))
-    reattached = [text for status, alert, text in events if (status, alert) == ("resolved", "GpuRemoved")]
-    assert len(reattached) == 1 and "reattached at index 1" in reattached[0], reattached
+    order = [(status, alert) for status, alert, _, _ in events]
+    if not exact:
+        events, order = events[:2], order[:2]
+    assert order == [("firing", "GpuRemoved"), ("resolved", "GpuRemoved")], order
+    fired, back = events
+    assert "Razer Core X Chroma" in fired[2] and "was detached" in fired[2], fired
+    assert "Re-plug the dock" in fired[3] and "reboot" not in fired[3].replace("no reboot", ""), fired
+    if not exact:
+        return
+    assert "now at index 1" in back[2] and "GPU-3a1e07c5-9c0f-4b7e-8d1a-e6b3090e6b30" in back[2], back

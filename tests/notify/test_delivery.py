@@ -262,6 +262,9 @@ def test_metrics_exposition_has_the_families(tmp_path: Path) -> None:
         "gpuwatchd_silences",
         "gpuwatchd_alerts_inhibited",
         "gpuwatchd_alerts_silenced",
+        "gpuwatchd_notify_receivers",
     ):
         assert f"# TYPE {family} gauge" in text
+    # No receiver: exported as 0, so "alerts go nowhere" can itself be alerted on (docs/notifications.md).
+    assert "\ngpuwatchd_notify_receivers 0.0\n" in text
     d.state.close()

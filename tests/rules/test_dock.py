@@ -94,6 +94,41 @@ def test_gpu_removed_names_the_dock_that_went_with_it() -> None:
     assert "dock" not in removed[0].annotations  # the dock is still attached: the GPU alone went
     store.set_docks([])
     (c,) = [c for c in presence.conditions(store, 2.0, RulesConfig()) if c.name == "GpuRemoved"]
-    assert c.summary.endswith("; its Thunderbolt dock Razer Core X (uid-1) was detached")
+    assert ": its Thunderbolt dock Razer Core X (uid-1) was detached; the GPU no longer enumerated since" in c.summary
+    assert "Re-plug the dock" in c.description and "reboot" not in c.description.replace("no reboot", "")
     assert c.annotations == {"dock": "Razer Core X"}
     assert "dock" not in c.labels
+
+
+def _raised_presence(store: Store, now: float) -> list[tuple[str, str, float | None]]:
+    return [(c.name, c.description, c.hold_for) for c in presence.conditions(store, now, RulesConfig())
+            if c.level == "raise"]  # fmt: skip
+
+
+def test_one_alert_per_way_of_losing_a_gpu() -> None:
+    """docs/alerts.md "One incident, one message": the alert that speaks, and its advice, follow the evidence."""
+    from gpuwatchd.model import LostGpu
+
+    gpu = GpuSample("GPU-a", 0, name="RTX", pci_bus_id="00000000:0C:00.0")
+    lost = LostGpu(uuid="GPU-a", index=0, pci_bus_id="00000000:0C:00.0")
+    # Fell off the bus, its dock still attached: GpuLost (critical), cable/PSU then reboot, held for the dock watch.
+    store = Store()
+    store.apply(Snapshot(1.0, True, gpus=(gpu,)))
+    store.set_docks([CORE])
+    store.apply(Snapshot(2.0, True, lost=(lost,)))
+    ((name, advice, hold),) = _raised_presence(store, 2.0)
+    assert (name, hold) == ("GpuLost", presence.DOCK_SETTLE_SECONDS)
+    assert "enclosure's power supply, then reboot" in advice
+    # ... and it stays that one GpuLost when a fresh enumeration no longer lists it (the dock still attached).
+    store.apply(Snapshot(3.0, True))
+    assert [n for n, _, _ in _raised_presence(store, 3.0)] == ["GpuLost"]
+    # The dock leaves the bus (cable pulled): GpuRemoved, re-plug.
+    store.set_docks([])
+    ((name, advice, _),) = _raised_presence(store, 3.0)
+    assert name == "GpuRemoved" and "Re-plug the dock" in advice
+    # No dock at all: GpuLost at once, reboot.
+    bare = Store()
+    bare.apply(Snapshot(1.0, True, gpus=(gpu,)))
+    bare.apply(Snapshot(2.0, True, lost=(lost,)))
+    ((name, advice, hold),) = _raised_presence(bare, 2.0)
+    assert (name, hold) == ("GpuLost", None) and "A reboot is needed" in advice and "Thunderbolt" not in advice
