@@ -399,6 +399,9 @@ class GpuPresence:
     first_seen: float | None = None  # first sight by this daemon; since > first_seen while present = came back
     # when it fell off the bus, kept while it then leaves the enumeration (the fall is the incident); None: never
     lost_since: float | None = None
+    # its Thunderbolt dock was seen detached while it was away: this absence is a detach (GpuRemoved), even after
+    # the dock is back and before the GPU is enumerated again
+    dock_left: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,7 +95,7 @@ def _missing(view: RuleView, uuid: str, pres: GpuPresence, labels: dict[str, str
     bus = f" at PCI {pres.identity.pci_bus_id}" if pres.identity.pci_bus_id else ""
     what = "stopped answering (fell off the bus)" if pres.state == "lost" else "no longer enumerated"
     fell = pres.lost_since if pres.lost_since is not None else pres.since
-    if d is not None and not attached:
+    if d is not None and (not attached or pres.dock_left):  # sticky: the dock may be back before the GPU is
         name = dock_title(d)
         return [
             Condition(

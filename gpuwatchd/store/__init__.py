@@ -242,7 +242,8 @@ class Store:
                 ident = prev.identity if prev else GpuIdentity(lost.uuid, lost.index, None, lost.pci_bus_id)
                 if prev is None or prev.state != "lost":
                     self._presence[lost.uuid] = GpuPresence(
-                        ident, "lost", prev.last_seen if prev else t, t, prev.first_seen if prev else t, lost_since=t
+                        ident, "lost", prev.last_seen if prev else t, t, prev.first_seen if prev else t, lost_since=t,
+                        dock_left=prev is not None and prev.state != "present" and prev.dock_left,
                     )
             # A GPU missing from a successful enumeration has been removed (dock detached, unbound).
             for uuid, pres in list(self._presence.items()):
@@ -272,7 +273,8 @@ class Store:
         if prev.state == "lost" and prev.since <= since:
             return False
         self._presence[uuid] = GpuPresence(
-            prev.identity, "lost", prev.last_seen, since, prev.first_seen, lost_since=since
+            prev.identity, "lost", prev.last_seen, since, prev.first_seen, lost_since=since,
+            dock_left=prev.state != "present" and prev.dock_left,
         )
         self.version += 1
         return True
@@ -315,6 +317,11 @@ class Store:
                 uuid = by_bus.get(bus)
                 if uuid is not None:
                     self.gpu_docks[uuid] = d
+        attached = {d.unique_id for d in self._docks}
+        for uuid, pres in list(self._presence.items()):
+            dock = self.gpu_docks.get(uuid)
+            if pres.state != "present" and not pres.dock_left and dock is not None and dock.unique_id not in attached:
+                self._presence[uuid] = replace(pres, dock_left=True)
         self.version += 1
 
     def _uuid_by_sysfs_bus(self) -> dict[str, str]:

@@ -130,12 +130,15 @@ def test_torch_missing_for_the_interpreter_is_an_answer_not_a_crash(tmp_path: Pa
     facts = probe_torch(Host(python=sys.executable, env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}"}))
     assert facts == {"installed": False}
     res = check_cuda(Host(torch_facts=facts), OK_NVML)
-    assert [(r.check, r.status) for r in res] == [("driver CUDA", "pass"), ("torch", "pass")]
+    assert [(r.check, r.status) for r in res] == [("driver CUDA", "pass"), ("torch", "warn")]
 
 
-def test_torch_not_installed() -> None:
-    res = check_cuda(Host(torch_facts={"installed": False}), OK_NVML)
-    assert [(r.check, r.status) for r in res] == [("driver CUDA", "pass"), ("torch", "pass")]
+def test_torch_not_installed_is_a_warning_with_the_install_line() -> None:
+    # Not "nothing to check": the compatibility users run doctor for cannot be judged (issue 17 part 5).
+    res = check_cuda(Host(python="/opt/train/bin/python", torch_facts={"installed": False}), OK_NVML)
+    assert [(r.check, r.status) for r in res] == [("driver CUDA", "pass"), ("torch", "warn")]
+    assert "not installed for /opt/train/bin/python" in res[1].detail
+    assert "/opt/train/bin/python -m pip install torch" in res[1].fix
 
 
 def test_cuda_visible_devices_hiding_a_gpu() -> None:
