@@ -97,7 +97,8 @@ async def send_tests(config: NotifyConfig, receivers: list[ReceiverConfig], host
 def cmd_notify(args: argparse.Namespace) -> int:
     """``notify test``: 0 when every receiver took the message, 1 when one did not, 2 nothing to test."""
     from gpuwatchd.config.files import missing, shown_path
-    from gpuwatchd.config.loader import DEFAULT_CONFIG_PATH, ConfigError, load_config
+    from gpuwatchd.config.loader import ConfigError, load_config
+    from gpuwatchd.config.paths import DEFAULT_CONFIG_PATH
 
     path = args.config
     if path is not None and missing(path):
