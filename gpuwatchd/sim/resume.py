@@ -41,11 +41,18 @@ def save_sim_clock(state_dir: Path, start: float, clock: ScaledClock) -> None:
 
 def load_sim_clock(state_dir: Path) -> SimClock | None:
     """The saved clock, or None (first run, or a file that is not one: start the scenario afresh)."""
+    from gpuwatchd.config.files import InputFileError, read_text_file
+
     try:
-        doc = json.loads((state_dir / FILE_NAME).read_text())
+        # through the capped, non-blocking reader: the state dir is the user's, a FIFO or /dev/zero may sit there
+        doc = json.loads(read_text_file(state_dir / FILE_NAME, max_bytes=MAX_CLOCK_FILE_BYTES))
         values = [float(doc[k]) for k in ("start", "now", "wall")]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (InputFileError, ValueError, KeyError, TypeError, RecursionError, OverflowError):
         return None
-    if not all(math.isfinite(v) for v in values):
-        return None
+    if not all(math.isfinite(v) and abs(v) <= MAX_CLOCK_SECONDS for v in values):
+        return None  # a clock the player's arithmetic cannot use: the scenario starts afresh
     return SimClock(*values)
+
+
+MAX_CLOCK_FILE_BYTES = 4096  # three numbers
+MAX_CLOCK_SECONDS = 1e11  # unix seconds, beyond the year 5000

@@ -42,3 +42,26 @@ def test_an_unknown_name_with_a_local_file_says_how_to_use_the_file(tmp_path: Pa
     m = run_measured(("sim", "--scenario", "mine"), env=ENV, cwd=tmp_path, timeout=120)
     assert not one_line_error(m), m.describe()
     assert "unknown scenario 'mine'" in m.stderr and "./mine" in m.stderr, m.describe()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "deep-json", "huge-clock"])
+def test_resume_with_a_hostile_clock_file_starts_afresh(tmp_path: Path, kind: str) -> None:
+    """``--resume`` reads sim-clock.json from the user's state dir through the capped, non-blocking reader: a FIFO
+    blocked the start, /dev/zero was read without end, deep JSON was a traceback; each is "no saved clock"."""
+    state_dir = tmp_path / "sd"
+    state_dir.mkdir()
+    clock = state_dir / "sim-clock.json"
+    if kind == "fifo":
+        os.mkfifo(clock)
+    elif kind == "dev-zero":
+        clock.symlink_to("/dev/zero")
+    elif kind == "deep-json":
+        clock.write_text("[" * 100_000 + "]" * 100_000)
+    else:
+        clock.write_text('{"start": 1e300, "now": 1e300, "wall": 1e300}')
+    m = run_measured(("sim", "--scenario", "idle", "--state-dir", str(state_dir), "--resume", "--listen",
+                      f"127.0.0.1:{free_port()}"), env=ENV, cwd=tmp_path, timeout=120,
+                     until_stdout="Ctrl-C to stop")  # fmt: skip
+    assert m.rc is None and "Ctrl-C to stop" in m.stdout, m.describe()
+    assert "Traceback" not in m.stderr, m.describe()
+    assert m.max_rss_mib < 600, m.describe()
