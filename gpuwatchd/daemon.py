@@ -47,7 +47,7 @@ from gpuwatchd.sources.attribution.task import AttributionTask, socket_explicit
 from gpuwatchd.sources.kernel_log_task import KernelLogTask
 from gpuwatchd.sources.nvml.protocol import WORKER_MODULE
 from gpuwatchd.sources.nvml.supervisor import NvmlSupervisor
-from gpuwatchd.sources.thunderbolt import watch_docks
+from gpuwatchd.sources.sysfs.thunderbolt import watch_docks
 from gpuwatchd.store import Store
 from gpuwatchd.store.history_file import HistoryFile
 from gpuwatchd.web.detail import add_details

@@ -1,4 +1,5 @@
-"""Families about Thunderbolt/USB4 docks and eGPU enclosures (``sources/thunderbolt.py``), keyed by ``unique_id``."""
+"""Families about Thunderbolt/USB4 docks and eGPU enclosures (``sources/sysfs/thunderbolt.py``), keyed by
+``unique_id``."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from gpuwatchd.probes.scheduler import Scheduler, foreign_process, present
 from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.probes.verdict import LINK_MEASURES, degraded_problem, judge_probe, ratio
 from gpuwatchd.runtime.clock import Clock
-from gpuwatchd.sources.sysfs_pcie import PCI_DEVICES
+from gpuwatchd.sources.sysfs.pcie import PCI_DEVICES
 from gpuwatchd.store import Store
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """``GpuDockUnauthorized`` (a Thunderbolt dock is attached but has no PCIe tunnel) and ``GpuDockLinkDegraded``
 (its link trained below what its generation gives).
 
-Read from ``view.docks`` (``sources/thunderbolt.py``). A dock detaching raises nothing here: the GpuRemoved of
+Read from ``view.docks`` (``sources/sysfs/thunderbolt.py``). A dock detaching raises nothing here: the GpuRemoved of
 the GPU behind it names the dock (``rules/presence.py``), so the user gets one message about the unplug.
 """
 

@@ -24,7 +24,7 @@ def sysfs_files(state: dict[str, Any]) -> dict[str, dict[str, str]]:
 
     A device removed from the state has no directory (Thunderbolt detach); a lost one keeps its directory, but its
     link reads dead (speed "Unknown", width 63), as a GPU that fell off the bus does (its config space reads
-    all-ones; see ``DEAD_LINK_WIDTH`` in ``gpuwatchd/sources/sysfs_pcie.py``).
+    all-ones; see ``DEAD_LINK_WIDTH`` in ``gpuwatchd/sources/sysfs/pcie.py``).
     """
     out: dict[str, dict[str, str]] = {}
     for dev in state.get("devices", []):

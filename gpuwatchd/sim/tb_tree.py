@@ -2,7 +2,7 @@
 
 The state's ``thunderbolt`` key (Python-only; the stand-in C ignores it, docs/sim-state.md) lists the attached
 Thunderbolt/USB4 devices. ``gpuwatchd sim`` mirrors it under ``sysfs.root`` as a real kernel lays it out, so the
-daemon's Thunderbolt source (``gpuwatchd/sources/thunderbolt.py``) reads it unchanged:
+daemon's Thunderbolt source (``gpuwatchd/sources/sysfs/thunderbolt.py``) reads it unchanged:
 
     sys/devices/pci0000:00/0000:00:0d.2/domain0/{security, 0-0/, 0-0/0-1/{authorized, unique_id, ...}}
     sys/devices/pci0000:00/0000:00:07.N/<enclosure bridge, removable>/<GPU, removable>   (docked GPU)

@@ -13,7 +13,7 @@ from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.sources.kernel_log import KernelLogIngest, Topology
 from gpuwatchd.sources.kmsg_parse import normalize_pci
 from gpuwatchd.sources.kmsg_reader import KmsgReader
-from gpuwatchd.sources.sysfs_pcie import PCI_DEVICES
+from gpuwatchd.sources.sysfs.pcie import PCI_DEVICES
 from gpuwatchd.store import Store
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")

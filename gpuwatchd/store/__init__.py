@@ -309,7 +309,7 @@ class Store:
         self.version += 1
 
     def set_docks(self, docks: Iterable[DockSample]) -> None:
-        """The Thunderbolt devices attached now (``sources/thunderbolt.py``), with the GPUs behind them."""
+        """The Thunderbolt devices attached now (``sources/sysfs/thunderbolt.py``), with the GPUs behind them."""
         self._docks = tuple(docks)
         by_bus = self._uuid_by_sysfs_bus()
         for d in self._docks:

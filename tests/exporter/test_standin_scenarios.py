@@ -18,7 +18,7 @@ import pytest
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import state_at
 from gpuwatchd.sim.scenario import load_scenario, scenario_names
-from gpuwatchd.sources.thunderbolt import read_docks
+from gpuwatchd.sources.sysfs.thunderbolt import read_docks
 from gpuwatchd.store import Store
 from tests.sources.workerutil import run_worker, snap
 

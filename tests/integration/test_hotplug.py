@@ -18,7 +18,7 @@ from typing import Any
 from support import ROOT, DaemonProcess, Samples, labels_of, metrics_when, value, wait_until
 
 from gpuwatchd.sim.state import bus_id, make_device, make_state
-from gpuwatchd.sources.sysfs_pcie import PCI_DEVICES
+from gpuwatchd.sources.sysfs.pcie import PCI_DEVICES
 
 FAST_NVML = {"poll_interval": "100ms", "restart_backoff_initial": "100ms", "restart_backoff_max": "300ms"}
 

@@ -44,7 +44,7 @@ from gpuwatchd.sources.kernel_log import KernelLogIngest
 from gpuwatchd.sources.kernel_log_task import sysfs_topology
 from gpuwatchd.sources.kmsg_parse import KmsgRecord
 from gpuwatchd.sources.nvml.intake import SnapshotIntake
-from gpuwatchd.sources.thunderbolt import read_docks
+from gpuwatchd.sources.sysfs.thunderbolt import read_docks
 from gpuwatchd.store import Store
 
 from .conftest import Sink, start_sink

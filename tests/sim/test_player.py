@@ -181,7 +181,7 @@ def test_xid_event_delivered_once_through_the_standin(sim: Sim) -> None:
 
 
 def test_pci_tree_follows_unplug_and_replug(tmp_path: Path) -> None:
-    from gpuwatchd.sources.sysfs_pcie import nvidia_devices, read_link
+    from gpuwatchd.sources.sysfs.pcie import nvidia_devices, read_link
 
     clock = ManualClock(T0)
     root = tmp_path / "sysfs"
@@ -205,7 +205,7 @@ def test_pci_tree_follows_unplug_and_replug(tmp_path: Path) -> None:
 def test_state_file_is_written_before_the_pci_tree_changes(tmp_path: Path) -> None:
     """The daemon re-enumerates when the PCI tree changes: by then the state must already list the new devices,
     or the fresh worker enumerates the old list and (the stand-in's list being fixed at init) misses the removal."""
-    from gpuwatchd.sources.sysfs_pcie import nvidia_devices
+    from gpuwatchd.sources.sysfs.pcie import nvidia_devices
 
     root = tmp_path / "sysfs"
     seen: list[tuple[int, set[str]]] = []  # (devices in the state being written, PCI tree at that moment)

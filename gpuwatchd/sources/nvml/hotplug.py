@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuwatchd.model import LinkSample
-from gpuwatchd.sources.sysfs_pcie import SysfsUnreadable, nvidia_devices, read_links
+from gpuwatchd.sources.sysfs.pcie import SysfsUnreadable, nvidia_devices, read_links
 
 log = logging.getLogger(__name__)
 

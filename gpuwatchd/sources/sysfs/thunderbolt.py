@@ -1,7 +1,7 @@
 """Thunderbolt/USB4 docks and eGPU enclosures from ``<sysfs.root>/sys/bus/thunderbolt/devices``, with their GPUs.
 
 What NVML cannot say about an eGPU: that a dock is attached but not authorized (so the GPU behind it never
-appears), and how its link trained. Read from sysfs under the injectable root, like ``sysfs_pcie`` (the kernel's
+appears), and how its link trained. Read from sysfs under the injectable root, like ``pcie`` (the kernel's
 Documentation/ABI/testing/sysfs-bus-thunderbolt).
 
 Tying a dock to its GPU goes through the PCI topology, since the kernel exports no link between a Thunderbolt
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwatchd.model import DockSample
-from gpuwatchd.sources.sysfs_pcie import (
+from gpuwatchd.sources.sysfs.pcie import (
     GONE_ERRNOS,
     PCI_DEVICES,
     SysfsUnreadable,

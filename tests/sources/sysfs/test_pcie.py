@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpuwatchd.model import LinkSample
-from gpuwatchd.sources import sysfs_pcie
 from gpuwatchd.sources.nvml.hotplug import SysfsWatch
-from gpuwatchd.sources.sysfs_pcie import (
+from gpuwatchd.sources.sysfs import pcie as sysfs_pcie
+from gpuwatchd.sources.sysfs.pcie import (
     SysfsUnreadable,
     nvidia_devices,
     parse_speed,
@@ -20,7 +20,7 @@ from gpuwatchd.sources.sysfs_pcie import (
     read_links,
 )
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "sysfs"
 
 
 def test_nvidia_devices_lists_display_functions_only() -> None:

@@ -12,7 +12,7 @@ from gpuwatchd.runtime.clock import RealClock
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.state import make_state
 from gpuwatchd.sim.tb_tree import default_device
-from gpuwatchd.sources.thunderbolt import domain_security, parse_speed, read_docks, watch_docks
+from gpuwatchd.sources.sysfs.thunderbolt import domain_security, parse_speed, read_docks, watch_docks
 
 
 def _dock(route: str, uid: str, gpus: list[str], **over: Any) -> dict[str, Any]:

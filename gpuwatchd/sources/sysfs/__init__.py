@@ -1,0 +1,1 @@
+"""sysfs: the PCIe link of each GPU and the Thunderbolt docks above them."""
