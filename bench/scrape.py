@@ -259,8 +259,8 @@ def _store_registry() -> Any:
 async def _serve(mode: str) -> None:
     from aiohttp import web
 
-    from gpuwatchd.exporter.http import make_app, ready_from_store, store_cache_key
-    from gpuwatchd.exporter.status import status_from_store
+    from gpuwatchd.web.http import make_app, ready_from_store, store_cache_key
+    from gpuwatchd.web.status import status_from_store
 
     store, registry = _store_registry()
     app = make_app(registry=registry, status=lambda: status_from_store(store), ready=lambda: ready_from_store(store),

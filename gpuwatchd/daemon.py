@@ -23,13 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import Config, ConfigError, load_config, parse_listen
-from gpuwatchd.exporter.auth import BasicAuth
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.exporter.dcgm_compat import DcgmCompatCollector
-from gpuwatchd.exporter.http import make_app
-from gpuwatchd.exporter.server import start_server
-from gpuwatchd.exporter.status import status_from_store
-from gpuwatchd.exporter.webconfig import WebConfigError, load_web_config
 from gpuwatchd.gpu.health_view import update_health
 from gpuwatchd.model import Alert, Snapshot, SourceStatus
 from gpuwatchd.notify.dispatcher import Dispatcher
@@ -50,7 +45,12 @@ from gpuwatchd.sources.nvml.supervisor import NvmlSupervisor
 from gpuwatchd.sources.sysfs.thunderbolt import watch_docks
 from gpuwatchd.store import Store
 from gpuwatchd.store.history_file import HistoryFile
+from gpuwatchd.web.auth import BasicAuth
 from gpuwatchd.web.detail import add_details
+from gpuwatchd.web.http import make_app
+from gpuwatchd.web.server import start_server
+from gpuwatchd.web.status import status_from_store
+from gpuwatchd.web.webconfig import WebConfigError, load_web_config
 
 __all__ = ["Daemon", "DaemonError", "ListenError", "ReloadResult", "StateDirError", "resolve_state_dir"]
 
@@ -102,7 +102,7 @@ class Daemon:
         self._worker_env = worker_env
         self._listen = listen or config.listen
         parse_listen(self._listen)  # a bad --listen fails here, before anything starts
-        # TLS and basic auth (exporter/webconfig.py); --web.config.file overrides the config key, like --listen.
+        # TLS and basic auth (web/webconfig.py); --web.config.file overrides the config key, like --listen.
         self._web_config_file = web_config_file or config.web_config_file
         self._tls = False
         self.sd = notifier or SdNotifier(self._env)

@@ -59,8 +59,8 @@ def test_unit_declares_what_the_daemon_relies_on() -> None:
     assert _values("User") == ["gpuwatchd"]  # non-root
     assert "DynamicUser" not in {k for _, k, _ in _settings(UNIT.read_text())}
     # The HTTP connection cap (http.max_connections) fits under it with the daemon's reserve (exporter/connections).
-    from gpuwatchd.exporter.config import HttpConfig
-    from gpuwatchd.exporter.connections import effective_limit
+    from gpuwatchd.web.config import HttpConfig
+    from gpuwatchd.web.connections import effective_limit
 
     (nofile,) = _values("LimitNOFILE")
     assert effective_limit(HttpConfig().max_connections, int(nofile)) == HttpConfig().max_connections

@@ -134,7 +134,7 @@ def _check_web_config(path: Path | None) -> int | None:
     """None when ``path`` is unset or a usable web config file; else print why and return the exit code."""
     if path is None:
         return None
-    from gpuwatchd.exporter.webconfig import WebConfigError, load_web_config
+    from gpuwatchd.web.webconfig import WebConfigError, load_web_config
 
     if missing(path):
         _err(f"--web.config.file {shown_path(path)}: file not found")

@@ -30,10 +30,10 @@ from gpuwatchd.config.types import (
     problem_lines,
     yaml_error_message,
 )
-from gpuwatchd.exporter.config import ExporterConfig, HttpConfig
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.probes.config import ProbesConfig
 from gpuwatchd.rules.config import RulesConfig
+from gpuwatchd.web.config import ExporterConfig, HttpConfig
 
 # 9945: free in the Prometheus default-port allocation wiki at the time of writing, and clear of
 # node_exporter (9100), dcgm-exporter (9400) and nvidia_gpu_exporter (9835).
@@ -141,7 +141,7 @@ class Config(Section):
     @classmethod
     def _web_config(cls, v: Path | None) -> Path | None:
         if v is not None:
-            from gpuwatchd.exporter.webconfig import WebConfigError, load_web_config
+            from gpuwatchd.web.webconfig import WebConfigError, load_web_config
 
             try:
                 load_web_config(v)

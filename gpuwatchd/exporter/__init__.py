@@ -1,1 +1,1 @@
-"""Prometheus exposition (custom collector over the store) and the aiohttp application."""
+"""Prometheus exposition: families over the store, the encoder, the custom collector, DCGM compatibility."""

@@ -21,7 +21,6 @@ from typing import Any, TextIO
 
 from gpuwatchd.config.files import InputFileError, shown_path
 from gpuwatchd.config.loader import Config, load_config
-from gpuwatchd.exporter.status import scenario_clock
 from gpuwatchd.probes.config import sim_probes
 from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.runtime.clock import ScaledClock
@@ -42,6 +41,7 @@ from gpuwatchd.sim.scenario import (
 )
 from gpuwatchd.sim.standin_abi import MAX_SIM_GPUS, STATE_ENV
 from gpuwatchd.sim.worker import WORKER_MODULE as SIM_WORKER_MODULE
+from gpuwatchd.web.status import scenario_clock
 
 log = logging.getLogger(__name__)
 

@@ -106,7 +106,7 @@ def test_rich_is_loaded_by_the_watch_view_only() -> None:
     code = (
         "import sys, contextlib, io\n"
         "from gpuwatchd.cli.commands import main\n"
-        "import gpuwatchd.daemon, gpuwatchd.exporter.http\n"
+        "import gpuwatchd.daemon, gpuwatchd.web.http\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
         "    main(['--help'])\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"

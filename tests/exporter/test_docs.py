@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpuwatchd.exporter.auth import AUTH_SPECS
 from gpuwatchd.exporter.collector import store_specs
-from gpuwatchd.exporter.connections import CONNECTION_SPECS
-from gpuwatchd.exporter.request_log import BAD_REQUESTS
+from gpuwatchd.web.auth import AUTH_SPECS
+from gpuwatchd.web.connections import CONNECTION_SPECS
+from gpuwatchd.web.request_log import BAD_REQUESTS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 _ROW = re.compile(r"^\| `(gpuwatchd_\w+)`(?: \*\*\(contract\)\*\*)? \| (\w+) \| ([^|]*) \|", re.MULTILINE)

@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwatchd.cli.status import render_status
 from gpuwatchd.config.attribution import AttributionConfig
 from gpuwatchd.exporter.collector import StoreCollector
-from gpuwatchd.exporter.status import status_from_store
 from gpuwatchd.sources.attribution.task import AttributionTask
+from gpuwatchd.web.status import status_from_store
 from tests.notify.scenario_harness import message_text
 from tests.notify.scenario_replay import NvmlChild, Replay, replay
 from tests.sources.attribution.kubelet_server import serve

@@ -8,7 +8,7 @@ import logging
 import pytest
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 
-from gpuwatchd.exporter.request_log import BURST, WINDOW_SECONDS, RequestLogger
+from gpuwatchd.web.request_log import BURST, WINDOW_SECONDS, RequestLogger
 
 
 class Clock:

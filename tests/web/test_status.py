@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from gpuwatchd.exporter.status import STATUS_VERSION, status_from_store
 from gpuwatchd.store import Store
-
-from .conftest import UUID_A, UUID_B, UUID_C, UUID_D
+from gpuwatchd.web.status import STATUS_VERSION, status_from_store
+from tests.exporter.conftest import UUID_A, UUID_B, UUID_C, UUID_D
 
 
 def test_shape_and_round_trip(mixed_store: Store) -> None:

@@ -35,8 +35,8 @@ from aiohttp.typedefs import Middleware
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from gpuwatchd.exporter.config import HttpConfig
 from gpuwatchd.exporter.families import Families, spec
+from gpuwatchd.web.config import HttpConfig
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 
-from gpuwatchd.exporter.config import HttpConfig
-from gpuwatchd.exporter.connections import ACCEPT_BURST, ConnectionGuard
-from gpuwatchd.exporter.request_log import RequestLogger
+from gpuwatchd.web.config import HttpConfig
+from gpuwatchd.web.connections import ACCEPT_BURST, ConnectionGuard
+from gpuwatchd.web.request_log import RequestLogger
 
 # Pending connections the kernel queues for us; asyncio also accepts up to this many per wake-up, which the
 # connection guard's descriptor budget counts on.
@@ -117,7 +117,7 @@ class GuardedSite(web.SockSite):
     ) -> None:
         super().__init__(runner, sock, backlog=BACKLOG)
         self._guard = guard
-        self._tls = tls  # the web config's TLS (exporter/webconfig.py); None is plain HTTP
+        self._tls = tls  # the web config's TLS (web/webconfig.py); None is plain HTTP
 
     async def start(self) -> None:
         # SockSite.start with the guard around the protocol factory; BaseSite.start registers us with the runner,
@@ -150,7 +150,7 @@ async def start_server(
 ) -> HttpServer:
     """Serve ``app`` on ``host:port`` with the limits of ``config``; their metrics go to ``registry``.
 
-    ``tls`` serves HTTPS only; ``middlewares`` run inside the connection guard (basic auth: ``exporter/auth.py``).
+    ``tls`` serves HTTPS only; ``middlewares`` run inside the connection guard (basic auth: ``web/auth.py``).
 
     Raises OSError when a socket cannot be bound (nothing is left running then).
     """

@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gpuwatchd.exporter.config import HttpConfig
-from gpuwatchd.exporter.connections import IN_FLIGHT_FDS, MIN_CONNECTIONS, RESERVED_FDS, effective_limit
-from gpuwatchd.exporter.server import HttpServer, start_server
+from gpuwatchd.web.config import HttpConfig
+from gpuwatchd.web.connections import IN_FLIGHT_FDS, MIN_CONNECTIONS, RESERVED_FDS, effective_limit
+from gpuwatchd.web.server import HttpServer, start_server
 
 WAIT = 30.0  # generous bound for conditions on a loaded machine; each returns as soon as it holds
 

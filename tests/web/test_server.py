@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from gpuwatchd.exporter.server import listen_sockets
+from gpuwatchd.web.server import listen_sockets
 
 
 def test_ipv4_host_binds_that_address_only() -> None:

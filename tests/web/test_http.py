@@ -13,12 +13,11 @@ import pytest
 from aiohttp import web
 
 from gpuwatchd.exporter.collector import StoreCollector
-from gpuwatchd.exporter.http import NOT_READY_REASON, make_app, ready_from_store
-from gpuwatchd.exporter.status import status_from_store
 from gpuwatchd.model import Snapshot
 from gpuwatchd.store import Store
-
-from .conftest import BUILD, UUID_A, registry_for, store_from_fixture
+from gpuwatchd.web.http import NOT_READY_REASON, make_app, ready_from_store
+from gpuwatchd.web.status import status_from_store
+from tests.exporter.conftest import BUILD, UUID_A, registry_for, store_from_fixture
 
 Serve = Callable[[Store], "asyncio.Future[str]"]
 
@@ -185,7 +184,7 @@ async def test_status_with_a_non_json_value_still_answers(client: aiohttp.Client
 
 
 async def test_metrics_cache_reuses_a_render_until_the_store_changes(client: aiohttp.ClientSession) -> None:
-    from gpuwatchd.exporter.http import METRICS_RENDERER, store_cache_key
+    from gpuwatchd.web.http import METRICS_RENDERER, store_cache_key
 
     store = store_from_fixture("store_mixed.json")
     app = make_app(
@@ -220,7 +219,7 @@ async def test_metrics_cache_reuses_a_render_until_the_store_changes(client: aio
 
 
 def _renderer(store: Store) -> Any:
-    from gpuwatchd.exporter.http import MetricsRenderer, store_cache_key
+    from gpuwatchd.web.http import MetricsRenderer, store_cache_key
 
     return MetricsRenderer(registry_for(store), lambda: store_cache_key(store))
 
@@ -273,7 +272,7 @@ async def test_concurrent_first_scrapes_share_one_render() -> None:
 async def test_a_failing_render_fails_its_scrapes_and_the_next_one_retries() -> None:
     from prometheus_client import CollectorRegistry
 
-    from gpuwatchd.exporter.http import MetricsRenderer
+    from gpuwatchd.web.http import MetricsRenderer
 
     class Flaky:
         calls = 0

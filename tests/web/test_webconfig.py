@@ -12,7 +12,7 @@ import yaml
 from tls_files import TlsFiles, make_tls_files
 
 from gpuwatchd.cli.commands import main
-from gpuwatchd.exporter.webconfig import WebConfigError, load_web_config
+from gpuwatchd.web.webconfig import WebConfigError, load_web_config
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
 

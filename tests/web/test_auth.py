@@ -12,12 +12,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 from tls_files import TlsFiles
 
-from gpuwatchd.exporter import auth as auth_module
-from gpuwatchd.exporter.auth import BasicAuth, parse_basic
-from gpuwatchd.exporter.config import HttpConfig
-from gpuwatchd.exporter.http import make_app
-from gpuwatchd.exporter.server import start_server
-from gpuwatchd.exporter.webconfig import parse_web_config
+from gpuwatchd.web import auth as auth_module
+from gpuwatchd.web.auth import BasicAuth, parse_basic
+from gpuwatchd.web.config import HttpConfig
+from gpuwatchd.web.http import make_app
+from gpuwatchd.web.server import start_server
+from gpuwatchd.web.webconfig import parse_web_config
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
 
