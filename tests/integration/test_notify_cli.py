@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -25,9 +27,14 @@ from test_sim_incidents import Slack
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def gpuwatchd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuwatchd", *args], capture_output=True, text=True, timeout=60,
-                          cwd=ROOT, env=env or ENV, check=False)  # fmt: skip
+def gpuwatchd(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command line's entry point, in this process (an interpreter start per call would cost CI seconds)."""
+    from gpuwatchd.cli.commands import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["gpuwatchd", *args], code, out.getvalue(), err.getvalue())
 
 
 class RefusingSlack(Slack):
