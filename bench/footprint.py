@@ -115,7 +115,7 @@ class Daemon:
         for p in self.processes():
             try:
                 role = "daemon" if p.pid == self.ps.pid else (
-                    "worker" if any("nvml_worker" in a for a in p.cmdline()) else "other")
+                    "worker" if any(a.startswith("gpuwatchd.") and "worker" in a for a in p.cmdline()) else "other")
                 m = p.memory_full_info()
             except psutil.NoSuchProcess:  # a worker being replaced
                 continue

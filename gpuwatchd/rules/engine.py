@@ -123,6 +123,7 @@ class RulesEngine:
         # untracked condition (8x32: ~100 conditions x the alerts, the largest cost of a poll in the profile).
         self._by_labels: dict[tuple[tuple[str, str], ...], str] | None = None
         self._names_uuids: set[tuple[str, str]] = set()  # (alertname, uuid) of those alerts: most lookups end here
+        self._firing_names: set[str] = set()  # alertnames of the firing alerts (notes for other names are not kept)
         self._stats: dict[str, FamilyStats] = {f.name: FamilyStats() for f in families}
         self._cache: dict[str, tuple[float, list[Condition]]] = {}  # family -> (run at, conditions)
         self._failing: set[str] = set()  # families whose last run raised
@@ -200,8 +201,14 @@ class RulesEngine:
     def _collect(
         self, family: str, conds: list[Condition], enabled: list[str], seen: dict[str, tuple[str, Condition]]
     ) -> None:
+        if self._by_labels is None:
+            self._index()
         for c in conds:
             if c.name not in enabled:
+                continue
+            if c.level == "clear" and c.name not in self._firing_names:
+                # A note only words the resolution of an alert of its name that was firing (_advance); with none,
+                # it changes nothing: skip its fingerprint (16x256: ~4k per-process notes per evaluation).
                 continue
             fp = self._identity(self._labels(c))
             prev = seen.get(fp)
@@ -220,15 +227,23 @@ class RulesEngine:
         if fp in self._tracked or "gpu" not in labels or labels.get("uuid", "unknown") == "unknown":
             return fp
         if self._by_labels is None:
-            self._by_labels = {}
-            self._names_uuids = set()
-            for tfp, t in self._tracked.items():  # the first (oldest) one wins, as a scan in order would find it
-                if t.alert.state != "resolved":
-                    self._by_labels.setdefault(_without_gpu(t.alert.labels), tfp)
-                    self._names_uuids.add((t.alert.labels.get("alertname", ""), t.alert.labels.get("uuid", "")))
+            self._index()
+        assert self._by_labels is not None
         if (labels.get("alertname", ""), labels["uuid"]) not in self._names_uuids:
-            return fp  # no active alert of this name on this GPU: 16x256 has ~4k such notes per evaluation
+            return fp  # no active alert of this name on this GPU (the common case: one set lookup)
         return self._by_labels.get(_without_gpu(labels), fp)
+
+    def _index(self) -> None:
+        """The active alerts by labels without ``gpu``, their (alertname, uuid) and the names of the firing ones."""
+        self._by_labels = {}
+        self._names_uuids = set()
+        self._firing_names = set()
+        for tfp, t in self._tracked.items():  # the first (oldest) one wins, as a scan in order would find it
+            if t.alert.state != "resolved":
+                self._by_labels.setdefault(_without_gpu(t.alert.labels), tfp)
+                self._names_uuids.add((t.alert.labels.get("alertname", ""), t.alert.labels.get("uuid", "")))
+                if t.alert.state == "firing":
+                    self._firing_names.add(t.alert.name)
 
     def _labels(self, c: Condition) -> dict[str, str]:
         labels = {"alertname": c.name, "severity": c.severity, "host": self._host}
