@@ -11,17 +11,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.model import Alert
-from gpuwatchd.notify.config import NotifyConfig, ReceiverConfig
+from gpuwatchd.cli.daemon_client import add_client_args
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_USAGE
 
 EXIT_FAILED = 1
-TEST_ALERT = "GpuwatchdTest"
 
 
 def add_parser(sub: Any) -> None:
@@ -32,70 +28,56 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--config", type=Path,
                    help="config file with notify.receivers (default: /etc/gpuwatchd/gpuwatchd.yml)")
     t.add_argument("--receiver", action="append", metavar="NAME", help="only this receiver (repeatable)")
+    t.add_argument("--url", help="test the receivers of the daemon running at this URL (POST /api/v1/receivers/test; "
+                   "from its host, or with --token-file) instead of a config file's")
+    t.add_argument("--token-file", type=Path, metavar="FILE",
+                   help="file holding the daemon's notify.api.write_token (default: $GPUWATCHD_WRITE_TOKEN)")
+    t.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the daemon (default 60)")
+    add_client_args(t)
 
 
-def test_alert(host: str, receiver: str, now: float) -> Alert:
-    """The synthetic alert a test notification carries: severity info, the word "test" in every text."""
-    return Alert(
-        name=TEST_ALERT,
-        severity="info",
-        labels={"alertname": TEST_ALERT, "severity": "info", "host": host, "receiver": receiver},
-        summary=f"test notification from gpuwatchd on {host} to receiver {receiver!r}: if you read this, it works",
-        description="Sent by `gpuwatchd notify test`; nothing is wrong. It is not an alert and resolves nothing.",
-        state="firing",
-        active_at=now,
-        fired_at=now,
-    )
+def _via_daemon(args: argparse.Namespace) -> int:
+    """``notify test --url``: the running daemon sends the test messages with its own receivers and reports back."""
+    import os
+    from urllib.parse import urlencode
 
+    from gpuwatchd.cli.daemon_client import ClientSetupError, client_for
+    from gpuwatchd.cli.silence import _call, _token
 
-def render(rc: ReceiverConfig, config: NotifyConfig, host: str, now: float) -> str:
-    """The test message as the receiver's own integration renders it (the outbox text a delivery would send)."""
-    from gpuwatchd.notify import alertmanager
-    from gpuwatchd.notify.integrations import integration
-    from gpuwatchd.notify.notification import Notification
+    try:
+        client = client_for(args, args.config)
+        token = _token(args, os.environ)
+    except ClientSetupError as e:
+        print(f"gpuwatchd notify: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    query = f"?{urlencode([('receiver', n) for n in args.receiver])}" if args.receiver else ""
+    url = f"{args.url.rstrip('/')}/api/v1/receivers/test{query}"
+    try:
+        status, data = asyncio.run(_call("POST", url, client, token=token, timeout=args.timeout))
+    except Exception as e:  # aiohttp.ClientError, OSError, TimeoutError: nothing answers there
+        import aiohttp
 
-    alert = test_alert(host, rc.name, now)
-    if not integration(rc.type).grouped:  # Alertmanager: the state push every firing alert gets
-        return alertmanager.payload([alert], now, config.alertmanager_resend, config.external_url)
-    n = Notification(
-        receiver=rc.name, group_key=f'{{}}:{{alertname="{TEST_ALERT}"}}', group_labels={"alertname": TEST_ALERT},
-        alerts=(alert,), host=host, now=now, reason="test", external_url=config.external_url,
-    )  # fmt: skip
-    return integration(rc.type).render(n)
-
-
-async def send_tests(config: NotifyConfig, receivers: list[ReceiverConfig], host: str) -> list[tuple[str, bool]]:
-    """Send to each receiver (each member of an Alertmanager cluster) in turn; (printed line, ok) for each."""
-    import aiohttp
-
-    from gpuwatchd.notify.delivery import post_once, receiver_secrets
-    from gpuwatchd.notify.redaction import secret_fragments
-
-    out: list[tuple[str, bool]] = []
-    async with aiohttp.ClientSession() as session:
-        for rc in receivers:
-            secrets = secret_fragments(receiver_secrets(rc))
-            for m in rc.members:
-                now = time.time()
-                what = f"{rc.name} ({rc.type})" if len(rc.members) == 1 else f"{m.endpoint} ({rc.type})"
-                try:
-                    payload = render(rc, config, host, now)
-                except (KeyError, ValueError) as e:
-                    out.append((f"{what}: FAILED: cannot render a message: {e}", False))
-                    continue
-                r = await post_once(session, rc, payload, url=m.url.get_secret_value(), endpoint=m.endpoint,
-                                    idempotency_key=f"test-{uuid.uuid4().hex}", secrets=secrets, now=now)
-                ms = f"{r.seconds * 1000:.0f} ms"
-                if r.verdict.outcome == "success":
-                    out.append((f"{what}: OK: HTTP {r.status} in {ms}", True))
-                else:
-                    status = f"HTTP {r.status}" if r.status is not None else "no answer"
-                    out.append((f"{what}: FAILED: {status} after {ms}: {r.error}", False))
-    return out
+        if not isinstance(e, aiohttp.ClientError | OSError | asyncio.TimeoutError):
+            raise
+        print(f"gpuwatchd notify: no daemon reachable at {args.url}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 3
+    if status != 200 or not isinstance(data, dict):
+        why = data.get("error") if isinstance(data, dict) else data
+        print(f"gpuwatchd notify: the daemon refused (HTTP {status}): {why}", file=sys.stderr)
+        return EXIT_USAGE if status == 404 else EXIT_FAILED
+    results = data.get("results") or []
+    if not results:
+        print("gpuwatchd notify: the daemon has no receivers: alerts go nowhere but the API", file=sys.stderr)
+        return EXIT_USAGE
+    for r in results:
+        print(r.get("line"))
+    return EXIT_OK if all(r.get("ok") for r in results) else EXIT_FAILED
 
 
 def cmd_notify(args: argparse.Namespace) -> int:
     """``notify test``: 0 when every receiver took the message, 1 when one did not, 2 nothing to test."""
+    if args.url:
+        return _via_daemon(args)
     from gpuwatchd.config.files import missing, shown_path
     from gpuwatchd.config.loader import ConfigError, load_config
     from gpuwatchd.config.paths import DEFAULT_CONFIG_PATH
@@ -124,6 +106,8 @@ def cmd_notify(args: argparse.Namespace) -> int:
             print(f"gpuwatchd notify: unknown receiver {unknown[0]!r} in {source}; receivers: {names}", file=sys.stderr)
             return EXIT_USAGE
         receivers = [r for r in receivers if r.name in args.receiver]
+    from gpuwatchd.notify.receiver_test import send_tests
+
     results = asyncio.run(send_tests(cfg.notify, receivers, cfg.host))
     for line, _ in results:
         print(line)

@@ -183,7 +183,24 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
         d.wake()
         return web.json_response({"silenceID": sid, "status": {"state": "expired"}})
 
+    async def test_receivers(request: web.Request) -> web.Response:
+        # `gpuwatchd notify test --url`: the running daemon's receivers, as its config has them now. Guarded like a
+        # silence write: it makes the daemon post to every receiver.
+        refused = write_refusal(request, d.config.api, "receiver tests")
+        if refused is not None:
+            return refused
+        from gpuwatchd.notify.receiver_test import send_tests
+
+        names = request.query.getall("receiver", [])
+        receivers = [r for r in d.config.receivers if not names or r.name in names]
+        unknown = sorted(set(names) - {r.name for r in d.config.receivers})
+        if unknown:
+            return _error(404, f"unknown receiver {unknown[0]!r}", "receiver")
+        results = await send_tests(d.config, receivers, d.host)
+        return web.json_response({"results": [{"line": line, "ok": ok} for line, ok in results]})
+
     return [
+        web.post("/api/v1/receivers/test", test_receivers),
         web.get("/api/v1/alerts", get_alerts),
         web.get("/api/v1/silences", list_silences),
         web.post("/api/v1/silences", post_silence),

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from aiohttp import web
 from support import ROOT, DaemonProcess, free_port, metrics_when, value, wait_until
-from test_sim_cli import interrupt
+from test_sim_cli import interrupt, start_sim
 from test_sim_incidents import Slack
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -192,3 +192,32 @@ def test_silence_link_opens_a_form_that_silences(sim: DaemonProcess) -> None:
     (s,) = [x for x in listing if x["comment"] == "re-seating the riser"]
     assert {m["name"]: m["value"] for m in s["matchers"]} == {"alertname": "GpuLost", "host": "desk", "uuid": "GPU-9"}
     assert s["createdBy"] == "erin"
+
+
+def test_notify_test_of_the_running_daemon(tmp_path: Path) -> None:
+    # `--url`: the daemon's own receivers (POST /api/v1/receivers/test), as its config has them now.
+    good = Slack()
+    running: list[DaemonProcess] = []
+    try:
+        cfg = tmp_path / "g.yml"
+        cfg.write_text(yaml.safe_dump({"host": "desk", "notify": {"receivers": [
+            {"name": "team", "type": "slack", "url": good.url}]}}))  # fmt: skip
+        d = start_sim(running, tmp_path, "--scenario", "idle", "--config", str(cfg))
+        r = gpuwatchd("notify", "test", "--url", d.url)
+        assert r.returncode == 0 and r.stdout.startswith("team (slack): OK: HTTP 200 in "), r.stdout + r.stderr
+        (_, body), = good.messages
+        assert "test notification" in body["text"]
+        r = gpuwatchd("notify", "test", "--url", d.url, "--receiver", "nope")
+        assert r.returncode == 2 and "unknown receiver 'nope'" in r.stderr
+        assert interrupt(d) == 0
+    finally:
+        for p in running:
+            if p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait()
+        good.close()
+
+
+def test_notify_test_of_a_daemon_without_receivers(sim: DaemonProcess) -> None:
+    r = gpuwatchd("notify", "test", "--url", sim.url)
+    assert r.returncode == 2 and "the daemon has no receivers" in r.stderr
