@@ -216,7 +216,7 @@ def test_readme_and_ci_agree() -> None:
     ],
 )
 def test_status_url_follows_the_config(tmp_path: Path, listen: str, url: str) -> None:
-    from gpuwatchd.cli.commands import default_status_url
+    from gpuwatchd.runtime.daemon_client import default_status_url
 
     cfg = tmp_path / "c.yml"
     cfg.write_text(f'listen: "{listen}"\n')

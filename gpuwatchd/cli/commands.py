@@ -15,10 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwatchd import __version__
-from gpuwatchd.cli.daemon_client import ClientSetupError, DaemonClient, add_client_args, client_for, serves_tls
 from gpuwatchd.cli.probe import add_probe_parser, cmd_probe_args
 from gpuwatchd.config.files import missing, shown_path
 from gpuwatchd.config.paths import DEFAULT_CONFIG_PATH
+from gpuwatchd.runtime.daemon_client import (
+    ClientSetupError,
+    DaemonClient,
+    add_client_args,
+    client_for,
+    default_status_url,
+)
 from gpuwatchd.runtime.exitcodes import (
     EXIT_BROKEN_PIPE,
     EXIT_CODES_HELP,
@@ -211,25 +217,12 @@ def cmd_run(config_path: Path | None, listen: str | None, web_config_file: Path 
         return EXIT_OK
 
 
-def default_status_url(config_path: Path | None) -> str:
-    """The URL `status` talks to: the config's listen address, loopback when it listens on all interfaces."""
-    from gpuwatchd.config.loader import Config, ConfigError, load_config, parse_listen
-
-    try:
-        cfg = load_config(config_path)
-    except ConfigError:
-        cfg = Config()
-    host, port = parse_listen(cfg.listen)
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
-    scheme = "https" if serves_tls(cfg.web_config_file) else "http"
-    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
-
-
 def cmd_status(url: str | None, config_path: Path | None, as_json: bool, timeout: float,
                client: DaemonClient | None = None) -> int:
     import asyncio
 
-    from gpuwatchd.cli.status import StatusUnavailable, fetch_status, render_status
+    from gpuwatchd.cli.status import render_status
+    from gpuwatchd.runtime.status_client import StatusUnavailable, fetch_status
 
     base = (url or default_status_url(config_path)).rstrip("/")
     try:

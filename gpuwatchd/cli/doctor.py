@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwatchd.cli.arg_types import MAX_DEADLINE_SECONDS, daemon_url, deadline_seconds
-from gpuwatchd.cli.daemon_client import ClientSetupError, add_client_args, client_from_args
 from gpuwatchd.config.files import shown_path
 from gpuwatchd.config.paths import DEFAULT_CONFIG_PATH
 from gpuwatchd.doctor.defaults import DEFAULT_DEADLINE, SERVICE_USER
+from gpuwatchd.runtime.daemon_client import ClientSetupError, add_client_args, client_from_args, default_status_url
 from gpuwatchd.runtime.exitcodes import EXIT_USAGE
 from gpuwatchd.sim.host_tree import MANIFEST
 from gpuwatchd.sim.standin_abi import STATE_ENV
@@ -55,7 +55,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def host_from_args(args: argparse.Namespace) -> Host:
     """The host doctor examines: this machine, or the simulated one a ``gpuwatchd sim`` describes."""
     # Imported here, as in every command: `gpuwatchd --help` loads none of the config models (pydantic, PyYAML).
-    from gpuwatchd.cli.commands import default_status_url
     from gpuwatchd.config.loader import Config, ConfigError, load_config
     from gpuwatchd.doctor.context import Host
 

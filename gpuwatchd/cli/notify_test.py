@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.cli.daemon_client import add_client_args
+from gpuwatchd.runtime.daemon_client import add_client_args
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_USAGE
 
 EXIT_FAILED = 1
@@ -41,8 +41,8 @@ def _via_daemon(args: argparse.Namespace) -> int:
     import os
     from urllib.parse import urlencode
 
-    from gpuwatchd.cli.daemon_client import ClientSetupError, client_for
     from gpuwatchd.cli.silence import _call, _token
+    from gpuwatchd.runtime.daemon_client import ClientSetupError, client_for
 
     try:
         client = client_for(args, args.config)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.cli.arg_types import daemon_url
-from gpuwatchd.cli.daemon_client import (
+from gpuwatchd.runtime.daemon_client import (
     AUTH_HINT,
     ClientSetupError,
     DaemonClient,
@@ -54,7 +54,7 @@ def _answer(status: int, raw: bytes) -> Any:
 async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], timeout: float,
                      client: DaemonClient | None = None) -> dict[str, Any]:
     """POST the request; :class:`NoDaemon` when nothing listens (then the caller runs the probes itself).
-    ``client``: TLS trust and basic auth for a daemon with a web config (cli/daemon_client.py)."""
+    ``client``: TLS trust and basic auth for a daemon with a web config (runtime/daemon_client.py)."""
     import asyncio
 
     import aiohttp  # here, not at the top: every CLI start imports this module

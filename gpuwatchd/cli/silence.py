@@ -2,7 +2,7 @@
 
 Like ``amtool silence``: matchers as Alertmanager writes them (``uuid="GPU-..."``, ``alertname=~"GpuThrottled|..."``,
 or ``name=value``), a relative duration (``--for 2h``), a comment and an author. It talks to a running daemon with
-the same TLS trust and basic auth as ``status`` (cli/daemon_client.py); a daemon with ``notify.api.write_token``
+the same TLS trust and basic auth as ``status`` (runtime/daemon_client.py); a daemon with ``notify.api.write_token``
 needs the token (``--token-file`` or ``$GPUWATCHD_WRITE_TOKEN``) to add or expire.
 """
 
@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.cli.daemon_client import ClientSetupError, DaemonClient, add_client_args, client_for, tls_problem
+from gpuwatchd.runtime.daemon_client import ClientSetupError, DaemonClient, add_client_args, client_for, tls_problem
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 TOKEN_ENV = "GPUWATCHD_WRITE_TOKEN"  # noqa: S105  (the variable's name, not a token)

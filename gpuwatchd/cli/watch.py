@@ -16,8 +16,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from gpuwatchd.cli.daemon_client import DaemonClient
-from gpuwatchd.cli.status import DaemonRefused, StatusUnavailable, alert_state, fetch_status, more_processes
+from gpuwatchd.cli.status import alert_state, more_processes
+from gpuwatchd.runtime.daemon_client import DaemonClient
+from gpuwatchd.runtime.status_client import DaemonRefused, StatusUnavailable, fetch_status
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.cli.daemon_client import DaemonClient
 from gpuwatchd.config.loader import Config
 from gpuwatchd.doctor.defaults import DEFAULT_DEADLINE, SERVICE_USER
+from gpuwatchd.runtime.daemon_client import DaemonClient
 
 __all__ = ["DEFAULT_DEADLINE", "SERVICE_USER", "Host"]
 
@@ -26,7 +26,7 @@ class Host:
     config_path: Path | None = None
     config_error: str | None = None  # the config file did not load: this message
     url: str = "http://127.0.0.1:9945"
-    # TLS trust and basic auth for the daemon's status API (cli/daemon_client.py); None: plain HTTP, no auth
+    # TLS trust and basic auth for the daemon's status API (runtime/daemon_client.py); None: plain HTTP, no auth
     client: DaemonClient | None = None
     deadline: float = DEFAULT_DEADLINE
     service_user: str = SERVICE_USER

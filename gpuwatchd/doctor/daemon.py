@@ -7,9 +7,9 @@ import asyncio
 import os
 from typing import Any
 
-from gpuwatchd.cli.status import DaemonRefused, StatusUnavailable, fetch_status
 from gpuwatchd.doctor.context import Host
 from gpuwatchd.doctor.report import Result, fail, ok, warn
+from gpuwatchd.runtime.status_client import DaemonRefused, StatusUnavailable, fetch_status
 
 G = "daemon"
 

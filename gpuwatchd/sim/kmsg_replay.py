@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuwatchd.config.files import InputFileError, read_bytes_file, shown_path
 from gpuwatchd.sim.kmsg_text import Entry, parse_text, to_records
@@ -21,8 +21,6 @@ from gpuwatchd.sim.kmsg_text import Entry, parse_text, to_records
 if TYPE_CHECKING:
     from gpuwatchd.sim.scenario import Scenario
 
-MAX_STEP_LINES = 100  # kernel-log lines one scenario step may emit
-MAX_LINE_CHARS = 1024  # the kernel's own limit for one printk line is about this
 # A day of a busy host's kernel log is a few MiB; 32 MiB bounds memory and parse time (~2 s) for any paste.
 MAX_KERNEL_LOG_BYTES = 32 << 20
 
@@ -72,17 +70,6 @@ async def feed_when_ready(ring: ReplayRing, entries: list[Entry], has_snapshot: 
     while not has_snapshot():
         await asyncio.sleep(0.05)
     ring.append(entries)
-
-
-def kmsg_step_lines(body: Any) -> tuple[str, ...]:
-    """A scenario ``kmsg`` step's payload: kernel-log lines as ``dmesg`` prints them (any pasted format)."""
-    lines = [body] if isinstance(body, str) else body
-    if not isinstance(lines, list) or not lines or len(lines) > MAX_STEP_LINES:
-        raise ValueError(f"kmsg: expected a list of 1 to {MAX_STEP_LINES} kernel log lines")
-    for i, line in enumerate(lines):
-        if not isinstance(line, str) or not line.strip() or len(line) > MAX_LINE_CHARS or "\n" in line:
-            raise ValueError(f"kmsg[{i}]: expected one non-empty line of at most {MAX_LINE_CHARS} characters")
-    return tuple(lines)
 
 
 def due_lines(scenario: Scenario, since: float, until: float) -> list[str]:

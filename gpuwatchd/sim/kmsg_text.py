@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwatchd.sources.kmsg_parse import format_record, parse_record
+
+MAX_STEP_LINES = 100  # kernel-log lines one scenario step may emit
+MAX_LINE_CHARS = 1024  # the kernel's own limit for one printk line is about this
 
 # dmesg -x: "kern  :warn  : "
 _LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warn": 4, "notice": 5, "info": 6, "debug": 7}
@@ -115,3 +119,14 @@ def to_records(entries: list[Entry], *, first_seq: int) -> bytes:
         last = e.usec if e.usec is not None else last
         chunks.append(format_record(first_seq + i, last, e.message, level=e.level))
     return b"".join(chunks)
+
+
+def kmsg_step_lines(body: Any) -> tuple[str, ...]:
+    """A scenario ``kmsg`` step's payload: kernel-log lines as ``dmesg`` prints them (any pasted format)."""
+    lines = [body] if isinstance(body, str) else body
+    if not isinstance(lines, list) or not lines or len(lines) > MAX_STEP_LINES:
+        raise ValueError(f"kmsg: expected a list of 1 to {MAX_STEP_LINES} kernel log lines")
+    for i, line in enumerate(lines):
+        if not isinstance(line, str) or not line.strip() or len(line) > MAX_LINE_CHARS or "\n" in line:
+            raise ValueError(f"kmsg[{i}]: expected one non-empty line of at most {MAX_LINE_CHARS} characters")
+    return tuple(lines)

@@ -47,7 +47,7 @@ from gpuwatchd.config.files import InputFileError, missing, read_text_file, show
 from gpuwatchd.config.loader import format_validation_error
 from gpuwatchd.config.safe_yaml import load_yaml
 from gpuwatchd.config.types import problem_lines, yaml_error_message
-from gpuwatchd.sim.kmsg_replay import kmsg_step_lines
+from gpuwatchd.sim.kmsg_text import kmsg_step_lines
 from gpuwatchd.sim.scenario_fields import (
     OPEN_MAPS,
     FieldPath,

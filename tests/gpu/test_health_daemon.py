@@ -12,10 +12,11 @@ from typing import Any
 
 import aiohttp
 
-from gpuwatchd.cli.status import fetch_status, render_status
+from gpuwatchd.cli.status import render_status
 from gpuwatchd.config.loader import config_from_dict
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.probes.service import torch_cuda_build
+from gpuwatchd.runtime.status_client import fetch_status
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
 

@@ -1,4 +1,4 @@
-"""``status``, ``probe`` and ``doctor`` against a daemon serving TLS with basic auth (cli/daemon_client.py): the URL
+"""``status``, ``probe`` and ``doctor`` against a daemon serving TLS with basic auth (runtime/daemon_client.py): the URL
 and the trusted certificate come from the config's web config file, the password from $GPUWATCHD_PASSWORD; a wrong
 or missing password is a 401 that says what to pass."""
 
@@ -18,9 +18,9 @@ import yaml
 from support import ROOT, free_port, wait_until
 from tls_files import TlsFiles
 
-from gpuwatchd.cli.daemon_client import PASSWORD_ENV, DaemonClient
-from gpuwatchd.cli.status import StatusUnavailable, fetch_status
+from gpuwatchd.runtime.daemon_client import PASSWORD_ENV, DaemonClient
 from gpuwatchd.runtime.exitcodes import EXIT_UNREACHABLE, EXIT_USAGE
+from gpuwatchd.runtime.status_client import StatusUnavailable, fetch_status
 
 USER, PASSWORD = "ops", "s3cret"
 

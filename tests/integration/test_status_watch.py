@@ -21,7 +21,7 @@ import yaml
 from support import ROOT, DaemonProcess, free_port, wait_until
 from tls_files import TlsFiles
 
-from gpuwatchd.cli.daemon_client import PASSWORD_ENV
+from gpuwatchd.runtime.daemon_client import PASSWORD_ENV
 from gpuwatchd.runtime.exitcodes import EXIT_BROKEN_PIPE, EXIT_UNREACHABLE
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "50"}

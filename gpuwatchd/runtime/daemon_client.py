@@ -156,3 +156,17 @@ def tls_problem(url: str, e: BaseException) -> str | None:
         return ("the server closed the connection without an answer, as a daemon serving TLS does to plain HTTP; "
                 "use an https:// URL")
     return None
+
+
+def default_status_url(config_path: Path | None) -> str:
+    """The URL `status` talks to: the config's listen address, loopback when it listens on all interfaces."""
+    from gpuwatchd.config.loader import Config, ConfigError, load_config, parse_listen
+
+    try:
+        cfg = load_config(config_path)
+    except ConfigError:
+        cfg = Config()
+    host, port = parse_listen(cfg.listen)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
+    scheme = "https" if serves_tls(cfg.web_config_file) else "http"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"

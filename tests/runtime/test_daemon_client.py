@@ -1,4 +1,4 @@
-"""What status says when it speaks TLS to a plain-HTTP server (cli/daemon_client.py ``tls_problem``); the TLS and
+"""What status says when it speaks TLS to a plain-HTTP server (runtime/daemon_client.py ``tls_problem``); the TLS and
 basic-auth daemon cases are in tests/integration/test_cli_tls.py."""
 
 from __future__ import annotations
