@@ -191,8 +191,9 @@ def test_readme_and_ci_agree() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "\n    bash .ci/run\n" in readme
-    assert "`python -m pytest -q`" in readme
-    assert "\npython -m pytest -q\n" in ci
+    command = "python -m pytest -q -n 4 --dist loadfile"
+    assert f"`{command}`" in readme
+    assert f"\n{command}\n" in ci
     documented = {
         int(code): text
         for code, text in (
