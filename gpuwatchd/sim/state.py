@@ -43,11 +43,29 @@ from gpuwatchd.sim.standin_abi import (
     OVERRIDABLE_SYMBOLS,
     STANDIN_SYMBOLS,
 )
+from gpuwatchd.sim.state_encode import (
+    _I64,
+    _STR_MAX,
+    _U32,
+    PROCESS_HOST_STATES,
+    _dict,
+    _Enc,
+    _encode_memory,
+    _encode_processes,
+    _error_code,
+    _fail,
+    _flag,
+    _int,
+    _list,
+    _str,
+)
+from gpuwatchd.sim.state_mig import encode_mig_devices
 
 __all__ = [
     "ERROR_CODES",
     "EVENT_TYPES",
     "OVERRIDABLE_SYMBOLS",
+    "PROCESS_HOST_STATES",
     "RELOAD_CHECK_S",
     "STANDIN_SYMBOLS",
     "StateWriter",
@@ -64,11 +82,8 @@ MAGIC = "GWSIM 1"
 RELOAD_CHECK_S = 0.002
 _JSON_PREFIX = "# json "
 
-_U32 = 2**32 - 1
-_I64 = 2**63 - 1
 _NVLINK_MAX_LINKS = 36  # nvml.h NVML_NVLINK_MAX_LINKS
-# nvml.h buffer sizes (UUID_V2 96, NAME_V2 96, SERIAL 30, driver/NVML version 80), including the NUL
-_STR_MAX = {"uuid": 95, "name": 95, "serial": 29, "driver_version": 79, "nvml_version": 79}
+
 
 _TOP_KEYS = {"clock", "driver_version", "nvml_version", "cuda_driver_version", "init_error", "devices", "events",
              "thunderbolt", "kernel_module_version", "torch", "host_pid_namespace"}
@@ -76,8 +91,7 @@ _TOP_KEYS = {"clock", "driver_version", "nvml_version", "cuda_driver_version", "
 # sim/host_tree.py); the stand-in C never sees them. host_pid_namespace (Python-only, default true): whether the
 # daemon's /proc is the host's pid namespace (sim/resolver.py); false models a daemon in a container without hostPID.
 # A process' host_state (Python-only, default "live"): what /proc says of its pid: "live", "zombie", or "gone" (no
-# /proc entry: the process exited but the driver still holds its memory).
-PROCESS_HOST_STATES = ("live", "zombie", "gone")
+# /proc entry: the process exited but the driver still holds its memory; PROCESS_HOST_STATES, sim/state_encode.py).
 _CLOCK_KEYS = ("graphics", "sm", "memory", "video")  # nvmlClockType_t order
 _THRESHOLD_KEYS = ("shutdown", "slowdown", "mem_max", "gpu_max")  # nvmlTemperatureThresholds_t 0..3
 _VIOLATION_KEYS = (
@@ -107,71 +121,6 @@ PROCESS_UTILIZATION_KEYS = ("pid", "timestamp_us", "sm", "memory", "encoder", "d
 # data / replay / recovery error counts.
 NVLINK_COUNTER_KEYS = ("tx_kib", "rx_kib", "crc_flit", "crc_data", "replay", "recovery")
 _PCIE_KEYS = ("gen", "max_gen", "gpu_max_gen", "width", "max_width", "tx_kbps", "rx_kbps", "replay_counter")
-
-
-class _Enc:
-    """Collects encoded lines; every check raises ValueError naming the key path."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def put(self, key: str, *args: object) -> None:
-        self.lines.append(" ".join([key, *("-" if a is None else str(a) for a in args)]))
-
-
-def _fail(path: str, msg: str) -> ValueError:
-    return ValueError(f"{path}: {msg}")
-
-
-def _int(path: str, v: object, lo: int = 0, hi: int = _I64, *, nullable: bool = False) -> int | None:
-    if v is None and nullable:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise _fail(path, f"expected an integer, got {v!r}")
-    if not lo <= v <= hi:
-        shown = str(v) if -(10**30) < v < 10**30 else f"an integer of {v.bit_length()} bits"
-        raise _fail(path, f"{shown} is outside {lo}..{hi}")
-    return v
-
-
-def _flag(path: str, v: object) -> int:
-    if isinstance(v, bool) or v in (0, 1):
-        return int(bool(v))
-    raise _fail(path, f"expected a boolean, got {v!r}")
-
-
-def _str(path: str, v: object, max_len: int = 4000) -> str:
-    if not isinstance(v, str):
-        raise _fail(path, f"expected a string, got {v!r}")
-    if any(c in v for c in "\n\r\0") or len(v.encode()) > max_len:
-        raise _fail(path, f"must be one line of at most {max_len} bytes")
-    return v
-
-
-def _dict(
-    path: str, v: object, keys: tuple[str, ...] | set[str] | frozenset[str], required: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise _fail(path, f"expected an object, got {type(v).__name__}")
-    for k in v:
-        if k not in keys and not str(k).startswith("_"):
-            raise _fail(f"{path}.{k}" if path else str(k), f"unknown key (known: {', '.join(sorted(keys))})")
-    for k in required:
-        if v.get(k) is None:
-            raise _fail(f"{path}.{k}" if path else k, "required")
-    return v
-
-
-def _list(path: str, v: object) -> list[Any]:
-    if not isinstance(v, list | tuple):
-        raise _fail(path, f"expected a list, got {type(v).__name__}")
-    return list(v)
-
-
-def _error_code(path: str, v: object) -> int:
-    if not isinstance(v, str) or v not in ERROR_CODES:
-        raise _fail(path, f"unknown NVML error {v!r} (use NVML_ERROR_* names without the prefix, e.g. 'GPU_IS_LOST')")
-    return ERROR_CODES[v]
 
 
 def _opt_fields(e: _Enc, path: str, d: dict[str, Any], key: str, *, names: tuple[str, ...], line: str, hi: int) -> None:
@@ -229,42 +178,6 @@ _DEVICE_KEYS = {
     "mig_max_devices",  # MIG (sim/state_mig.py)
     "mig_devices",
 }
-
-
-def _encode_memory(e: _Enc, p: str, d: dict[str, Any]) -> None:
-    if d.get("memory") is not None:
-        m = _dict(f"{p}.memory", d["memory"], {"total", "reserved", "used"}, required=("total", "used"))
-        total, used = _int(f"{p}.memory.total", m["total"]), _int(f"{p}.memory.used", m["used"])
-        reserved = _int(f"{p}.memory.reserved", m.get("reserved", 0))
-        assert total is not None and used is not None and reserved is not None
-        if reserved + used > total:
-            raise _fail(f"{p}.memory.used", f"reserved + used ({reserved + used}) exceeds total ({total})")
-        e.put("memory", total, reserved, used)
-
-
-def _encode_processes(e: _Enc, p: str, d: dict[str, Any]) -> None:
-    if d.get("processes") is not None:
-        procs = _dict(f"{p}.processes", d["processes"], {"compute", "graphics"})
-        for kind in ("compute", "graphics"):
-            if procs.get(kind) is None:
-                continue
-            args: list[object] = []
-            for i, pr in enumerate(_list(f"{p}.processes.{kind}", procs[kind])):
-                q = f"{p}.processes.{kind}[{i}]"
-                _dict(q, pr, {"pid", "used_memory", "name", "user", "host_rss", "cgroup",
-                           "host_state"}, required=("pid",))
-                for k in ("name", "user", "cgroup"):
-                    if pr.get(k) is not None:
-                        _str(f"{q}.{k}", pr[k])
-                if pr.get("host_state") is not None and pr["host_state"] not in PROCESS_HOST_STATES:
-                    raise _fail(f"{q}.host_state", f"expected one of {', '.join(PROCESS_HOST_STATES)}, "
-                                                   f"got {pr['host_state']!r}")
-                _int(f"{q}.host_rss", pr.get("host_rss"), nullable=True)
-                args += [
-                    _int(f"{q}.pid", pr["pid"], 1, _U32),
-                    _int(f"{q}.used_memory", pr.get("used_memory"), nullable=True),
-                ]
-            e.put(f"processes_{kind}", *args)
 
 
 def _encode_overrides(e: _Enc, p: str, d: dict[str, Any]) -> None:
@@ -393,8 +306,6 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
         e.put("lost", _flag(f"{p}.lost", d["lost"]))
     _encode_overrides(e, p, d)
     if d.get("mig_devices") is not None or d.get("mig_max_devices") is not None:
-        from gpuwatchd.sim.state_mig import encode_mig_devices
-
         encode_mig_devices(e, p, d)
     e.put("end_device")
 

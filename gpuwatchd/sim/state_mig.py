@@ -12,11 +12,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpuwatchd.sim.state import (
+from gpuwatchd.sim.standin_abi import ERROR_CODES, OVERRIDABLE_SYMBOLS
+from gpuwatchd.sim.state_encode import (
     _STR_MAX,
     _U32,
-    ERROR_CODES,
-    OVERRIDABLE_SYMBOLS,
     _dict,
     _Enc,
     _encode_memory,
