@@ -26,7 +26,16 @@ from gpuwatchd.config.loader import Config, ConfigError, load_config, parse_list
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.exporter.dcgm_compat import DcgmCompatCollector
 from gpuwatchd.gpu.health_view import update_health
-from gpuwatchd.model import Alert, Snapshot, SourceStatus
+from gpuwatchd.model import (
+    Alert,
+    ConfigReload,
+    DockChange,
+    LinkChange,
+    NvmlCounters,
+    NvmlStale,
+    Snapshot,
+    SourceStatus,
+)
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.probes.api import probe_routes
 from gpuwatchd.probes.service import ProbeService
@@ -164,8 +173,7 @@ class Daemon:
         cfg = self.config
         self.state_dir = resolve_state_dir(cfg, self._env)
         # The config in force was loaded successfully at start: say when, so dashboards need no SIGHUP first.
-        self.store.config_reload_success = True
-        self.store.config_reload_timestamp = self.clock.now()
+        self.store.ingest(ConfigReload(True, self.clock.now()))
         self._engine = RulesEngine(cfg.rules, host=cfg.host)
         self.history = HistoryFile(self.state_dir, self.store, self.clock)
         self.history.load()
@@ -192,13 +200,14 @@ class Daemon:
             on_snapshot=self._on_snapshot,
             on_stale=self._on_stale,
             env=self._worker_env,
-            on_links=self.store.set_links,
-            on_counters=self.store.set_nvml_counters,
+            on_links=lambda links: self.store.ingest(LinkChange(tuple(links))),
+            on_counters=lambda restarts, failures: self.store.ingest(NvmlCounters(restarts, failures)),
             on_late=self._on_late,
             worker_module=self._worker_module,
         )
         self._spawn(self._supervisor.run(), SUPERVISOR_TASK)
-        self._spawn(watch_docks(lambda: self.config, self.clock, self.store.set_docks), "thunderbolt watch")
+        self._spawn(watch_docks(lambda: self.config, self.clock, lambda docks: self.store.ingest(DockChange(docks))),
+                    "thunderbolt watch")
         if cfg.kernel_log.enabled:
             self.kernel_log = KernelLogTask(cfg.kernel_log, self.store, clock=self.clock, state_dir=self.state_dir,
                                             sysfs_root=cfg.sysfs.root, on_event=self._wakeup.set,
@@ -209,7 +218,7 @@ class Daemon:
                 cfg.attribution,
                 socket_explicit=socket_explicit(cfg.attribution.kubernetes.model_fields_set),
                 on_update=self._attribute,
-                on_status=self.store.set_source_status,
+                on_status=self.store.ingest,
                 # The stand-in's pids are fictitious: read cgroups only from a fake /proc the config names.
                 read_proc=self._worker_module == WORKER_MODULE or cfg.attribution.proc_root != Path("/proc"),
             )
@@ -372,7 +381,7 @@ class Daemon:
         if self.kernel_log is not None:
             self.kernel_log.after_snapshot(snap)
         # node_exporter style self-metrics: a driver outage is a failed collection, not an empty one.
-        self.store.set_source_status(
+        self.store.ingest(
             SourceStatus(
                 name="nvml",
                 success=snap.nvml_ok,
@@ -389,16 +398,16 @@ class Daemon:
         """Owners of the latest snapshot's processes into the store (after a snapshot and a kubelet refresh)."""
         snap = self.store.latest
         if self.attribution is not None and snap is not None:
-            self.store.set_attribution(self.attribution.resolve(snap))
+            self.store.ingest(self.attribution.resolve(snap))
 
     def _on_late(self, silent_seconds: float) -> None:
         # A poll is late: the values shown are being held, and /metrics says so (gpuwatchd_nvml_stale 1) at once.
-        self.store.mark_stale()
+        self.store.ingest(NvmlStale())
 
     def _on_stale(self, reason: str) -> None:
-        self.store.mark_stale()
+        self.store.ingest(NvmlStale())
         prev = self.store.sources.get("nvml")
-        self.store.set_source_status(
+        self.store.ingest(
             SourceStatus(
                 name="nvml",
                 success=False,
@@ -506,8 +515,7 @@ class Daemon:
             except Exception as e:  # whatever the file does, the running config stays and the failure is said
                 return self._reload_failed([f"{type(e).__name__}: {e}"], f"{self.config_path}: {type(e).__name__}")
             restart_needed = self._apply(new)
-            self.store.config_reload_success = True
-            self.store.config_reload_timestamp = self.clock.now()
+            self.store.ingest(ConfigReload(True, self.clock.now()))
             self._generation += 1
             for key in restart_needed:
                 log.warning("config reload: %s changed; it takes effect after a restart", key)
@@ -518,7 +526,7 @@ class Daemon:
             return ReloadResult(ok=True, restart_needed=restart_needed)
 
     def _reload_failed(self, problems: list[str], line: str) -> ReloadResult:
-        self.store.config_reload_success = False
+        self.store.ingest(ConfigReload(False))
         self._generation += 1
         log.error("config reload failed; keeping the running config: %s", line)
         self.sd.ready(self._status_line())

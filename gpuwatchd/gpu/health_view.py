@@ -1,12 +1,13 @@
-"""The daemon's side of the per-GPU health state: gather each GPU's facts from the store, assess, keep the result
-in ``Store.health`` for ``/metrics``, ``/api/v1/status`` and ``gpuwatchd status`` (no I/O)."""
+"""The daemon's side of the per-GPU health state: gather each GPU's facts from the store, assess, hand the result
+to the store (``Store.ingest``, kept in ``Store.health``) for ``/metrics``, ``/api/v1/status`` and
+``gpuwatchd status`` (no I/O)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from gpuwatchd.gpu.health import GpuFacts, GpuHealth, assess
-from gpuwatchd.model import Alert
+from gpuwatchd.model import Alert, HealthChange
 from gpuwatchd.model.probes import FAILED
 from gpuwatchd.rules.xid import health_actions
 from gpuwatchd.store import Store
@@ -30,5 +31,6 @@ def gpu_facts(store: Store) -> dict[str, GpuFacts]:
 def update_health(store: Store, alerts: Iterable[Alert], now: float) -> dict[str, GpuHealth]:
     snap = store.latest
     nvml_ok = snap is not None and snap.nvml_ok and not store.stale
-    store.health = assess(gpu_facts(store), alerts, now, store.health, nvml_ok=nvml_ok, xid_actions=health_actions())
+    health = assess(gpu_facts(store), alerts, now, store.health, nvml_ok=nvml_ok, xid_actions=health_actions())
+    store.ingest(HealthChange(health))
     return store.health

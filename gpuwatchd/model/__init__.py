@@ -17,6 +17,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # The value types of the model's submodules, re-exported: ``from gpuwatchd.model import X`` works for every X.
+from gpuwatchd.model.events import ConfigReload as ConfigReload
+from gpuwatchd.model.events import DockChange as DockChange
+from gpuwatchd.model.events import GpuLostEvent as GpuLostEvent
+from gpuwatchd.model.events import HealthChange as HealthChange
+from gpuwatchd.model.events import KernelLogStarted as KernelLogStarted
+from gpuwatchd.model.events import LinkChange as LinkChange
+from gpuwatchd.model.events import NvmlCounters as NvmlCounters
+from gpuwatchd.model.events import NvmlStale as NvmlStale
+from gpuwatchd.model.events import ProbeAvailability as ProbeAvailability
+from gpuwatchd.model.events import ProbeBaselineResets as ProbeBaselineResets
+from gpuwatchd.model.events import ProbeResultEvent as ProbeResultEvent
+from gpuwatchd.model.events import ProbeSkipped as ProbeSkipped
+from gpuwatchd.model.events import StateFileSetAside as StateFileSetAside
 from gpuwatchd.model.kernel_log import KINDS as KINDS
 from gpuwatchd.model.kernel_log import KernelLogStats as KernelLogStats
 from gpuwatchd.model.probes import FAILED as FAILED
@@ -364,7 +377,7 @@ class GpuPod:
 
 @dataclass(frozen=True, slots=True)
 class Attribution:
-    """What the attribution sources know at one time; the daemon hands it to ``Store.set_attribution``.
+    """What the attribution sources know at one time; the daemon hands it to ``Store.ingest``.
 
     ``owners`` is keyed by (GPU or MIG uuid, pid): a pod or job label depends on the GPU as well as the process.
     ``errors`` counts failures per source (cgroup, kubernetes, hpc_jobs) since start.

@@ -22,6 +22,13 @@ from typing import Any
 from gpuwatchd.config.loader import Config
 from gpuwatchd.gpu.bus_id import sysfs_bus_id
 from gpuwatchd.gpu.pcie_bandwidth import LinkExpectation, expectation, tunnel_name
+from gpuwatchd.model import (
+    ProbeAvailability,
+    ProbeBaselineResets,
+    ProbeResultEvent,
+    ProbeSkipped,
+    StateFileSetAside,
+)
 from gpuwatchd.model.probes import WORKER, ProbeRecord
 from gpuwatchd.probes.baseline import FILE_NAME, Baselines
 from gpuwatchd.probes.config import ProbesConfig
@@ -92,16 +99,15 @@ class ProbeService:
                  sim: SimProbes | None = None, env: dict[str, str] | None = None) -> None:
         self.config = config
         self.store = store
-        self.ledger = store.probes
+        self.ledger = store.probes  # read only: what changes it enters through store.ingest
         self.clock = clock
         self.sim = sim
         self.device = "cpu" if sim is not None else "cuda"
         self._env = dict(os.environ if env is None else env)
         self.baselines = Baselines(state_dir / FILE_NAME if state_dir else None, config.probes.baseline_runs)
-        self.ledger.baseline_resets = self.baselines.resets
+        store.ingest(ProbeBaselineResets(self.baselines.resets))
         if self.baselines.resets:
-            counts = store.state_files_set_aside
-            counts["probe_baselines"] = counts.get("probe_baselines", 0) + self.baselines.resets
+            store.ingest(StateFileSetAside("probe_baselines", self.baselines.resets))
         self.scheduler = Scheduler(config.probes)
         self._gpu_locks: dict[str, asyncio.Lock] = {}  # one run per GPU at a time
         # uuid -> wall (monotonic) start of its run. A run holds one of the host's ``probes.parallel`` slots until
@@ -123,9 +129,6 @@ class ProbeService:
     def reconfigure(self, config: Config) -> None:
         self.config = config
         self.scheduler.cfg = config.probes
-
-    def _changed(self) -> None:
-        self.store.version += 1  # the /metrics cache key
 
     # -- availability --------------------------------------------------------------------------------------------
 
@@ -175,10 +178,8 @@ class ProbeService:
         return False, str(chk.get("reason") or "no_cuda_device")
 
     def _set_available(self, ok: bool, reason: str | None) -> None:
-        if (self.ledger.available, self.ledger.unavailable_reason) == (ok, None if ok else reason):
-            return
-        self.ledger.set_available(ok, reason)
-        self._changed()
+        if not self.store.ingest(ProbeAvailability(ok, reason)):
+            return  # no change
         if not ok and not self._logged_unavailable and reason != "disabled":  # the user's choice: nothing to say
             self._logged_unavailable = True
             log.warning("torch health probes are off (%s): %s", reason, ENABLE_HINT.get(reason or "", reason))
@@ -241,17 +242,14 @@ class ProbeService:
         now = self.clock.now()
         due, skips = self.scheduler.decide(self.store, now, self.own_pids | set(self.past_pids))
         for uuid, reason in skips:
-            self.ledger.skip(uuid, reason, now)
-        if skips:
-            self._changed()
+            self.store.ingest(ProbeSkipped(uuid, reason, now))
         due = [u for u in due if not self._busy(u)]
         if not due:
             return None
         if not await self.ensure_available():
             for uuid in due:
-                self.ledger.skip(uuid, "unavailable", now)
+                self.store.ingest(ProbeSkipped(uuid, "unavailable", now))
                 self.scheduler.started(uuid, now)  # look again at the next interval, not every tick
-            self._changed()
             return None
         due = [u for u in due if not self._busy(u)]  # the check may have awaited
         if not due or self._slots_used() >= self.cfg.parallel:
@@ -281,14 +279,12 @@ class ProbeService:
                     await self._wait_slot(uuid)
                 reserved = True
                 if not present(self.store, uuid):
-                    self.ledger.skip(uuid, "gpu_not_present", self.clock.now())
-                    self._changed()
+                    self.store.ingest(ProbeSkipped(uuid, "gpu_not_present", self.clock.now()))
                     return []
                 pid = foreign_process(self.store, uuid, self.own_pids)
                 if pid is not None:
-                    self.ledger.skip(uuid, "busy_process", self.clock.now())
+                    self.store.ingest(ProbeSkipped(uuid, "busy_process", self.clock.now()))
                     self.scheduler.postpone(uuid, self.clock.now())
-                    self._changed()
                     return []
                 return await self._run_locked(uuid, probes or self.cfg.selected())
         finally:
@@ -339,8 +335,7 @@ class ProbeService:
             self.sim.adjust(uuid, run.result, faults, link)
         building = self.baselines.building(uuid)  # before this run's values join the baseline
         records = self._judge(uuid, probes, run, end, link=link, cancel_reason=why[0] if why else "job")
-        self.ledger.record(records, building=building)
-        self._changed()
+        self.store.ingest(ProbeResultEvent(tuple(records), building))
         for r in records:
             if not r.success:
                 log.warning("probe %s on %s: %s: %s", r.probe, uuid, r.result, r.problem)
@@ -387,7 +382,7 @@ class ProbeService:
                cancel_reason: str) -> list[ProbeRecord]:
         secs = run.seconds
         if run.outcome == "cancelled":
-            self.ledger.skip(uuid, "gpu_lost" if cancel_reason == "gpu_lost" else "preempted", now)
+            self.store.ingest(ProbeSkipped(uuid, "gpu_lost" if cancel_reason == "gpu_lost" else "preempted", now))
             return [ProbeRecord(uuid, p, "cancelled", now, secs) for p in probes]
         if run.outcome in ("timeout", "crash") or run.result is None:
             what = f"the probe worker (running {', '.join(probes)}) {run.detail}"
@@ -403,7 +398,7 @@ class ProbeService:
             j = judge_probe(probe, entry)
             seconds = float(entry.get("seconds") or 0.0)
             if j.result == "oom":
-                self.ledger.skip(uuid, "oom", now)
+                self.store.ingest(ProbeSkipped(uuid, "oom", now))
                 out.append(ProbeRecord(uuid, probe, "oom", now, seconds, problem=j.problem))
                 continue
             ratios: dict[str, float] = {}

@@ -3,7 +3,7 @@
 An Xid is an event, not a level: the alert fires at the first event (``for: 0``) and its condition holds until
 ``rules.xid.resolve_after`` has passed without a repeat; repeats within that time update the count in the same
 alert instead of starting new ones. The condition is recomputed from the recent events on every evaluation
-(no cursor), so NVML events and kernel-log events (``Store.add_xid``, a later source) take the same path and a
+(no cursor), so NVML events and kernel-log events (``Store.ingest``, a later source) take the same path and a
 daemon restart cannot replay old ones as new. Per-code counters are exported from the store by the exporter
 (``gpuwatchd_gpu_xid_errors_total{uuid,xid}``), never as a sticky last-value gauge.
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from gpuwatchd.model import Snapshot, XidEvent
+from gpuwatchd.model import GpuLostEvent, Snapshot, XidEvent
 from gpuwatchd.model.kernel_log import KernelLogStats
 from gpuwatchd.runtime.log_limit import LogLimit
 from gpuwatchd.series_cap import bump
@@ -93,7 +93,7 @@ class KernelLogIngest:
             xid = XidEvent(uuid, ev.code, t, "kmsg", ev.pci_bus_id, ev.text or None)
             self.record_report(xid, uuid)
             if self.dedup.admit(xid, uuid):
-                self.store.add_xid(xid)
+                self.store.ingest(xid)
             if ev.code == XID_FALLEN_OFF:
                 self._fell(ev.pci_bus_id, t)
         elif isinstance(ev, kp.FallenOffBus):
@@ -127,7 +127,7 @@ class KernelLogIngest:
             del self._falls[next(iter(self._falls))]
         label = uuid or "unknown"
         bump(self.stats.fallen_off_bus, label, self.store.series_dropped, "gpuwatchd_gpu_fallen_off_bus_total")
-        if uuid is not None and self.store.mark_lost(uuid, t):
+        if uuid is not None and self.store.ingest(GpuLostEvent(uuid, t)):
             self._held_lost[uuid] = t
             log.warning("kernel log: GPU %s at PCI %s has fallen off the bus", uuid, address)
 
@@ -160,7 +160,7 @@ class KernelLogIngest:
         present = {g.uuid for g in snap.gpus}
         for uuid, since in list(self._held_lost.items()):
             if uuid in present:
-                self.store.mark_lost(uuid, since)
+                self.store.ingest(GpuLostEvent(uuid, since))
             elif snap.nvml_ok:
                 del self._held_lost[uuid]
 

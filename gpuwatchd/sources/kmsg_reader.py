@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.model import SourceStatus
+from gpuwatchd.model import SourceStatus, StateFileSetAside
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.runtime.log_limit import LogLimit
 from gpuwatchd.sources.kernel_log import KernelLogIngest
@@ -201,8 +201,10 @@ class KmsgReader:
         """Open (retrying while it fails), then read until cancelled. A read that fails (EIO, a path that turned out
         to be a directory) takes the source down and retries like a failed open; it never ends the task, which
         would stop the daemon."""
-        saved = (load_state(self.state_file, self.ingest.store.state_files_set_aside)
-                 if self.state_file is not None else {})
+        aside: dict[str, int] = {}
+        saved = load_state(self.state_file, aside) if self.state_file is not None else {}
+        for name, count in aside.items():
+            self.ingest.store.ingest(StateFileSetAside(name, count))
         self.ingest.load_addresses(saved.get("addresses", {}))
         while True:
             while not self._open(saved):
@@ -280,7 +282,7 @@ class KmsgReader:
         self._status(False, reason)
 
     def _status(self, ok: bool, error: str | None) -> None:
-        self.ingest.store.set_source_status(
+        self.ingest.store.ingest(
             SourceStatus(name="kernel_log", success=ok, duration_seconds=0.0, timestamp=self.clock.now(), error=error)
         )
 

@@ -18,14 +18,27 @@ from gpuwatchd.gpu.health import GpuHealth
 from gpuwatchd.model import (
     HANG_SUSPECTED,
     Attribution,
+    ConfigReload,
+    DockChange,
     DockSample,
     GpuIdentity,
+    GpuLostEvent,
     GpuPresence,
     GpuSample,
+    HealthChange,
+    KernelLogStarted,
+    LinkChange,
     LinkSample,
+    NvmlCounters,
+    NvmlStale,
+    ProbeAvailability,
+    ProbeBaselineResets,
+    ProbeResultEvent,
+    ProbeSkipped,
     ProcessOwner,
     Snapshot,
     SourceStatus,
+    StateFileSetAside,
     XidEvent,
 )
 from gpuwatchd.model.kernel_log import KernelLogStats
@@ -166,14 +179,14 @@ class Store:
         self.config_reload_timestamp: float | None = None
         # Who holds each GPU process (sources/attribution); None until the attribution source first reports.
         self.attribution: Attribution | None = None
-        self.probes = ProbeLedger()  # what the torch health probes found (gpuwatchd.probes.service writes it)
+        self.probes = ProbeLedger()  # what the torch health probes found (the probe service's events)
         # uuid -> health state, reason and action (gpuwatchd/gpu/health.py), set at every rule evaluation
         self.health: dict[str, GpuHealth] = {}
-        # Bumped by every writer method, so readers (the /metrics cache) can tell "nothing changed" cheaply.
-        # The runtime facts above are plain attributes: readers that cache include them in their key.
+        # Bumped by apply and ingest (the one door), so readers (the /metrics cache) can tell "nothing changed"
+        # cheaply.
         self.version = 0
 
-    # -- writers (called by the daemon when data arrives) ------------------------------------------------------
+    # -- writers: the one door (apply for snapshots, ingest for events); the version is bumped only here ----------
 
     def apply(self, snap: Snapshot) -> None:
         """Take a fresh snapshot: update presence, history and Xid counters.
@@ -256,61 +269,62 @@ class Store:
             self.recent_xids.append(ev)
         self._expire(t)
 
-    def add_xid(self, ev: XidEvent) -> None:
+    def ingest(self, event: Event) -> bool:
+        """The one door for everything but snapshots: apply ``event`` and bump the version if it changed anything.
+
+        Returns whether it did (a fall off the bus for a GPU already lost, or never seen, changes nothing)."""
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            raise TypeError(f"Store.ingest: not an event the store knows: {type(event).__name__}")
+        changed = handler(self, event)
+        if changed:
+            self.version += 1
+        return changed
+
+    def _xid(self, ev: XidEvent) -> bool:
         """Count an Xid from a source other than the NVML snapshot (kernel log)."""
         bump(self.xid_counts, (ev.uuid or "unknown", ev.xid), self.series_dropped, "gpuwatchd_gpu_xid_errors_total")
         self.recent_xids.append(ev)
-        self.version += 1
-
-    def mark_lost(self, uuid: str, since: float) -> bool:
-        """The kernel log says a known GPU fell off the bus: lost since ``since``, before NVML notices.
-
-        Returns False for a GPU the store has never seen (nothing to name), one already removed from enumeration
-        or one already lost since then."""
-        prev = self._presence.get(uuid)
-        if prev is None or prev.state == "removed":
-            return False
-        if prev.state == "lost" and prev.since <= since:
-            return False
-        self._presence[uuid] = GpuPresence(
-            prev.identity, "lost", prev.last_seen, since, prev.first_seen, lost_since=since,
-            dock_left=prev.state != "present" and prev.dock_left,
-        )
-        self.version += 1
         return True
 
-    def mark_stale(self) -> None:
-        """The NVML worker missed its deadline: keep serving the last values, flagged as stale."""
-        self.stale = True
-        self.version += 1
+    def _gpu_lost(self, ev: GpuLostEvent) -> bool:
+        """Lost since ``ev.since``; False for a GPU the store has never seen (nothing to name), one already removed
+        from enumeration or one already lost since then."""
+        prev = self._presence.get(ev.uuid)
+        if prev is None or prev.state == "removed":
+            return False
+        if prev.state == "lost" and prev.since <= ev.since:
+            return False
+        self._presence[ev.uuid] = GpuPresence(
+            prev.identity, "lost", prev.last_seen, ev.since, prev.first_seen, lost_since=ev.since,
+            dock_left=prev.state != "present" and prev.dock_left,
+        )
+        return True
 
-    def set_source_status(self, status: SourceStatus) -> None:
+    def _nvml_stale(self, _ev: NvmlStale) -> bool:
+        self.stale = True  # keep serving the last values, flagged as stale
+        return True
+
+    def _source_status(self, status: SourceStatus) -> bool:
         self._sources[status.name] = status
-        self.version += 1
+        return True
 
-    def set_attribution(self, attribution: Attribution) -> None:
+    def _attribution(self, attribution: Attribution) -> bool:
         """The owners of the current processes, the pods holding GPUs and the attribution error counts."""
         self.attribution = attribution
-        self.version += 1
+        return True
 
-    def process_owner(self, uuid: str, pid: int) -> ProcessOwner | None:
-        """The container/pod/job a GPU process belongs to, None when unknown or a host process."""
-        a = self.attribution
-        return a.owners.get((uuid, pid)) if a is not None else None
+    def _nvml_counters(self, ev: NvmlCounters) -> bool:
+        self.nvml_worker_restarts = ev.worker_restarts
+        self.nvml_init_failures = ev.init_failures
+        return True
 
-    def set_nvml_counters(self, worker_restarts: int, init_failures: int) -> None:
-        """The NVML supervisor's counters (it calls this whenever one changes)."""
-        self.nvml_worker_restarts = worker_restarts
-        self.nvml_init_failures = init_failures
-        self.version += 1
+    def _links_changed(self, ev: LinkChange) -> bool:
+        self._links = {link.pci_bus_id: link for link in ev.links}
+        return True
 
-    def set_links(self, links: Iterable[LinkSample]) -> None:
-        self._links = {link.pci_bus_id: link for link in links}
-        self.version += 1
-
-    def set_docks(self, docks: Iterable[DockSample]) -> None:
-        """The Thunderbolt devices attached now (``sources/sysfs/thunderbolt.py``), with the GPUs behind them."""
-        self._docks = tuple(docks)
+    def _docks_changed(self, ev: DockChange) -> bool:
+        self._docks = ev.docks
         by_bus = self._uuid_by_sysfs_bus()
         for d in self._docks:
             for bus in d.gpu_bus_ids:
@@ -322,7 +336,83 @@ class Store:
             dock = self.gpu_docks.get(uuid)
             if pres.state != "present" and not pres.dock_left and dock is not None and dock.unique_id not in attached:
                 self._presence[uuid] = replace(pres, dock_left=True)
-        self.version += 1
+        return True
+
+    def _config_reload(self, ev: ConfigReload) -> bool:
+        self.config_reload_success = ev.success
+        if ev.timestamp is not None:
+            self.config_reload_timestamp = ev.timestamp
+        return True
+
+    def _kernel_log_started(self, ev: KernelLogStarted) -> bool:
+        self.kernel_log = ev.stats
+        return True
+
+    def _state_file_set_aside(self, ev: StateFileSetAside) -> bool:
+        self.state_files_set_aside[ev.name] = self.state_files_set_aside.get(ev.name, 0) + ev.count
+        return True
+
+    def _health(self, ev: HealthChange) -> bool:
+        if ev.health == self.health:
+            return False
+        self.health = dict(ev.health)
+        return True
+
+    def _probe_availability(self, ev: ProbeAvailability) -> bool:
+        led = self.probes
+        if (led.available, led.unavailable_reason) == (ev.available, None if ev.available else ev.reason):
+            return False
+        led.set_available(ev.available, ev.reason)
+        return True
+
+    def _probe_skipped(self, ev: ProbeSkipped) -> bool:
+        self.probes.skip(ev.uuid, ev.reason, ev.timestamp)
+        return True
+
+    def _probe_result(self, ev: ProbeResultEvent) -> bool:
+        self.probes.record(list(ev.records), building=ev.building)
+        return True
+
+    def _probe_baseline_resets(self, ev: ProbeBaselineResets) -> bool:
+        self.probes.baseline_resets = ev.resets
+        return True
+
+    # Shorthands for ingest (tests, tools): the same door.
+
+    def add_xid(self, ev: XidEvent) -> None:
+        """Count an Xid from a source other than the NVML snapshot (kernel log)."""
+        self.ingest(ev)
+
+    def mark_lost(self, uuid: str, since: float) -> bool:
+        """The kernel log says a known GPU fell off the bus: lost since ``since``, before NVML notices."""
+        return self.ingest(GpuLostEvent(uuid, since))
+
+    def mark_stale(self) -> None:
+        """The NVML worker missed its deadline: keep serving the last values, flagged as stale."""
+        self.ingest(NvmlStale())
+
+    def set_source_status(self, status: SourceStatus) -> None:
+        self.ingest(status)
+
+    def set_attribution(self, attribution: Attribution) -> None:
+        """The owners of the current processes, the pods holding GPUs and the attribution error counts."""
+        self.ingest(attribution)
+
+    def set_nvml_counters(self, worker_restarts: int, init_failures: int) -> None:
+        """The NVML supervisor's counters (it calls this whenever one changes)."""
+        self.ingest(NvmlCounters(worker_restarts, init_failures))
+
+    def set_links(self, links: Iterable[LinkSample]) -> None:
+        self.ingest(LinkChange(tuple(links)))
+
+    def set_docks(self, docks: Iterable[DockSample]) -> None:
+        """The Thunderbolt devices attached now (``sources/sysfs/thunderbolt.py``), with the GPUs behind them."""
+        self.ingest(DockChange(tuple(docks)))
+
+    def process_owner(self, uuid: str, pid: int) -> ProcessOwner | None:
+        """The container/pod/job a GPU process belongs to, None when unknown or a host process."""
+        a = self.attribution
+        return a.owners.get((uuid, pid)) if a is not None else None
 
     def _uuid_by_sysfs_bus(self) -> dict[str, str]:
         return {
@@ -440,3 +530,28 @@ class Store:
             del self._proc_hist[k]
             self._proc_touched.pop(k, None)
         return len(gone_g) + len(gone_p)
+
+
+# What Store.ingest takes: the events of model/events.py and the model values that say what happened.
+Event = (XidEvent | GpuLostEvent | NvmlStale | SourceStatus | Attribution | NvmlCounters | LinkChange | DockChange
+         | ConfigReload | KernelLogStarted | StateFileSetAside | HealthChange | ProbeAvailability | ProbeSkipped
+         | ProbeResultEvent | ProbeBaselineResets)
+
+_HANDLERS: dict[type[Any], Callable[[Store, Any], bool]] = {
+    XidEvent: Store._xid,
+    GpuLostEvent: Store._gpu_lost,
+    NvmlStale: Store._nvml_stale,
+    SourceStatus: Store._source_status,
+    Attribution: Store._attribution,
+    NvmlCounters: Store._nvml_counters,
+    LinkChange: Store._links_changed,
+    DockChange: Store._docks_changed,
+    ConfigReload: Store._config_reload,
+    KernelLogStarted: Store._kernel_log_started,
+    StateFileSetAside: Store._state_file_set_aside,
+    HealthChange: Store._health,
+    ProbeAvailability: Store._probe_availability,
+    ProbeSkipped: Store._probe_skipped,
+    ProbeResultEvent: Store._probe_result,
+    ProbeBaselineResets: Store._probe_baseline_resets,
+}

@@ -2,6 +2,6 @@
 jobs (Slurm cgroups, dcgm-exporter's job-mapping directory).
 
 The daemon runs :class:`gpuwatchd.sources.attribution.task.AttributionTask`; it hands an
-:class:`gpuwatchd.model.Attribution` to the store (``Store.set_attribution``) after every snapshot. Nothing here
+:class:`gpuwatchd.model.Attribution` to the store (``Store.ingest``) after every snapshot. Nothing here
 imports grpc unless a pod-resources socket exists (``kubelet.py``): importing it costs several MB.
 """

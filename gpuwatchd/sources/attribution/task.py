@@ -47,7 +47,7 @@ class AttributionTask:
         *,
         socket_explicit: bool | None = None,
         on_update: Callable[[], None] | None = None,
-        on_status: Callable[[SourceStatus], None] | None = None,
+        on_status: Callable[[SourceStatus], object] | None = None,
         wall: Callable[[], float] = time.time,
         read_proc: bool = True,
     ) -> None:

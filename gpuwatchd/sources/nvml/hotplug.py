@@ -29,7 +29,7 @@ class SysfsWatch:
         root: Callable[[], Path],
         period: Callable[[], float],
         on_change: Callable[[str], None],
-        on_links: Callable[[list[LinkSample]], None] | None = None,
+        on_links: Callable[[list[LinkSample]], object] | None = None,
     ) -> None:
         self._root = root
         self._period = period

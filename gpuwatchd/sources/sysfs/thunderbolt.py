@@ -171,7 +171,7 @@ def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None, *, strict: 
 
 
 async def watch_docks(
-    config: Callable[[], Config], clock: Clock, on_docks: Callable[[tuple[DockSample, ...]], None]
+    config: Callable[[], Config], clock: Clock, on_docks: Callable[[tuple[DockSample, ...]], object]
 ) -> None:
     """Read the docks every poll interval (``sysfs.root`` and the interval follow config reloads) until cancelled.
 

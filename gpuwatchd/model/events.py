@@ -1,0 +1,117 @@
+"""What changes what the daemon knows, as values: the events a source hands to ``Store.ingest`` (the one door).
+
+Snapshots from the NVML worker enter through ``Store.apply``; everything else enters as one of these, or as a model
+value that already says what happened (``XidEvent`` from the kernel log, ``SourceStatus``, ``Attribution``). The
+store applies each one and bumps its version there, so readers (the ``/metrics`` cache) see every change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the package's __init__ imports this module; these are only annotations
+    from collections.abc import Mapping
+
+    from gpuwatchd.gpu.health import GpuHealth
+    from gpuwatchd.model import DockSample, LinkSample
+    from gpuwatchd.model.kernel_log import KernelLogStats
+    from gpuwatchd.model.probes import ProbeRecord
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLostEvent:
+    """The kernel log says a known GPU fell off the bus: lost since ``since``, before NVML notices."""
+
+    uuid: str
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlStale:
+    """The NVML worker missed its deadline: the last values are held and flagged stale until the next snapshot."""
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlCounters:
+    """The NVML supervisor's counters, whenever one of them changes."""
+
+    worker_restarts: int
+    init_failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class LinkChange:
+    """The PCIe links read from sysfs now (``sources/sysfs_pcie.py``), replacing the previous set."""
+
+    links: tuple[LinkSample, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DockChange:
+    """The Thunderbolt devices attached now (``sources/thunderbolt.py``), with the GPUs behind them."""
+
+    docks: tuple[DockSample, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigReload:
+    """A configuration was loaded (at start or on SIGHUP): whether it took, and when (None: a failure, the time of
+    the last success stands)."""
+
+    success: bool
+    timestamp: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLogStarted:
+    """The kernel-log source runs; ``stats`` is what it counts (``sources/kernel_log.py``), shown by the exporter."""
+
+    stats: KernelLogStats
+
+
+@dataclass(frozen=True, slots=True)
+class StateFileSetAside:
+    """A state file found unusable at start and moved aside (``state_files.py``): kernel_log, probe_baselines ..."""
+
+    name: str
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class HealthChange:
+    """Every GPU's health state, reason and action as assessed at a rule evaluation (``gpu/health_view.py``)."""
+
+    health: Mapping[str, GpuHealth]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeAvailability:
+    """Whether the torch probes can run here, and why not (``probes/service.py``)."""
+
+    available: bool
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSkipped:
+    """A probe run on a GPU that was due did not happen, and why (busy, not present, unavailable ...)."""
+
+    uuid: str
+    reason: str
+    timestamp: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResultEvent:
+    """The records of one probe run on one GPU (one per probe, or one ``worker`` record)."""
+
+    records: tuple[ProbeRecord, ...]
+    building: bool = False  # some baseline of the GPU is still being built
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeBaselineResets:
+    """Corrupt probe baseline files found and rebuilt (``probes/baseline.py``) since start."""
+
+    resets: int
