@@ -125,7 +125,7 @@ class _Ring:
         # Kept points are less than ``step`` apart only at the tail: the newest point always replaces the last one
         # while it is within ``step`` of the point before, and is appended once it is not. So history is at most
         # retention/step points and always ends with the latest reading (at 1 s polls and a 5 s step the kept
-        # points sit at t = 0, 4, 8, ... plus the newest; tests/test_store.py pins this).
+        # points sit at t = 0, 4, 8, ... plus the newest; tests/store/test_store.py pins it).
         if len(pts) >= 2 and p.t - pts[-2].t < self.step:
             pts[-1] = p
         else:
