@@ -2,7 +2,10 @@
 
 Part 1, leak detection: the seeded corpus of bench/leak_corpus.py (leaks of every shape and rate, late onset,
 unattributed growth, a daemon restart mid-leak; non-leaks each observed from the start, from 5 s in, from a random
-phase and across a daemon restart), fed snapshot by snapshot (5 s) into the real Store and RulesEngine, evaluated
+phase and across a daemon restart, among them the two false-alert classes of issue 22: a dynamic-shapes warm-up as
+the caching allocator sees it (64-256 MiB steps, fast then ever rarer, levelling off 4-6 GiB up within minutes;
+at random times and as a steadier, nearly regular staircase) and a saturating job read by a stalling poller
+(flat for 5-20 s, then a jump)), fed snapshot by snapshot (5 s) into the real Store and RulesEngine, evaluated
 after every snapshot like the daemon (the leak family runs every leak.interval), default rules config. A restart
 carries the history the daemon persists in its state dir (gpuwatchd/store/persist.py) into a fresh Store and engine.
 A leak counts as detected if GpuMemoryLeak of its kind fires before the memory is full; a non-leak is a false

@@ -11,7 +11,9 @@ Leaks (each must fire, for the right kind, before the memory is full):
 Non-leaks (none may fire, of any kind): plateau, evaluation spikes with ``empty_cache`` (memory returns) and
 without (the pool keeps the first spike's memory), checkpoint spikes, stepwise warm-up, long warm-up, job
 restart (new pid), a level flipping between two values (like the real csv04 capture), a DataLoader whose host
-RSS levels off, and a saturating dynamic-shapes job (new shapes grow the pool ever more slowly). Every non-leak
+RSS levels off, a saturating dynamic-shapes job (new shapes grow the pool ever more slowly), the same warm-up as
+the allocator sees it (64-256 MiB steps, fast then ever rarer, levelling off 4-6 GiB up within minutes), and a
+saturating job read by a stalling poller (flat for 5-20 s, then a jump: a busy host). Every non-leak
 is observed from its start, from 5 s in, from a random phase (the daemon started while the job ran), and with a
 daemon restart in the middle.
 """
@@ -139,6 +141,18 @@ def _nonleak_series(seed: int) -> list[tuple[str, Series, RssSeries | None, floa
     # allocator rounds to 20 MiB segments.
     dyn_total = rng.uniform(2, 6) * GIB
     dyn_tau = rng.uniform(120, 480)
+    # Dynamic shapes as the caching allocator sees them: each new largest shape adds a 64-256 MiB segment; new
+    # shapes come fast at first, then ever more rarely (a Poisson process whose rate decays with time constant
+    # shape_tau), and the pool levels off ~4-6 GiB above its start within minutes.
+    shape_steps = _decaying_steps(random.Random(seed * 31 + 7), rng.uniform(4, 6) * GIB, rng.uniform(40, 180))
+    # The same with a steadier stream of shapes (a curriculum of sequence lengths): each gap a steady factor longer
+    # than the one before, each step near one size; for a minute or two it is a regular staircase.
+    regular_steps = _geometric_steps(random.Random(seed * 37 + 11), rng.uniform(4, 6) * GIB)
+    # A saturating job (the pool grows ever more slowly towards sat_total) read by a poller that stalls on a
+    # busy host: flat for 5-20 s, then a jump to the current value, every 20-90 s.
+    sat_total = rng.uniform(3, 8) * GIB
+    sat_tau = rng.uniform(240, 900)
+    stalls = _stalls(random.Random(seed * 53 + 3), 6000.0)
 
     def plateau(s: float) -> tuple[int, float]:
         return 4242, warm(s, level) + r.gauss(0, noise)
@@ -176,6 +190,17 @@ def _nonleak_series(seed: int) -> list[tuple[str, Series, RssSeries | None, floa
         grown = dyn_total * (1 - math.exp(-max(0.0, s) / dyn_tau))
         return 4242, warm(s, level / 2) + (grown // (20 * MIB)) * 20 * MIB + r.gauss(0, 5 * MIB)
 
+    def shape_warmup(s: float) -> tuple[int, float]:
+        return 4242, warm(s, level / 2) + sum(z for x, z in shape_steps if s >= x) + r.gauss(0, 5 * MIB)
+
+    def shape_warmup_regular(s: float) -> tuple[int, float]:
+        return 4242, warm(s, level / 2) + sum(z for x, z in regular_steps if s >= x) + r.gauss(0, 5 * MIB)
+
+    def stalled_saturating(s: float) -> tuple[int, float]:
+        # The poller stalls: its readings stay at the last fresh one, then jump to where the job is.
+        seen = last_fresh(stalls, s)
+        return 4242, warm(seen, level / 2) + sat_total * (1 - math.exp(-seen / sat_tau))
+
     return [
         ("plateau", plateau, None, 600.0),
         ("eval-empty-cache", eval_empty_cache, None, eval_every),
@@ -187,7 +212,60 @@ def _nonleak_series(seed: int) -> list[tuple[str, Series, RssSeries | None, floa
         ("flipping", flipping, None, 600.0),
         ("dataloader-rss", plateau, dataloader_rss, rss_over),
         ("dynamic-shapes", dynamic_shapes, None, dyn_tau),
+        ("shape-warmup", shape_warmup, None, shape_steps[len(shape_steps) // 2][0]),
+        ("shape-warmup-regular", shape_warmup_regular, None, regular_steps[len(regular_steps) // 2][0]),
+        ("stalled-saturating", stalled_saturating, None, sat_tau),
     ]
+
+
+def _decaying_steps(rng: random.Random, total: float, tau: float) -> list[tuple[float, float]]:
+    """(time, size) of allocator steps of 64-256 MiB adding up to ``total``, arriving as a Poisson process of rate
+    n/tau x exp(-t/tau) (n steps in all: most in the first tau, the last ones minutes later)."""
+    sizes: list[float] = []
+    while sum(sizes) < total:
+        sizes.append(rng.uniform(64, 256) * MIB)
+    # Arrival times of an inhomogeneous Poisson process with that decaying rate, conditioned on n arrivals: each
+    # is an independent draw from the exponential distribution of mean tau.
+    times = sorted(rng.expovariate(1 / tau) for _ in sizes)
+    return list(zip(times, sizes, strict=True))
+
+
+def _geometric_steps(rng: random.Random, total: float) -> list[tuple[float, float]]:
+    """(time, size) of steps near one size (64-256 MiB, +-15 %) adding up to ``total``, the first 4-10 s in, each
+    gap 3-10 % longer than the one before (with 10 % jitter): levels off in 3-15 min."""
+    size = rng.uniform(64, 256) * MIB
+    gap = rng.uniform(4, 10)
+    ratio = rng.uniform(1.03, 1.10)
+    out: list[tuple[float, float]] = []
+    t = done = 0.0
+    while done < total:
+        t += gap * rng.uniform(0.9, 1.1)
+        z = size * rng.uniform(0.85, 1.15)
+        out.append((t, z))
+        done += z
+        gap *= ratio
+    return out
+
+
+def _stalls(rng: random.Random, span: float) -> list[tuple[float, float]]:
+    """(start, end) of the poller's stalls over ``span`` seconds."""
+    out: list[tuple[float, float]] = []
+    t = rng.uniform(0, 60)
+    while t < span:
+        length = rng.uniform(5, 20)
+        out.append((t, t + length))
+        t += length + rng.uniform(20, 90)
+    return out
+
+
+def last_fresh(stalls: list[tuple[float, float]], s: float) -> float:
+    """The time of the reading a stalled poller still shows at ``s``: the stall's start while it lasts."""
+    for a, b in stalls:
+        if a <= s < b:
+            return a
+        if a > s:
+            break
+    return s
 
 
 def nonleak_cases(seed: int) -> list[Case]:

@@ -75,6 +75,8 @@ class Judged:
     trend: Trend
     verdict: Verdict
     hold_for: float
+    urgent: bool = False  # judged on a short window (_urgent)
+    onset: bool = False  # judged from its onset (_from_onset)
 
 
 # Urgency: a leak projected to fill the GPU in T is judged on a short window as soon as the growth seen spans
@@ -158,7 +160,7 @@ def _urgent(
         share = cfg.urgent_evidence_share if clean else cfg.urgent_rough_share
         if share * v.eta_decision <= window:
             hold = hold_for(cfg, v.eta_decision, share=None if clean else cfg.urgent_rough_share)
-            return Judged(trend, v, hold)
+            return Judged(trend, v, hold, urgent=True)
     return None
 
 
@@ -214,7 +216,7 @@ def _from_onset(
                 min_growth=min_growth, floor_growth=floor_growth)
     if not v.leak:
         return None
-    return Judged(trend, v, min(cfg.onset_hold, hold_for(cfg, v.eta_decision)))
+    return Judged(trend, v, min(cfg.onset_hold, hold_for(cfg, v.eta_decision)), onset=True)
 
 
 def _judge(
@@ -228,6 +230,48 @@ def _judge(
     appeared: float | None = None,
 ) -> Judged | None:
     """``appeared``: when the series' process appeared while the daemon watched (None: it was there already)."""
+    judged = _judge_series(points, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth,
+                           appeared=appeared)
+    if judged is None or not judged.verdict.leak:
+        return judged
+    young = appeared is not None and now - appeared < cfg.young_age
+    # The long window only: applied to the short windows it would bend a fast leak's fit with its warm-up's tail,
+    # and to onset verdicts it delayed slow noisy leaks (bench/detect.py: delay_slow_median_s 465 -> 510 s).
+    on_path = not judged.urgent and not judged.onset
+    if young and on_path and free is not None and _levels_off(points, now - judged.trend.span / 2, judged, cfg):
+        # Not a leak: the rise is flattening and, where it levels off, the GPU still has room. Nor "growing":
+        # a pending alert kept alive through a saturating job's slow tail would fire on its next raise.
+        v = judged.verdict
+        return Judged(judged.trend, Verdict(False, False, v.eta_seconds, v.eta_decision), judged.hold_for)
+    return judged
+
+
+def _levels_off(points: list[tuple[float, float]], since: float, judged: Judged, cfg: LeakRule) -> bool:
+    """The rise since ``since`` (the recent half of the evidence: a warm-up's tail before a leak is not a
+    flattening) flattens (its quadratic fit's end slope under ``level_off_straightness`` of its
+    start slope) and, followed to where it levels off, leaves most of the GPU's headroom: ``level_off_margin``
+    times the growth still to come fits in the time-to-full's headroom. A saturating job (a caching allocator
+    meeting ever rarer new shapes, read through a stalling poller or not) is that; a leak does not flatten."""
+    f = fit(points, since, bucket=min(ONSET_BUCKET, max(1.0, (points[-1][0] - since) / 12)))
+    if f is None or f.straightness >= cfg.level_off_straightness:
+        return False
+    eta, rate = judged.verdict.eta_decision, min(judged.trend.rate, judged.trend.recent_rate)
+    if eta is None or rate <= 0:
+        return False
+    headroom = eta * rate
+    return cfg.level_off_margin * f.peak_growth < headroom
+
+
+def _judge_series(
+    points: list[tuple[float, float]],
+    now: float,
+    cfg: LeakRule,
+    *,
+    free: float | None,
+    min_growth: float,
+    floor_growth: float = 0.0,
+    appeared: float | None = None,
+) -> Judged | None:
     if len(points) < 2:
         return None
     # Most series are flat: nothing to judge, skip the costly part.

@@ -19,6 +19,7 @@ flattens, a leak does not).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -147,6 +148,9 @@ class Fit:
     rate: float  # least-squares slope, bytes/s
     scatter: float  # RMS residual around that line, bytes
     straightness: float  # quadratic fit's slope at the end / slope at the start (1: a line; < 1: flattening)
+    # Growth still to come, bytes, if the envelope follows its quadratic fit to that parabola's peak (where a
+    # flattening rise levels off); inf when the fit does not flatten.
+    peak_growth: float = math.inf
 
 
 def fit(points: Sequence[tuple[float, float]], onset: float, *, bucket: float = ONSET_BUCKET) -> Fit | None:
@@ -165,7 +169,9 @@ def fit(points: Sequence[tuple[float, float]], onset: float, *, bucket: float = 
     slope, sse = _Sums(xs, ys).line(0, len(xs))
     b, c = _quadratic(xs, ys)
     straight = (b + 2 * c) / b if b > 0 else 0.0
-    return Fit(span, slope * GIB / span, (sse / len(xs)) ** 0.5 * GIB, straight)
+    end_slope = b + 2 * c
+    peak = math.inf if c >= 0 else max(0.0, end_slope) ** 2 / (-4 * c) * GIB
+    return Fit(span, slope * GIB / span, (sse / len(xs)) ** 0.5 * GIB, straight, peak)
 
 
 def _quadratic(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
