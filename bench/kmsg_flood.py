@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuwatchd.runtime.clock import ScaledClock  # noqa: E402
-from gpuwatchd.sources.kernel_log import KernelLogIngest  # noqa: E402
-from gpuwatchd.sources.kmsg_reader import KmsgReader  # noqa: E402
+from gpuwatchd.sources.kmsg.ingest import KernelLogIngest  # noqa: E402
+from gpuwatchd.sources.kmsg.reader import KmsgReader  # noqa: E402
 from gpuwatchd.store import Store  # noqa: E402
 
 TICK = 0.01

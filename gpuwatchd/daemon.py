@@ -48,7 +48,7 @@ from gpuwatchd.runtime.nvml_outage import NvmlOutageLog
 from gpuwatchd.runtime.sdnotify import SdNotifier
 from gpuwatchd.runtime.startup import DaemonError, ListenError, StateDirError, listen_error, resolve_state_dir
 from gpuwatchd.sources.attribution.task import AttributionTask, socket_explicit
-from gpuwatchd.sources.kernel_log_task import KernelLogTask
+from gpuwatchd.sources.kmsg.task import KernelLogTask
 from gpuwatchd.sources.nvml.protocol import WORKER_MODULE
 from gpuwatchd.sources.nvml.supervisor import NvmlSupervisor
 from gpuwatchd.sources.sysfs.thunderbolt import watch_docks

@@ -13,7 +13,7 @@ from gpuwatchd.gpu.clock_events import THROTTLE_REASONS, decode
 from gpuwatchd.model import DockSample
 from gpuwatchd.rules.dock import link_shortfall
 from gpuwatchd.rules.xid import describe, severity
-from gpuwatchd.sources.kmsg_parse import normalize_pci
+from gpuwatchd.sources.kmsg.parse import normalize_pci
 from gpuwatchd.sources.sysfs.thunderbolt import read_docks
 
 # A GPU under this utilization may train its link down to save power (rules/link.py uses the same 50 %).

@@ -1,5 +1,5 @@
 """Recent Xids and falls off the bus from the kernel log, decoded by the kernel-log source's own parser
-(``sources/kmsg_parse.py``): the live ring ``/dev/kmsg`` under the host's root, or a pasted log file
+(``sources/kmsg/parse.py``): the live ring ``/dev/kmsg`` under the host's root, or a pasted log file
 (``--kernel-log FILE``, any format ``gpuwatchd sim --kernel-log`` reads). Used when no daemon answers; a running
 daemon's recent Xids (NVML events and the kernel log, de-duplicated) come from its status instead."""
 
@@ -14,8 +14,8 @@ from gpuwatchd.config.files import InputFileError, read_bytes_file, shown_path
 from gpuwatchd.doctor.context import Host
 from gpuwatchd.sim.kmsg_replay import MAX_KERNEL_LOG_BYTES
 from gpuwatchd.sim.kmsg_text import parse_text
-from gpuwatchd.sources.kmsg_parse import FallenOffBus, KernelEvent, Xid, classify_message, parse_record
-from gpuwatchd.sources.kmsg_reader import READ_SIZE, RecordSplitter
+from gpuwatchd.sources.kmsg.parse import FallenOffBus, KernelEvent, Xid, classify_message, parse_record
+from gpuwatchd.sources.kmsg.reader import READ_SIZE, RecordSplitter
 
 
 @dataclass

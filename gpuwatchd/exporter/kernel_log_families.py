@@ -1,4 +1,4 @@
-"""Families of the kernel-log source (``sources/kernel_log.py``; docs/kernel-log.md). Nothing when it is off."""
+"""Families of the kernel-log source (``sources/kmsg/ingest.py``; docs/kernel-log.md). Nothing when it is off."""
 
 from __future__ import annotations
 

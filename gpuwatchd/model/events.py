@@ -42,14 +42,14 @@ class NvmlCounters:
 
 @dataclass(frozen=True, slots=True)
 class LinkChange:
-    """The PCIe links read from sysfs now (``sources/sysfs_pcie.py``), replacing the previous set."""
+    """The PCIe links read from sysfs now (``sources/sysfs/pcie.py``), replacing the previous set."""
 
     links: tuple[LinkSample, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class DockChange:
-    """The Thunderbolt devices attached now (``sources/thunderbolt.py``), with the GPUs behind them."""
+    """The Thunderbolt devices attached now (``sources/sysfs/thunderbolt.py``), with the GPUs behind them."""
 
     docks: tuple[DockSample, ...]
 
@@ -65,7 +65,7 @@ class ConfigReload:
 
 @dataclass(frozen=True, slots=True)
 class KernelLogStarted:
-    """The kernel-log source runs; ``stats`` is what it counts (``sources/kernel_log.py``), shown by the exporter."""
+    """The kernel-log source runs; ``stats`` is what it counts (``sources/kmsg/ingest.py``), shown by the exporter."""
 
     stats: KernelLogStats
 

@@ -1,6 +1,6 @@
 """What the kernel-log source has seen, as the exporter shows it (exporter/kernel_log_families.py).
 
-A value type of the model, so the store can hold it without importing the source (sources/kernel_log.py).
+A value type of the model, so the store can hold it without importing the source (sources/kmsg/ingest.py).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # The `kind` label of gpuwatchd_kernel_log_lines_total: every line is counted under one of these
-# (sources/kmsg_parse.py classifies a line).
+# (sources/kmsg/parse.py classifies a line).
 KINDS = (
     "xid", "gpu_address", "fallen_off_bus", "rm_init_failed", "version_mismatch", "driver_loaded", "aer",
     "pciehp", "thunderbolt", "other", "malformed",

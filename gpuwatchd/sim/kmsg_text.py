@@ -6,7 +6,7 @@ People paste what they have: plain ``dmesg`` (``[  219.524218] msg``), ``dmesg -
 03:09:55 host kernel: msg``), raw ``/dev/kmsg`` records (``4,1234,219524218,-;msg``), or bare messages. A line
 that starts with white space continues the previous entry (dmesg indents the later lines of a multi-line
 printk). Syslog lines from programs other than ``kernel`` are dropped; every other line becomes an entry, and
-whether it matters for a GPU is :func:`gpuwatchd.sources.kmsg_parse.classify`'s business, as on the live ring.
+whether it matters for a GPU is :func:`gpuwatchd.sources.kmsg.parse.classify`'s business, as on the live ring.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwatchd.sources.kmsg_parse import format_record, parse_record
+from gpuwatchd.sources.kmsg.parse import format_record, parse_record
 
 MAX_STEP_LINES = 100  # kernel-log lines one scenario step may emit
 MAX_LINE_CHARS = 1024  # the kernel's own limit for one printk line is about this

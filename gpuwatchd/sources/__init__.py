@@ -1,1 +1,2 @@
-"""Data sources: the NVML worker (the only pynvml importer) and its supervisor, sysfs, host processes."""
+"""Data sources, split by process: the NVML worker (``nvml/worker/``, the only pynvml importer) and its supervisor
+(``nvml/``), the kernel log (``kmsg/``), sysfs (``sysfs/``: PCIe links, Thunderbolt docks), process attribution."""

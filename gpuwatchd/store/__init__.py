@@ -169,7 +169,7 @@ class Store:
         self.series_dropped: dict[str, int] = {}
         # State files found unusable at start and moved aside (state_files.py), by file: kernel_log, rule_history.
         self.state_files_set_aside: dict[str, int] = {}
-        # What the kernel-log source has seen (sources/kernel_log.py); None when it is not running.
+        # What the kernel-log source has seen (sources/kmsg/ingest.py); None when it is not running.
         self.kernel_log: KernelLogStats | None = None
         self.stale = False  # the last poll missed its deadline; values are being held, not refreshed
         # runtime facts the exporter shows next to the data

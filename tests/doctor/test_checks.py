@@ -196,7 +196,7 @@ def test_xids_from_a_saved_kernel_log(tmp_path: Path) -> None:
 
 def test_fallen_off_the_bus_without_an_xid_from_the_ring(tmp_path: Path) -> None:
     from gpuwatchd.doctor.kernel_log import read_ring
-    from gpuwatchd.sources.kmsg_parse import format_record
+    from gpuwatchd.sources.kmsg.parse import format_record
 
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev/kmsg").write_bytes(

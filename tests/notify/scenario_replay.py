@@ -40,9 +40,9 @@ from gpuwatchd.sim.player import SCENARIO_EPOCH, state_at
 from gpuwatchd.sim.scenario import load_scenario
 from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
 from gpuwatchd.sources.attribution.task import AttributionTask
-from gpuwatchd.sources.kernel_log import KernelLogIngest
-from gpuwatchd.sources.kernel_log_task import sysfs_topology
-from gpuwatchd.sources.kmsg_parse import KmsgRecord
+from gpuwatchd.sources.kmsg.ingest import KernelLogIngest
+from gpuwatchd.sources.kmsg.parse import KmsgRecord
+from gpuwatchd.sources.kmsg.task import sysfs_topology
 from gpuwatchd.sources.nvml.intake import SnapshotIntake
 from gpuwatchd.sources.sysfs.thunderbolt import read_docks
 from gpuwatchd.store import Store

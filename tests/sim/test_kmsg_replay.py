@@ -9,8 +9,8 @@ import pytest
 
 from gpuwatchd.sim import kmsg_replay
 from gpuwatchd.sim.kmsg_replay import KernelLogError, ReplayRing, load_kernel_log
-from gpuwatchd.sources.kmsg_parse import parse_record
-from gpuwatchd.sources.kmsg_reader import RecordSplitter
+from gpuwatchd.sources.kmsg.parse import parse_record
+from gpuwatchd.sources.kmsg.reader import RecordSplitter
 
 
 def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuwatchd.sim.kmsg_text import Entry, parse_text, to_records
-from gpuwatchd.sources import kmsg_parse as kp
+from gpuwatchd.sources.kmsg import parse as kp
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2211, name=python3, GPU has fallen off the bus."
 UUID_LINE = "NVRM: GPU at PCI:0000:3b:00: GPU-11111111-2222-3333-4444-555555555555"

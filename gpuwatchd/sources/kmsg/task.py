@@ -10,9 +10,9 @@ from gpuwatchd.config.kernel_log import KernelLogConfig
 from gpuwatchd.gpu.bus_id import sysfs_bus_id
 from gpuwatchd.model import KernelLogStarted, Snapshot
 from gpuwatchd.runtime.clock import Clock
-from gpuwatchd.sources.kernel_log import KernelLogIngest, Topology
-from gpuwatchd.sources.kmsg_parse import normalize_pci
-from gpuwatchd.sources.kmsg_reader import KmsgReader
+from gpuwatchd.sources.kmsg.ingest import KernelLogIngest, Topology
+from gpuwatchd.sources.kmsg.parse import normalize_pci
+from gpuwatchd.sources.kmsg.reader import KmsgReader
 from gpuwatchd.sources.sysfs.pcie import PCI_DEVICES
 from gpuwatchd.store import Store
 

@@ -17,10 +17,10 @@ import pytest
 from gpuwatchd.exporter.kernel_log_families import kernel_log_families
 from gpuwatchd.model import GpuSample, Snapshot
 from gpuwatchd.runtime.clock import ManualClock
-from gpuwatchd.sources import kmsg_reader
-from gpuwatchd.sources.kernel_log import KernelLogIngest
-from gpuwatchd.sources.kmsg_parse import format_record
-from gpuwatchd.sources.kmsg_reader import MAX_RECORD_BYTES, READ_SIZE, KmsgReader, RecordSplitter, load_state
+from gpuwatchd.sources.kmsg import reader as kmsg_reader
+from gpuwatchd.sources.kmsg.ingest import KernelLogIngest
+from gpuwatchd.sources.kmsg.parse import format_record
+from gpuwatchd.sources.kmsg.reader import MAX_RECORD_BYTES, READ_SIZE, KmsgReader, RecordSplitter, load_state
 from gpuwatchd.store import Store
 
 UUID = "GPU-3a1e07c5-9c0f-4b7e-8d1a-e6b3090e6b30"
@@ -199,7 +199,7 @@ def test_permission_denied_is_one_line_and_a_metric(tmp_path: Path, monkeypatch:
         store, ingest, reader = make(tmp_path, tmp_path / "kmsg")
         monkeypatch.setattr(kmsg_reader.os, "open", deny)
         monkeypatch.setattr(kmsg_reader, "RETRY_INTERVAL", 0.05)
-        with caplog.at_level(logging.WARNING, logger="gpuwatchd.sources.kmsg_reader"):
+        with caplog.at_level(logging.WARNING, logger="gpuwatchd.sources.kmsg.reader"):
             await running(reader, lambda: asyncio.sleep(0.5))  # several retries
         assert ingest.stats.up is False
         assert "CAP_SYSLOG" in (ingest.stats.error or "")

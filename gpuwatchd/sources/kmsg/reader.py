@@ -1,4 +1,4 @@
-"""Reads kernel-log records and hands them to :class:`~gpuwatchd.sources.kernel_log.KernelLogIngest`.
+"""Reads kernel-log records and hands them to :class:`~gpuwatchd.sources.kmsg.ingest.KernelLogIngest`.
 
 ``kernel_log.path`` is ``/dev/kmsg`` on a host. A character device or a FIFO is read non-blocking from the event
 loop's ``add_reader`` (one record per ``read`` on /dev/kmsg; ``EPIPE`` means the ring overwrote records we had not
@@ -29,8 +29,8 @@ from typing import Any
 from gpuwatchd.model import SourceStatus, StateFileSetAside
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.runtime.log_limit import LogLimit
-from gpuwatchd.sources.kernel_log import KernelLogIngest
-from gpuwatchd.sources.kmsg_parse import parse_record
+from gpuwatchd.sources.kmsg.ingest import KernelLogIngest
+from gpuwatchd.sources.kmsg.parse import parse_record
 from gpuwatchd.state_files import StateFileError, read_json, set_aside
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """What the daemon does with kernel-log records: Xids into the store (de-duplicated against NVML), GpuLost at once
 on a fall off the bus, address -> UUID mapping, AER errors by GPU, and the counters the exporter shows.
 
-No I/O and no clock of its own: :mod:`gpuwatchd.sources.kmsg_reader` hands records in with their time, and the
+No I/O and no clock of its own: :mod:`gpuwatchd.sources.kmsg.reader` hands records in with their time, and the
 PCI topology (which ports sit above which GPU) comes in as a function, so the live daemon, the sim's replay and
 tests share all of it. docs/kernel-log.md describes the behaviour.
 """
@@ -17,8 +17,8 @@ from gpuwatchd.model import GpuLostEvent, Snapshot, XidEvent
 from gpuwatchd.model.kernel_log import KernelLogStats
 from gpuwatchd.runtime.log_limit import LogLimit
 from gpuwatchd.series_cap import bump
-from gpuwatchd.sources import kmsg_parse as kp
-from gpuwatchd.sources.xid_dedup import XidDeduplicator
+from gpuwatchd.sources.kmsg import parse as kp
+from gpuwatchd.sources.kmsg.dedup import XidDeduplicator
 from gpuwatchd.store import Store
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class KernelLogIngest:
     def apply(self, record: kp.KmsgRecord, t: float, *, history: bool = False) -> None:
         """One record read at ``t`` (daemon clock: when the kernel logged it, as near as the reader can tell).
 
-        ``history``: a record from before the daemon watched this boot (kmsg_reader.py): it teaches addresses and
+        ``history``: a record from before the daemon watched this boot (reader.py): it teaches addresses and
         versions, but its Xids, falls and AER errors are not counted as new events.
         """
         self.stats.last_seq = record.seq

@@ -6,8 +6,8 @@ from __future__ import annotations
 from gpuwatchd.model import GpuSample, LostGpu, Snapshot, XidEvent
 from gpuwatchd.rules import presence, xid
 from gpuwatchd.rules.config import RulesConfig
-from gpuwatchd.sources.kernel_log import KernelLogIngest
-from gpuwatchd.sources.kmsg_parse import KmsgRecord
+from gpuwatchd.sources.kmsg.ingest import KernelLogIngest
+from gpuwatchd.sources.kmsg.parse import KmsgRecord
 from gpuwatchd.store import Store
 
 UUID = "GPU-3a1e07c5-9c0f-4b7e-8d1a-e6b3090e6b30"

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from gpuwatchd.sim.kmsg_text import parse_text
-from gpuwatchd.sources import kmsg_parse as kp
+from gpuwatchd.sources.kmsg import parse as kp
 
-CAPTURES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "captures"
+CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "captures"
 
 
 @pytest.mark.parametrize(("text", "want"), [
