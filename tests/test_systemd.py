@@ -58,7 +58,7 @@ def test_unit_declares_what_the_daemon_relies_on() -> None:
     assert _values("StateDirectory") == ["gpuwatchd"]
     assert _values("User") == ["gpuwatchd"]  # non-root
     assert "DynamicUser" not in {k for _, k, _ in _settings(UNIT.read_text())}
-    # The HTTP connection cap (http.max_connections) fits under it with the daemon's reserve (exporter/connections).
+    # The HTTP connection cap (http.max_connections) fits under it with the daemon's reserve (web/connections).
     from gpuwatchd.web.config import HttpConfig
     from gpuwatchd.web.connections import effective_limit
 
