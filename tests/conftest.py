@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,8 +11,14 @@ from typing import Any
 import pytest
 from tls_files import TlsFiles, make_tls_files
 
+from gpuwatchd.model import STRICT_ENV, set_strict_snapshots
 from gpuwatchd.sim.build import build_standin
 from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
+
+# A worker key no model field reads fails the test (in this process and in every daemon/sim it starts), where
+# production drops it with a warning: a reading is one row, never silently lost on the way.
+os.environ[STRICT_ENV] = "1"
+set_strict_snapshots(True)
 
 
 @pytest.fixture(scope="session")

@@ -4,18 +4,33 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from gpuwatchd.model import (
+    UNKNOWN_KEYS,
     GpuSample,
     LostGpu,
     ProcessSample,
     Snapshot,
+    UnknownSnapshotKey,
     XidEvent,
+    set_strict_snapshots,
     snapshot_from_dict,
 )
+
+
+@pytest.fixture
+def production_mode() -> Iterator[None]:
+    """Unknown keys dropped with a warning, as in production (tests/conftest.py makes the session strict)."""
+    set_strict_snapshots(False)
+    UNKNOWN_KEYS.clear()
+    yield
+    set_strict_snapshots(True)
+    UNKNOWN_KEYS.clear()
 
 
 def _gpu(i: int, procs: int = 3) -> GpuSample:
@@ -103,15 +118,38 @@ def test_default_snapshot_round_trip() -> None:
     assert snapshot_from_dict(_wire(snap)) == snap
 
 
-def test_unknown_keys_ignored_at_every_level() -> None:
+def _with_unknown_keys() -> dict[str, Any]:
     data = _wire(full_snapshot())
-    data["calls"] = {"nvmlDeviceGetCount": 3}
     data["future_top"] = 1
     data["gpus"][0]["future_gpu_field"] = [1, 2]
     data["gpus"][1]["processes"][0]["cgroup"] = "/user.slice"
     data["lost"][0]["extra"] = None
     data["xid_events"][0]["severity"] = "fatal"
-    assert snapshot_from_dict(data) == full_snapshot()
+    return data
+
+
+@pytest.mark.usefixtures("production_mode")
+def test_unknown_keys_dropped_at_every_level_with_one_warning_per_key(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="gpuwatchd.model"):
+        assert snapshot_from_dict(_with_unknown_keys()) == full_snapshot()
+        assert snapshot_from_dict(_with_unknown_keys()) == full_snapshot()
+    warned = sorted(r.args[0] for r in caplog.records)  # type: ignore[index]
+    keys = ["GpuSample.future_gpu_field", "LostGpu.extra", "ProcessSample.cgroup", "Snapshot.future_top",
+            "XidEvent.severity"]
+    assert warned == keys
+    counts = dict(UNKNOWN_KEYS)
+    assert counts == dict.fromkeys(keys, 2)
+
+
+def test_unknown_keys_are_an_error_in_strict_mode() -> None:
+    # The test session is strict: a worker key no model field reads fails the test instead of being lost.
+    for level in ("top", "gpu", "process", "lost", "xid"):
+        data = _wire(full_snapshot())
+        target = {"top": data, "gpu": data["gpus"][0], "process": data["gpus"][1]["processes"][0],
+                  "lost": data["lost"][0], "xid": data["xid_events"][0]}[level]
+        target["future_key"] = 1
+        with pytest.raises(UnknownSnapshotKey, match=r"\.future_key"):
+            snapshot_from_dict(data)
 
 
 def test_missing_keys_take_defaults() -> None:
@@ -157,6 +195,7 @@ def test_missing_required_key_is_an_error() -> None:
         snapshot_from_dict({"timestamp": 1.0, "nvml_ok": True, "gpus": [{"uuid": "a", "index": 0, "processes": [{}]}]})
 
 
+@pytest.mark.usefixtures("production_mode")
 def test_right_number_of_keys_but_one_unknown_takes_the_default() -> None:
     # As many keys as fields, but one is from a newer worker and one field is missing: the missing one defaults.
     proc = {"pid": 7, "kind": "graphics", "used_memory_bytes": 1, "name": "x", "user": "u", "cgroup": "/a"}

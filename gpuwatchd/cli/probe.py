@@ -124,6 +124,7 @@ def nvml_snapshot(config: Config) -> Snapshot:
         except ValueError:
             continue
         if isinstance(data, dict) and HELLO not in data:
+            data.pop("calls", None)  # the worker's NVML call counts, not a reading (the daemon's intake drops them)
             return snapshot_from_dict(data)
     raise RuntimeError(f"the NVML worker gave no snapshot (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -258,6 +260,36 @@ class Snapshot:
 # processes (bench/loop.py).
 
 
+_log = logging.getLogger(__name__)
+
+# A key the worker sends that no model field reads is a reading silently lost (a renamed or unplumbed field).
+# Production drops it with one warning per key (an older daemon may read a newer worker's lines) and counts it in
+# ``UNKNOWN_KEYS``; tests run strict (tests/conftest.py sets the variable, which the daemon's subprocesses inherit)
+# so the mismatch fails the test instead.
+STRICT_ENV = "GPUWATCHD_STRICT_SNAPSHOTS"
+_mode = {"strict": os.environ.get(STRICT_ENV) == "1"}
+UNKNOWN_KEYS: dict[str, int] = {}  # "Class.key" -> times dropped
+
+
+class UnknownSnapshotKey(ValueError):
+    """A snapshot dict carried a key no model field reads (raised only in strict mode)."""
+
+
+def set_strict_snapshots(strict: bool) -> None:
+    """Raise :class:`UnknownSnapshotKey` on unknown keys (``True``) or drop them with a warning (``False``)."""
+    _mode["strict"] = strict
+
+
+def _unknown(cls: type[Any], keys: Iterable[str]) -> None:
+    names = sorted(f"{cls.__name__}.{k}" for k in keys)
+    if _mode["strict"]:
+        raise UnknownSnapshotKey(f"snapshot from the NVML worker has keys no model field reads: {', '.join(names)}")
+    for name in names:
+        if name not in UNKNOWN_KEYS:
+            _log.warning("snapshot key %s is not a model field; dropping it (a newer NVML worker?)", name)
+        UNKNOWN_KEYS[name] = UNKNOWN_KEYS.get(name, 0) + 1
+
+
 class _Codec:
     """Field names of one slotted dataclass, computed once, and the fast paths that use them."""
 
@@ -271,7 +303,10 @@ class _Codec:
         self.pairs = tuple((getattr(cls, n).__set__, n) for n in self.names)
 
     def pick(self, data: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in data.items() if k in self.nameset}
+        out = {k: v for k, v in data.items() if k in self.nameset}
+        if len(out) != len(data):
+            _unknown(self.cls, (k for k in data if k not in self.nameset))
+        return out
 
     def decode_all(self, items: Iterable[dict[str, Any]]) -> tuple[Any, ...]:
         """Build one object per flat dict (a loop here, not a call per item: thousands of processes a poll)."""
