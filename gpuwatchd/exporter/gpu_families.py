@@ -7,10 +7,11 @@ the other groups going when one raises. Values are already in base units in the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from prometheus_client.core import Metric
 
-from gpuwatchd.exporter.families import Families, label, spec
+from gpuwatchd.exporter.families import Families, Spec, label, spec
 from gpuwatchd.gpu.clock_events import reason_states
 from gpuwatchd.model import OWNER_LABELS, GpuSample, ProcessOwner
 
@@ -211,47 +212,96 @@ PROCESS_DECODER = spec("gpuwatchd_gpu_process_decoder_utilization_ratio", "gauge
                        f"Share of the video decoder (NVDEC) time {_PU}", _P, "ratio")
 
 
-def _flag(value: bool | None) -> float | None:
-    return None if value is None else float(value)
+class Row(NamedTuple):
+    """One reading of a ``GpuSample`` field as samples of a family.
+
+    ``label`` is the value of the family's second label when several fields share a family (``ECC_VOLATILE``'s
+    ``error="corrected"``); ``EACH`` labels each item of a tuple field with its index (one fan per sample). A bool
+    field is exported as 1/0, ``None`` as no sample.
+    """
+
+    spec: Spec
+    field: str  # the GpuSample field, named like the worker's output key
+    label: str | None = None
+
+
+EACH = "#"
+
+# One table per collector group, in exposition order: a new per-GPU reading is one row here.
+VALUE_ROWS = (
+    Row(MEMORY_TOTAL, "memory_total_bytes"),
+    Row(MEMORY_USED, "memory_used_bytes"),
+    Row(MEMORY_RESERVED, "memory_reserved_bytes"),
+    Row(MEMORY_FREE, "memory_free_bytes"),
+    Row(UTILIZATION, "utilization_gpu_ratio"),
+    Row(MEMORY_UTILIZATION, "utilization_memory_ratio"),
+    Row(PSTATE, "pstate"),
+    Row(ENCODER_UTILIZATION, "encoder_utilization_ratio"),
+    Row(DECODER_UTILIZATION, "decoder_utilization_ratio"),
+    Row(ENCODER_SESSIONS, "encoder_sessions"),
+    Row(ENCODER_FPS, "encoder_average_fps"),
+    Row(ENCODER_LATENCY, "encoder_average_latency_seconds"),
+    Row(TEMPERATURE, "temperature_celsius"),
+    Row(TEMPERATURE_THRESHOLD, "temperature_slowdown_celsius", "slowdown"),
+    Row(TEMPERATURE_THRESHOLD, "temperature_shutdown_celsius", "shutdown"),
+    Row(TEMPERATURE_THRESHOLD, "temperature_gpu_max_celsius", "gpu_max"),
+    Row(TEMPERATURE_THRESHOLD, "temperature_memory_max_celsius", "memory_max"),
+    Row(TEMPERATURE_MARGIN, "temperature_margin_celsius"),
+    Row(MEMORY_TEMPERATURE, "memory_temperature_celsius"),
+    Row(FAN_SPEED, "fan_speed_ratios", EACH),
+    Row(POWER, "power_watts"),
+    Row(POWER_LIMIT, "power_limit_watts"),
+    Row(POWER_MIN_LIMIT, "power_min_limit_watts"),
+    Row(POWER_MAX_LIMIT, "power_max_limit_watts"),
+    Row(POWER_DEFAULT_LIMIT, "power_default_limit_watts"),
+    Row(ENERGY, "energy_joules"),
+    Row(MIG_ENABLED, "mig_mode_current"),
+    Row(NVLINK_ACTIVE, "nvlink_links_active"),
+)
+HEALTH_ROWS = (
+    Row(ECC_ENABLED, "ecc_mode_current"),
+    Row(ECC_PENDING, "ecc_mode_pending"),
+    Row(ECC_VOLATILE, "ecc_corrected_volatile", "corrected"),
+    Row(ECC_VOLATILE, "ecc_uncorrected_volatile", "uncorrected"),
+    Row(ECC_AGGREGATE, "ecc_corrected_aggregate", "corrected"),
+    Row(ECC_AGGREGATE, "ecc_uncorrected_aggregate", "uncorrected"),
+    Row(RETIRED_PAGES, "retired_pages_sbe", "sbe"),
+    Row(RETIRED_PAGES, "retired_pages_dbe", "dbe"),
+    Row(RETIRED_PENDING, "retired_pages_pending"),
+    Row(REMAPPED_ROWS, "remapped_rows_correctable", "correctable"),
+    Row(REMAPPED_ROWS, "remapped_rows_uncorrectable", "uncorrectable"),
+    Row(REMAP_PENDING, "remapped_rows_pending"),
+    Row(REMAP_FAILED, "remapped_rows_failure"),
+)
+PCIE_ROWS = (
+    Row(PCIE_GEN, "pcie_link_generation"),
+    Row(PCIE_MAX_GEN, "pcie_link_max_generation"),
+    Row(PCIE_WIDTH, "pcie_link_width"),
+    Row(PCIE_MAX_WIDTH, "pcie_link_max_width"),
+    Row(PCIE_THROUGHPUT, "pcie_tx_bytes_per_second", "tx"),
+    Row(PCIE_THROUGHPUT, "pcie_rx_bytes_per_second", "rx"),
+    Row(PCIE_REPLAYS, "pcie_replay_total"),
+    Row(PCIE_REPLAY_ROLLOVERS, "pcie_replay_rollover_total"),
+)
+
+
+def _add_rows(f: Families, g: GpuSample, rows: Iterable[Row]) -> None:
+    for s, name, extra in rows:
+        value = getattr(g, name)
+        if extra is None:
+            f.add(s, (g.uuid,), value)
+        elif extra is EACH:
+            for i, item in enumerate(value or ()):
+                f.add(s, (g.uuid, str(i)), item)
+        else:
+            f.add(s, (g.uuid, extra), value)
 
 
 def value_families(gpus: Iterable[GpuSample]) -> list[Metric]:
     """Memory, activity, thermal and power readings."""
     f = Families()
     for g in gpus:
-        u = (g.uuid,)
-        f.add(MEMORY_TOTAL, u, g.memory_total_bytes)
-        f.add(MEMORY_USED, u, g.memory_used_bytes)
-        f.add(MEMORY_RESERVED, u, g.memory_reserved_bytes)
-        f.add(MEMORY_FREE, u, g.memory_free_bytes)
-        f.add(UTILIZATION, u, g.utilization_gpu_ratio)
-        f.add(MEMORY_UTILIZATION, u, g.utilization_memory_ratio)
-        f.add(PSTATE, u, g.pstate)
-        f.add(ENCODER_UTILIZATION, u, g.encoder_utilization_ratio)
-        f.add(DECODER_UTILIZATION, u, g.decoder_utilization_ratio)
-        f.add(ENCODER_SESSIONS, u, g.encoder_sessions)
-        f.add(ENCODER_FPS, u, g.encoder_average_fps)
-        f.add(ENCODER_LATENCY, u, g.encoder_average_latency_seconds)
-        f.add(TEMPERATURE, u, g.temperature_celsius)
-        for threshold, value in (
-            ("slowdown", g.temperature_slowdown_celsius),
-            ("shutdown", g.temperature_shutdown_celsius),
-            ("gpu_max", g.temperature_gpu_max_celsius),
-            ("memory_max", g.temperature_memory_max_celsius),
-        ):
-            f.add(TEMPERATURE_THRESHOLD, (g.uuid, threshold), value)
-        f.add(TEMPERATURE_MARGIN, u, g.temperature_margin_celsius)
-        f.add(MEMORY_TEMPERATURE, u, g.memory_temperature_celsius)
-        for fan, ratio in enumerate(g.fan_speed_ratios or ()):
-            f.add(FAN_SPEED, (g.uuid, str(fan)), ratio)
-        f.add(POWER, u, g.power_watts)
-        f.add(POWER_LIMIT, u, g.power_limit_watts)
-        f.add(POWER_MIN_LIMIT, u, g.power_min_limit_watts)
-        f.add(POWER_MAX_LIMIT, u, g.power_max_limit_watts)
-        f.add(POWER_DEFAULT_LIMIT, u, g.power_default_limit_watts)
-        f.add(ENERGY, u, g.energy_joules)
-        f.add(MIG_ENABLED, u, _flag(g.mig_mode_current))
-        f.add(NVLINK_ACTIVE, u, g.nvlink_links_active)
+        _add_rows(f, g, VALUE_ROWS)
         for field_name, reason in sorted(g.errors.items()):
             f.info(FIELD_ERROR, {"uuid": g.uuid, "field": field_name, "reason": reason})
     return f.metrics()
@@ -277,20 +327,7 @@ def health_families(gpus: Iterable[GpuSample]) -> list[Metric]:
     """ECC, retired pages and remapped rows."""
     f = Families()
     for g in gpus:
-        u = (g.uuid,)
-        f.add(ECC_ENABLED, u, _flag(g.ecc_mode_current))
-        f.add(ECC_PENDING, u, _flag(g.ecc_mode_pending))
-        f.add(ECC_VOLATILE, (g.uuid, "corrected"), g.ecc_corrected_volatile)
-        f.add(ECC_VOLATILE, (g.uuid, "uncorrected"), g.ecc_uncorrected_volatile)
-        f.add(ECC_AGGREGATE, (g.uuid, "corrected"), g.ecc_corrected_aggregate)
-        f.add(ECC_AGGREGATE, (g.uuid, "uncorrected"), g.ecc_uncorrected_aggregate)
-        f.add(RETIRED_PAGES, (g.uuid, "sbe"), g.retired_pages_sbe)
-        f.add(RETIRED_PAGES, (g.uuid, "dbe"), g.retired_pages_dbe)
-        f.add(RETIRED_PENDING, u, _flag(g.retired_pages_pending))
-        f.add(REMAPPED_ROWS, (g.uuid, "correctable"), g.remapped_rows_correctable)
-        f.add(REMAPPED_ROWS, (g.uuid, "uncorrectable"), g.remapped_rows_uncorrectable)
-        f.add(REMAP_PENDING, u, _flag(g.remapped_rows_pending))
-        f.add(REMAP_FAILED, u, _flag(g.remapped_rows_failure))
+        _add_rows(f, g, HEALTH_ROWS)
     return f.metrics()
 
 
@@ -298,15 +335,7 @@ def pcie_families(gpus: Iterable[GpuSample]) -> list[Metric]:
     """PCIe link state, throughput and replays as NVML reports them."""
     f = Families()
     for g in gpus:
-        u = (g.uuid,)
-        f.add(PCIE_GEN, u, g.pcie_link_generation)
-        f.add(PCIE_MAX_GEN, u, g.pcie_link_max_generation)
-        f.add(PCIE_WIDTH, u, g.pcie_link_width)
-        f.add(PCIE_MAX_WIDTH, u, g.pcie_link_max_width)
-        f.add(PCIE_THROUGHPUT, (g.uuid, "tx"), g.pcie_tx_bytes_per_second)
-        f.add(PCIE_THROUGHPUT, (g.uuid, "rx"), g.pcie_rx_bytes_per_second)
-        f.add(PCIE_REPLAYS, u, g.pcie_replay_total)
-        f.add(PCIE_REPLAY_ROLLOVERS, u, g.pcie_replay_rollover_total)
+        _add_rows(f, g, PCIE_ROWS)
         for kind, count in sorted(g.pcie_errors_total.items()):
             f.add(PCIE_ERRORS, (g.uuid, kind), count)
         for lane, count in sorted(g.pcie_lane_errors_total.items(), key=lambda lc: int(lc[0])):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import replace
 
@@ -11,6 +12,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatchd.exporter.collector import StoreCollector
+from gpuwatchd.exporter.gpu_families import HEALTH_ROWS, PCIE_ROWS, VALUE_ROWS
 from gpuwatchd.model import GpuSample, LinkSample, ProcessSample, Snapshot
 from gpuwatchd.store import Store
 
@@ -312,3 +314,11 @@ def test_reused_families_follow_presence(mixed_store: Store) -> None:
     assert value(text, "gpuwatchd_gpu_memory_used_bytes", uuid=UUID_A) is not None
     assert value(text, "gpuwatchd_gpu_memory_used_bytes", uuid=UUID_B) is None
     assert value(text, "gpuwatchd_gpu_present", uuid=UUID_B) == 0.0
+
+
+def test_every_family_row_reads_a_model_field() -> None:
+    # A misspelt field in a row would raise AttributeError at the first scrape of a GPU; catch it here instead.
+    fields = {f.name for f in dataclasses.fields(GpuSample)}
+    rows = (*VALUE_ROWS, *HEALTH_ROWS, *PCIE_ROWS)
+    assert [r.field for r in rows if r.field not in fields] == []
+    assert len({r.field for r in rows}) == len(rows)  # one row per reading
