@@ -36,6 +36,7 @@ from gpuwatchd.model import (
     Snapshot,
     SourceStatus,
 )
+from gpuwatchd.notify.api import build_routes
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.probes.api import probe_routes
 from gpuwatchd.probes.service import ProbeService
@@ -240,7 +241,7 @@ class Daemon:
             registry=self.registry,
             status=self.status,
             ready=self.ready,
-            extra_routes=[*self.dispatcher.routes(lambda: self.alerts), *self._probe_routes()],
+            extra_routes=[*build_routes(self.dispatcher, lambda: self.alerts), *self._probe_routes()],
             cache_key=self._metrics_cache_key,
         )
         tls, middlewares = None, []

@@ -8,7 +8,7 @@ from __future__ import annotations
 from prometheus_client.core import Metric
 
 from gpuwatchd.exporter.families import Families, spec
-from gpuwatchd.gpu.health import STATES
+from gpuwatchd.model.health import STATES
 from gpuwatchd.store import Store
 
 HEALTH_STATE = spec(

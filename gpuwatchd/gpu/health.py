@@ -17,26 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
 
+from gpuwatchd.gpu import xid_catalog
 from gpuwatchd.model import Alert
+from gpuwatchd.model.health import ACTIONS, GpuHealth, HealthAction, HealthState
 
-HealthState = Literal["healthy", "degraded", "unhealthy", "unknown"]
-HealthAction = Literal["none", "restart_app", "reset_gpu", "reboot", "inspect_hardware", "check_cable"]
-
-STATES: tuple[HealthState, ...] = ("healthy", "degraded", "unhealthy", "unknown")
-ACTIONS: tuple[HealthAction, ...] = ("none", "restart_app", "check_cable", "reset_gpu", "inspect_hardware", "reboot")
 _STATE_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "unhealthy": 3}
 _ACTION_RANK = {a: i for i, a in enumerate(ACTIONS)}
-
-ACTION_TEXT: dict[HealthAction, str] = {
-    "none": "nothing to do",
-    "restart_app": "restart the application on the GPU",
-    "reset_gpu": "reset the GPU (stop its processes, then nvidia-smi -r -i <index>)",
-    "reboot": "reboot the machine",
-    "inspect_hardware": "reseat and inspect the GPU (power cables, slot, riser, cooling)",
-    "check_cable": "check the eGPU's cable, dock and enclosure power, then re-plug it",
-}
 
 # Alerts that say something about the GPU itself -> (state when critical, state when warning, action, action on
 # an eGPU). Alerts about a job (GpuMemoryLeak, GpuUnderutilized) or the daemon (GpuwatchdRuleFailing) are not
@@ -64,19 +51,6 @@ _RECOVERY: dict[str, HealthAction] = {
     "node_reboot": "reboot", "system_reboot": "reboot", "gpu_reset": "reset_gpu", "drain_and_reset": "reset_gpu",
     "bus_reset": "reset_gpu", "drain_p2p": "restart_app", "recover_imex_domain": "restart_app",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class GpuHealth:
-    state: HealthState
-    reason: str
-    action: HealthAction
-    since: float  # when the GPU entered this state (daemon clock)
-    evidence: tuple[str, ...] = ()  # alertnames (and "probe") behind the state
-
-    def as_dict(self) -> dict[str, object]:
-        return {"state": self.state, "reason": self.reason, "action": self.action,
-                "action_text": ACTION_TEXT[self.action], "since": self.since, "evidence": list(self.evidence)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +86,16 @@ def xid_action(immediate: str) -> HealthAction:
     if b == "IGNORE":
         return "none"
     return "reset_gpu"  # CONTACT_SUPPORT, UPDATE_SWFW, blank, new buckets: the conservative recovery
+
+
+def health_actions() -> dict[int, HealthAction]:
+    """Per catalog code (gpuwatchd/gpu/xid_catalog.json), what the GPU's health state suggests from NVIDIA's
+    immediate action; codes outside the catalog reset the GPU (the conservative default above)."""
+    out: dict[int, HealthAction] = {}
+    for code, e in xid_catalog.catalog().entries.items():
+        action = xid_action(e.immediate_action)
+        out[code] = "restart_app" if action == "none" and e.severity != "info" else action
+    return out
 
 
 def _from_alert(a: Alert, egpu: bool, xid_actions: Mapping[int, HealthAction]) -> _Evidence | None:

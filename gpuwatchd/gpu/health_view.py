@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuwatchd.gpu.health import GpuFacts, GpuHealth, assess
+from gpuwatchd.gpu.health import GpuFacts, assess, health_actions
 from gpuwatchd.model import Alert, HealthChange
+from gpuwatchd.model.health import GpuHealth
 from gpuwatchd.model.probes import FAILED
-from gpuwatchd.rules.xid import health_actions
 from gpuwatchd.store import Store
 
 

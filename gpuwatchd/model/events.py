@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the package's __init__ imports this module; these are only annotations
     from collections.abc import Mapping
 
-    from gpuwatchd.gpu.health import GpuHealth
     from gpuwatchd.model import DockSample, LinkSample
+    from gpuwatchd.model.health import GpuHealth
     from gpuwatchd.model.kernel_log import KernelLogStats
     from gpuwatchd.model.probes import ProbeRecord
 

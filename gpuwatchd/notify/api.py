@@ -12,7 +12,6 @@ makes every request local, so put the token on when one is in front.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from gpuwatchd.notify.config import ApiConfig
 from gpuwatchd.notify.fingerprints import alert_fp
 from gpuwatchd.notify.json_body import BodyError, read_json
 from gpuwatchd.notify.notification import alert_annotations
+from gpuwatchd.notify.peer import is_loopback
 from gpuwatchd.notify.silence_form import form_routes
 from gpuwatchd.notify.silence_input import SilenceError, check_id, parse_matchers_json, parse_text, parse_time
 from gpuwatchd.notify.silences import silence_json
@@ -40,18 +40,6 @@ MAX_BODY_BYTES = 64 * 1024
 BODY_TIMEOUT_SECONDS = 10.0
 # A silence without endsAt lasts this long (amtool's default duration is 1h).
 DEFAULT_SILENCE_SECONDS = 3600.0
-
-
-def _is_loopback(peer: str | None) -> bool:
-    if not peer:
-        return False
-    try:
-        ip = ipaddress.ip_address(peer)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped.is_loopback
-    return ip.is_loopback
 
 
 class _RefusalLog:
@@ -79,7 +67,7 @@ _refusals = _RefusalLog()
 
 def write_refusal(request: web.Request, api: ApiConfig, what: str = "silences") -> web.Response | None:
     """The error answer if ``request`` may not change silences (or run ``what``: probes), else None."""
-    if api.write_from_loopback_only and not _is_loopback(request.remote):
+    if api.write_from_loopback_only and not is_loopback(request.remote):
         _refusals.warning("%s: refused a write from %s (not loopback)", what, request.remote)
         verb = "changed" if what == "silences" else "run"
         return _error(

@@ -14,13 +14,12 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from prometheus_client.registry import Collector
 
 from gpuwatchd.model import Alert
@@ -424,12 +423,6 @@ class Dispatcher:
     def collector(self) -> Collector:
         """Prometheus collector of the delivery self-metrics (reads memory only)."""
         return self._metrics.collector()
-
-    def routes(self, alerts_provider: Callable[[], Sequence[Alert]]) -> list[web.RouteDef]:
-        """``/api/v1/alerts`` and the silences API."""
-        from gpuwatchd.notify.api import build_routes
-
-        return build_routes(self, alerts_provider)
 
     def receivers_for(self, a: Alert) -> list[str]:
         """Receiver names an alert is routed to."""

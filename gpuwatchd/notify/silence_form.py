@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from gpuwatchd.notify.format import SILENCE_FORM_PATH, SILENCE_KEYS
+from gpuwatchd.notify.peer import is_loopback
 from gpuwatchd.notify.silence_input import SilenceError, make_matcher, parse_time
 from gpuwatchd.notify.webhook import rfc3339
 
@@ -89,7 +90,7 @@ def form_routes(d: Dispatcher) -> list[web.RouteDef]:
         api = d.config.api
         if not _same_origin(request):
             return _page("Refused", "<p>This form can only be sent from the daemon's own page.</p>", 403)
-        if api.write_from_loopback_only and not _loopback(request.remote):
+        if api.write_from_loopback_only and not is_loopback(request.remote):
             return _page("Refused", "<p>Silences can be changed from this host only "
                          "(notify.api.write_from_loopback_only); use <code>gpuwatchd silence add</code> there.</p>",
                          403)
@@ -126,9 +127,3 @@ def form_routes(d: Dispatcher) -> list[web.RouteDef]:
                      f"<code>gpuwatchd silence expire {s.id}</code>.</p>")
 
     return [web.get(SILENCE_FORM_PATH, show), web.post(SILENCE_FORM_PATH, create)]
-
-
-def _loopback(peer: str | None) -> bool:
-    from gpuwatchd.notify.api import _is_loopback
-
-    return _is_loopback(peer)

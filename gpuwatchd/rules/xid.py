@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuwatchd.gpu import xid_catalog
-from gpuwatchd.gpu.health import HealthAction, xid_action
 from gpuwatchd.model import Severity, XidEvent
 from gpuwatchd.rules.condition import Condition, RuleView, fmt_duration, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
@@ -114,16 +113,6 @@ def severity(code: int) -> Severity:
     """Severity of an Xid code from the catalog (gpuwatchd/gpu/xid_catalog.json); unknown codes are warnings."""
     e = xid_catalog.entry(code)
     return e.severity if e is not None else "warning"
-
-
-def health_actions() -> dict[int, HealthAction]:
-    """Per catalog code, what the GPU's health state suggests (gpuwatchd/gpu/health.py) from NVIDIA's immediate
-    action; codes outside the catalog reset the GPU (health.py's conservative default)."""
-    out: dict[int, HealthAction] = {}
-    for code, e in xid_catalog.catalog().entries.items():
-        action = xid_action(e.immediate_action)
-        out[code] = "restart_app" if action == "none" and e.severity != "info" else action
-    return out
 
 
 def _short(mnemonic: str) -> str:

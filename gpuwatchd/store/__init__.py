@@ -14,7 +14,6 @@ from typing import Any
 
 from gpuwatchd.gpu.activity import ActivityLog
 from gpuwatchd.gpu.bus_id import sysfs_bus_id
-from gpuwatchd.gpu.health import GpuHealth
 from gpuwatchd.model import (
     HANG_SUSPECTED,
     Attribution,
@@ -41,6 +40,7 @@ from gpuwatchd.model import (
     StateFileSetAside,
     XidEvent,
 )
+from gpuwatchd.model.health import GpuHealth
 from gpuwatchd.model.kernel_log import KernelLogStats
 from gpuwatchd.series_cap import bump
 from gpuwatchd.store.probes import ProbeLedger

@@ -7,8 +7,8 @@ from typing import Any
 
 from gpuwatchd.gpu import xid_catalog
 from gpuwatchd.gpu.clock_events import decode
-from gpuwatchd.gpu.health import ACTION_TEXT
 from gpuwatchd.model import GpuSample, ProcessOwner, ProcessSample
+from gpuwatchd.model.health import ACTION_TEXT
 from gpuwatchd.store import Store
 
 STATUS_VERSION = 1  # bump when a key changes meaning; adding keys does not bump it

@@ -3,8 +3,9 @@ action among it, eGPU links say "check the cable", and the state recovers when t
 
 from __future__ import annotations
 
-from gpuwatchd.gpu.health import GpuFacts, GpuHealth, assess, xid_action
+from gpuwatchd.gpu.health import GpuFacts, assess, xid_action
 from gpuwatchd.model import Alert, AlertState, Severity
+from gpuwatchd.model.health import GpuHealth
 
 U = "GPU-aaaa"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 from gpuwatchd.gpu import xid_catalog
-from gpuwatchd.gpu.health import xid_action
+from gpuwatchd.gpu.health import health_actions, xid_action
 from gpuwatchd.rules import xid as xid_rule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_messages_use_the_catalog_beyond_the_worded_codes() -> None:
 
 
 def test_every_bucket_maps_to_a_health_action() -> None:
-    actions = xid_rule.health_actions()
+    actions = health_actions()
     assert set(actions) == set(xid_catalog.catalog().entries)
     assert (actions[79], actions[48], actions[13], actions[43], actions[54]) == (
         "reboot", "reset_gpu", "restart_app", "restart_app", "inspect_hardware")

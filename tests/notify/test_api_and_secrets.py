@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from gpuwatchd.config.loader import ConfigError, config_from_dict
 from gpuwatchd.model import Alert
+from gpuwatchd.notify.api import build_routes
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.runtime.clock import ManualClock, ScaledClock
 
@@ -25,7 +26,7 @@ from .conftest import UUID0, UUID1, Request, Sink, make_dispatcher, mk_alert, no
 
 async def serve(d: Dispatcher, alerts: list[Alert]) -> tuple[str, web.AppRunner]:
     app = web.Application()
-    app.add_routes(d.routes(lambda: alerts))
+    app.add_routes(build_routes(d, lambda: alerts))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

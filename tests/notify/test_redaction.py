@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpuwatchd.notify.api import build_routes
 from gpuwatchd.notify.redaction import REDACTED, redact, secret_fragments
 from gpuwatchd.runtime.clock import ScaledClock
 
@@ -118,7 +119,7 @@ async def test_echoed_secrets_are_redacted_in_logs_metrics_api_and_db(
         texts += [r.last_error or "" for r in d.outbox.rows()]
         async with aiohttp.ClientSession() as http:
             app = web.Application()
-            app.add_routes(d.routes(lambda: []))
+            app.add_routes(build_routes(d, lambda: []))
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -17,6 +17,7 @@ import re2
 from aiohttp import web
 
 from gpuwatchd.config.loader import ConfigError, config_from_dict
+from gpuwatchd.notify.api import build_routes
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.notify.matchers import compile_regex
 from gpuwatchd.runtime.clock import ManualClock
@@ -34,7 +35,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 async def serve(d: Dispatcher, host: str = "127.0.0.1") -> tuple[int, web.AppRunner]:
     app = web.Application()
-    app.add_routes(d.routes(lambda: []))
+    app.add_routes(build_routes(d, lambda: []))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, 0).start()

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatchd.gpu.health import GpuHealth
 from gpuwatchd.model import (
     Attribution,
     ConfigReload,
@@ -34,6 +33,7 @@ from gpuwatchd.model import (
     StateFileSetAside,
     XidEvent,
 )
+from gpuwatchd.model.health import GpuHealth
 from gpuwatchd.store import Store
 
 PACKAGE = Path(__file__).resolve().parents[2] / "gpuwatchd"
