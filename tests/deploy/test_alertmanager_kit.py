@@ -35,7 +35,7 @@ def load() -> dict[str, Any]:
 def test_amtool_check_config() -> None:
     r = amtool("check-config", str(AM_CONFIG))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "3 inhibit rules" in r.stdout
+    assert "4 inhibit rules" in r.stdout
 
 
 @pytest.mark.parametrize(
@@ -54,9 +54,10 @@ def test_route_mirrors_the_daemon_defaults() -> None:
     assert parse_duration(route["group_wait"]) == daemon.group_wait
     assert parse_duration(route["group_interval"]) == daemon.group_interval
     assert parse_duration(route["repeat_interval"]) == daemon.repeat_interval
-    subroutes = [(tuple(parse_matcher(m) for m in r["matchers"]), parse_duration(r["group_wait"]))
+    subroutes = [(tuple(parse_matcher(m) for m in r["matchers"]), parse_duration(r["group_wait"]),
+                  parse_duration(r["group_interval"]) if "group_interval" in r else None)
                  for r in route["routes"]]
-    assert subroutes == [(r.matchers, r.group_wait) for r in daemon.routes]
+    assert subroutes == [(r.matchers, r.group_wait, r.group_interval) for r in daemon.routes]
 
 
 def test_inhibit_rules_mirror_the_daemon_defaults() -> None:
