@@ -88,11 +88,11 @@ class LeakRule(RuleSection):
     # The evidence share and hold share of a rough rise on a short window (an irregular staircase, a noisy ramp:
     # its growth under onset_min_snr times its scatter): a long warm-up stepping at random for 8-12 min looks like
     # a fast staircase leak until it stops, so a rough rise waits 0.3 x its time to full twice, as before onsets.
-    # A regular staircase (steps of a steady size at a steady period, rules/steps.py) counts as clean.
+    # A regular staircase (steps of a steady size at a steady period, rules/leak/steps.py) counts as clean.
     urgent_rough_share: float = Field(default=0.3, gt=0, le=1)
     # The shortest hold: two leak evaluations (interval 15 s), so one trend computation never fires on its own.
     urgent_min_hold: Duration = 30.0
-    # Onset (gpuwatchd/rules/onset.py): a series is judged from where its growth began, and a clean straight rise
+    # Onset (gpuwatchd/rules/leak/onset.py): a series is judged from where its growth began, and a clean straight rise
     # fires without waiting for min_span. Off: every leak is judged on the window as before.
     onset: bool = True
     # The least evidence since the onset: 4 min shows whether a rise flattens (a warm-up or a saturating job

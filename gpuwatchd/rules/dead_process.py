@@ -29,7 +29,7 @@ from gpuwatchd.rules.config import DeadProcessRule, RulesConfig
 
 NAME = "GpuMemoryHeldByDeadProcess"
 DEAD_STATES = ("gone", "zombie")
-# A resolved note for a pid no longer listed is made while its history is this recent (as rules/leak_ended.py).
+# A resolved note for a pid no longer listed is made while its history is this recent (as rules/leak/ended.py).
 NOTE_HORIZON = 300.0
 
 DEAD_DESCRIPTION = (

@@ -1,5 +1,5 @@
 """``GpuMemoryLeak``: per process (``kind=gpu``), unattributed GPU memory (``kind=unattributed``) and host RSS of
-a GPU process (``kind=host_rss``, pinned-memory leak). The trend machinery is in ``gpuwatchd.rules.trend``.
+a GPU process (``kind=host_rss``, pinned-memory leak). The trend machinery is in ``gpuwatchd.rules.leak.trend``.
 
 Only processes in the latest snapshot are assessed: a job restart ends the old pid's series (it simply stops
 being assessed) and the new pid starts from zero history, so its warm-up is never compared with the old run.
@@ -24,10 +24,10 @@ from gpuwatchd.rules.condition import (
     owner_phrase,
 )
 from gpuwatchd.rules.config import LeakRule, RulesConfig
-from gpuwatchd.rules.leak_ended import gone_processes, gpu_gone, stopped
-from gpuwatchd.rules.onset import ONSET_BUCKET, candidates, find_onset, fit
-from gpuwatchd.rules.steps import MIN_STEPS, staircase
-from gpuwatchd.rules.trend import Trend, Verdict, assess, measure, sparkline, theil_sen
+from gpuwatchd.rules.leak.ended import gone_processes, gpu_gone, stopped
+from gpuwatchd.rules.leak.onset import ONSET_BUCKET, candidates, find_onset, fit
+from gpuwatchd.rules.leak.steps import MIN_STEPS, staircase
+from gpuwatchd.rules.leak.trend import Trend, Verdict, assess, measure, sparkline, theil_sen
 from gpuwatchd.store import ProcessPoint
 
 NAME = "GpuMemoryLeak"
@@ -134,7 +134,7 @@ def _urgent(
     latest = [(t, v) for t, v in points if t >= now - URGENT_WINDOWS[-1]]
     if not latest or max(v for _, v in latest) - min(v for _, v in latest) < max(floor_growth, 1.0):
         return None
-    # A regular staircase (rules/steps.py) is as good evidence as a clean straight rise, however rough its line.
+    # A regular staircase (rules/leak/steps.py) is as good evidence as a clean straight rise, however rough its line.
     stair = staircase(latest, now)
     for window in URGENT_WINDOWS:
         if window >= cfg.min_span:
@@ -422,7 +422,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                     out.append(stopped({**labels, "kind": "host_rss"}, title, f"{who} host RSS", rss_pts[-1][1], g))
         if cfg.unattributed:
             out.extend(_unattributed(view, now, cfg, g, free=free, min_growth=min_growth, floor_growth=floor_growth))
-    # Resolved messages say how the leak ended (rules/leak_ended.py).
+    # Resolved messages say how the leak ended (rules/leak/ended.py).
     out.extend(gone_processes(view, now, cfg, snap))
     out.extend(gpu_gone(view, snap))
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from gpuwatchd.rules.onset import find_onset, fit
+from gpuwatchd.rules.leak.onset import find_onset, fit
 
 MIB = 1024**2
 GIB = 1024**3

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 
-from gpuwatchd.rules.steps import MIN_STEPS, staircase
+from gpuwatchd.rules.leak.steps import MIN_STEPS, staircase
 
 MIB = 1024**2
 GIB = 1024**3

@@ -8,8 +8,7 @@ from gpuwatchd.model import Alert, Snapshot
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.store import Store
-
-from .conftest import GIB, MIB, T0, gpu, proc, run, snap, with_processes
+from tests.rules.conftest import GIB, MIB, T0, gpu, proc, run, snap, with_processes
 
 
 def resolved(make: Callable[[float], Snapshot], minutes: float, kind: str = "gpu") -> Alert:

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuwatchd.rules.trend import bucket_floors, lower_envelope
+from gpuwatchd.rules.leak.trend import bucket_floors, lower_envelope
 
 GIB = float(1024**3)
 MIB = float(1024**2)

@@ -16,10 +16,9 @@ from gpuwatchd.rules.condition import Condition, Level, RuleView
 from gpuwatchd.rules.config import LeakRule, RulesConfig
 from gpuwatchd.rules.engine import FamilySpec, RulesEngine
 from gpuwatchd.rules.leak import hold_for
-from gpuwatchd.rules.trend import assess, measure
+from gpuwatchd.rules.leak.trend import assess, measure
 from gpuwatchd.store import Store
-
-from .conftest import GIB, MIB, T0, UUID, gpu, proc, run, snap, with_processes
+from tests.rules.conftest import GIB, MIB, T0, UUID, gpu, proc, run, snap, with_processes
 
 CAPACITY = 24 * GIB - 300 * MIB  # what the process can use: conftest's GPU minus its driver overhead
 
@@ -288,7 +287,7 @@ def test_pending_leak_vanishes_when_the_condition_is_gone() -> None:
 @pytest.mark.parametrize(("rate_mib_min", "base"), [(1024.0, 6 * GIB), (2048.0, 4 * GIB), (3072.0, 4 * GIB)])
 def test_fast_staircase_from_the_job_start_fires_with_most_of_its_time_left(rate_mib_min: float, base: float) -> None:
     # 1 GiB steps every 20-60 s from the job's first second, under its warm-up: a rough line, but a regular
-    # staircase (rules/steps.py), so judged like a clean rise instead of waiting for the long window.
+    # staircase (rules/leak/steps.py), so judged like a clean rise instead of waiting for the long window.
     period = GIB / (rate_mib_min * MIB / 60)
 
     def make(t: float) -> Snapshot:
@@ -325,7 +324,7 @@ def test_leak_right_after_the_warm_up_fires_within_a_minute_of_the_same_leak_aft
 def test_saturating_job_under_a_stalling_poller_across_a_restart_is_silent(seed: int) -> None:
     # A loaded machine (the sim at --speed 10 on busy cores) stalls the scenario player: the reading stays flat for
     # 5-20 s, then jumps to where the curve is now. A saturating job (500 MiB -> 10 GiB, time constant 5 min) then
-    # looks like a rough staircase; neither its chunks (rules/steps.py) nor onsets tried before its split
+    # looks like a rough staircase; neither its chunks (rules/leak/steps.py) nor onsets tried before its split
     # (onset.candidates) may make it a leak. The daemon restarts at 240 s (history carried over).
     from gpuwatchd.store import persist
 

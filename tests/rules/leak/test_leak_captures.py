@@ -14,8 +14,7 @@ from gpuwatchd.model import Snapshot
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.store import Store
-
-from .conftest import CAPTURES, MIB, gpu, proc, snap, with_processes
+from tests.rules.conftest import CAPTURES, MIB, gpu, proc, snap, with_processes
 
 CSV02 = CAPTURES / "csv02_rtx-a5000_job-start-stop_1s.csv"
 CSV04 = CAPTURES / "csv04_rtx-4090_sustained-load_first2300lines.csv"

@@ -8,7 +8,7 @@ fired with well under half of its time to full left. What tells it from the allo
 period with a steady size, while a warm-up's come at irregular times with irregular sizes and stop, and a
 saturating job's shrink or spread out. So a run of ``MIN_STEPS`` or more steps, each within ``TOLERANCE`` of
 the run's median size and period and the last one no more than ``LATE_PERIODS`` periods ago, is evidence of a
-leak as good as a clean straight rise (gpuwatchd/rules/leak.py, ``_urgent``), once one more step confirms it.
+leak as good as a clean straight rise (gpuwatchd/rules/leak/__init__.py, ``_urgent``), once one more step confirms it.
 
 The series is read as its suffix minimum (``lower_envelope``): a spike that returns leaves no step.
 """
@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from itertools import pairwise
 from statistics import median
 
-from gpuwatchd.rules.trend import lower_envelope
+from gpuwatchd.rules.leak.trend import lower_envelope
 
 MIB = float(1024**2)
 # No rise between two readings smaller than this is a step (noise, the allocator's 2 MiB rounding).
 MIN_STEP = 8 * MIB
 # Fewest steps of a regular run: three intervals. A run this short is only a candidate: the leak rule takes it as
-# evidence for one hold, and the next step on schedule (MIN_STEPS + 1) must confirm it (gpuwatchd/rules/leak.py);
+# evidence for one hold, and the next step on schedule (MIN_STEPS + 1) must confirm it (rules/leak/__init__.py);
 # a warm-up of four steps at a steady pace by chance then never fires.
 MIN_STEPS = 4
 # Each step's size and each interval must lie within this share of the run's median.
