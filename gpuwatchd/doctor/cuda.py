@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from gpuwatchd.doctor.context import Host
@@ -16,24 +17,9 @@ G = "cuda"
 # The probe worker's availability check (the one torch importer, as for the probes themselves): one JSON line.
 CHECK_ARGV = ("-m", "gpuwatchd.probes.worker", "--check", "--device", "cuda")
 # Another interpreter (`doctor --python`, `probes.python`: the environment that trains) may not have gpuwatchd at
-# all: ask torch directly, in the same terms as the worker's check. ``-I``: nothing from the caller's environment
-# or current directory is imported in its place.
-FOREIGN_CHECK = """
-import json, sys
-try:
-    import torch
-except ImportError as e:
-    print(json.dumps({"check": {"reason": "torch_not_installed", "detail": str(e)}}))
-    sys.exit(0)
-chk = {"torch": torch.__version__, "cuda": torch.version.cuda, "available": False}
-try:
-    chk["available"] = bool(torch.cuda.is_available())
-    if chk["available"]:
-        chk["device_count"] = torch.cuda.device_count()
-except Exception as e:
-    chk["error"] = f"{type(e).__name__}: {e}"
-print(json.dumps({"check": chk}))
-"""
+# all: it runs probes/foreign_check.py by path, which asks torch directly in the same terms as the worker's check.
+# ``-I``: nothing from the caller's environment or current directory is imported in its place.
+FOREIGN_CHECK = Path(__file__).resolve().parents[1] / "probes" / "foreign_check.py"
 
 
 def cuda_text(v: int) -> str:
@@ -55,7 +41,7 @@ def probe_torch(host: Host) -> dict[str, Any]:
     if host.torch_facts is not None:
         return host.torch_facts
     own = host.python == sys.executable
-    argv = [host.python, *CHECK_ARGV] if own else [host.python, "-I", "-c", FOREIGN_CHECK]
+    argv = [host.python, *CHECK_ARGV] if own else [host.python, "-I", str(FOREIGN_CHECK)]
     try:
         run = run_child(host, argv)
     except OSError as e:
