@@ -32,12 +32,17 @@ from tls_files import make_tls_files
 
 DAEMON_NOFILE = 1024  # systemd's default soft limit for services
 TLS_FLOOD = 1100
-HEALTHZ_SECONDS = 1.0
 RSS_GROWTH_MB = 150
 USERS = {"prometheus": "scrape-pass", "ops": "ops-pass"}
 FLOOD_SECONDS = 5.0
 FLOOD_CLIENTS = 40
 NEW_LOGIN_SECONDS = 20.0  # generous for a busy 2-core box; the queue bound makes it a few seconds
+
+
+def healthz_seconds() -> float:
+    """/healthz bound now: 1 s with a fair share of a core, stretched by the last minute's load per core (the 1 s
+    figure itself is measured by bench/kmsg_flood.py, not asserted here)."""
+    return 1.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 @dataclass
@@ -151,7 +156,7 @@ def test_tls_connections_that_never_say_hello_are_capped_from_accept(daemon: Tls
             s.settimeout(10)
             s.connect(("127.0.0.1", daemon.port))
             socks.append(s)
-        assert daemon.get("/healthz", timeout=HEALTHZ_SECONDS)[0] == 200
+        assert daemon.get("/healthz", timeout=healthz_seconds())[0] == 200
         m = daemon.metrics()
         limit = value(m, "gpuwatchd_http_connections_limit")
         assert limit is not None and limit <= DAEMON_NOFILE - 256
@@ -163,7 +168,7 @@ def test_tls_connections_that_never_say_hello_are_capped_from_accept(daemon: Tls
         m = daemon.metrics()
         assert value(m, "gpuwatchd_gpus") == 2 and value(m, "gpuwatchd_nvml_up") == 1
         assert all(v == 1 for (name, _), v in m.items() if name == "gpuwatchd_gpu_present")
-        assert daemon.get("/healthz", timeout=HEALTHZ_SECONDS)[0] == 200
+        assert daemon.get("/healthz", timeout=healthz_seconds())[0] == 200
     finally:
         for s in socks:
             s.close()
@@ -190,7 +195,7 @@ def test_a_password_flood_leaves_cached_scrapes_fast_and_new_logins_bounded(daem
         time.sleep(1.0)  # the flood under way before the checks below
         checked = 0
         while time.monotonic() < stop - 0.5:
-            assert daemon.get("/healthz", timeout=HEALTHZ_SECONDS)[0] == 200  # the cached credential
+            assert daemon.get("/healthz", timeout=healthz_seconds())[0] == 200  # the cached credential
             checked += 1
         start = time.monotonic()
         status = 0
@@ -208,4 +213,4 @@ def test_a_password_flood_leaves_cached_scrapes_fast_and_new_logins_bounded(daem
     shed = sum(value(m, "gpuwatchd_http_auth_checks_total", result=r) or 0 for r in ("refused", "dropped"))
     assert shed >= 1, "the flood never filled the queue: it tested nothing"
     assert daemon.rss_mb() - rss < RSS_GROWTH_MB
-    assert daemon.get("/healthz", timeout=HEALTHZ_SECONDS)[0] == 200
+    assert daemon.get("/healthz", timeout=healthz_seconds())[0] == 200

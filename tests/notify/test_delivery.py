@@ -181,12 +181,14 @@ async def test_rate_limit_spaces_requests(sink: Sink, tmp_path: Path) -> None:
     )
     d = await make_dispatcher(config, tmp_path, clock)
     try:
-        d.update([mk_alert(uuid=f"GPU-{i}", t=clock.now()) for i in range(8)])
+        start = clock.now()
+        d.update([mk_alert(uuid=f"GPU-{i}", t=start) for i in range(8)])
         await settle(d, sink, 8)
-        # Burst of 5, then one per second (60/min): once the bucket is empty, requests are a token apart.
-        for i in (6, 7):
-            assert times[i] - times[i - 1] >= 0.9
-        assert times[4] - times[0] < 1.0 < times[7] - times[0]
+        # Burst of 5, then one per second (60/min): the n-th request past the burst cannot leave before n tokens have
+        # been refilled since the first one was taken (lower bounds only: arrival times add loopback latency, which
+        # a loaded machine stretches in clock seconds, so gaps between two arrivals prove nothing).
+        for i in (5, 6, 7):
+            assert times[i] - start >= (i - 4) * 0.99, (i, [t - start for t in times])
     finally:
         await d.stop()
 
