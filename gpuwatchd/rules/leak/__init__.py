@@ -26,7 +26,7 @@ from gpuwatchd.rules.condition import (
 from gpuwatchd.rules.config import LeakRule, RulesConfig
 from gpuwatchd.rules.leak.ended import gone_processes, gpu_gone, stopped
 from gpuwatchd.rules.leak.onset import ONSET_BUCKET, candidates, find_onset, fit
-from gpuwatchd.rules.leak.steps import MIN_STEPS, staircase
+from gpuwatchd.rules.leak.steps import MIN_STEPS, spreading, staircase
 from gpuwatchd.rules.leak.trend import Trend, Verdict, assess, measure, sparkline, theil_sen
 from gpuwatchd.store import ProcessPoint
 
@@ -238,6 +238,11 @@ def _judge(
     # The long window only: applied to the short windows it would bend a fast leak's fit with its warm-up's tail,
     # and to onset verdicts it delayed slow noisy leaks (bench/detect.py: delay_slow_median_s 465 -> 510 s).
     on_path = not judged.urgent and not judged.onset
+    if young and free is not None and spreading([p for p in points if p[0] >= now - judged.trend.span]):
+        # Not a leak: a staircase of even steps whose intervals keep growing (new input shapes ever rarer) is
+        # decelerating, whichever window or onset passed it. "Growing" keeps a pending alert but cannot fire it.
+        v = judged.verdict
+        return Judged(judged.trend, Verdict(False, True, v.eta_seconds, v.eta_decision), judged.hold_for)
     if young and on_path and free is not None and _levels_off(points, now - judged.trend.span / 2, judged, cfg):
         # Not a leak: the rise is flattening and, where it levels off, the GPU still has room. Nor "growing":
         # a pending alert kept alive through a saturating job's slow tail would fire on its next raise.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from statistics import median
 
-from gpuwatchd.rules.leak.trend import lower_envelope
+from gpuwatchd.rules.leak.trend import lower_envelope, theil_sen
 
 MIB = float(1024**2)
 # No rise between two readings smaller than this is a step (noise, the allocator's 2 MiB rounding).
@@ -42,6 +42,10 @@ MAX_CREEP = 0.25
 SHRINK = 0.8
 # The run is current only while the next step is due: no step for this many periods and it has stopped.
 LATE_PERIODS = 1.5
+# A run whose intervals keep growing (their Theil-Sen trend, over the run, adds more than one sample and this
+# share of the period) is decelerating: an allocator meeting ever rarer new shapes, not a leak, whose steps come
+# at its own steady pace.
+SPREAD = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,4 +115,36 @@ def staircase(points: Sequence[tuple[float, float]], now: float, *, sample: floa
         best = Staircase(len(run), size, period, run[-1][0])
     if best is None or now - best.last > LATE_PERIODS * best.period + sample:
         return None
+    if decelerating(steps[-best.steps:], sample=sample):
+        return None
     return best
+
+
+def decelerating(run: Sequence[tuple[float, float, float]], *, sample: float = 5.0) -> bool:
+    """The run's intervals keep growing: over the run their trend (Theil-Sen, per step) adds more than one
+    ``sample`` plus ``SPREAD`` of the median interval. A leak's steps keep their period (to within a sample: the
+    poll falls anywhere in the step); a warm-up whose new shapes come ever rarer spreads its steps out."""
+    gaps = [b[0] - a[0] for a, b in pairwise(run)]
+    if len(gaps) < 3:
+        return False
+    drift = theil_sen(list(enumerate(gaps))) * (len(gaps) - 1)
+    return drift > sample + SPREAD * median(gaps)
+
+
+def spreading(points: Sequence[tuple[float, float]], *, sample: float = 5.0) -> bool:
+    """The series ends in a staircase of ``MIN_STEPS`` + 1 or more steps of about one size (within ``TOLERANCE``
+    of their median, flat between them) whose intervals keep growing (``decelerating``), however irregular they
+    are: an allocator meeting ever rarer new input shapes, which levels off. A line through it can look clean
+    and straight for minutes; a leak's steps do not spread out."""
+    steps = _steps(points)
+    run: list[tuple[float, float, float]] = []
+    for first in range(len(steps) - 1, -1, -1):
+        cand = steps[first:]
+        sizes = [s for _, s, _ in cand]
+        size = median(sizes)
+        if min(sizes) <= 0 or not all(_near(s, size) for s in sizes):
+            break
+        if any(c > MAX_CREEP * size for _, _, c in cand[1:]):
+            break
+        run = cand
+    return len(run) > MIN_STEPS and decelerating(run, sample=sample)

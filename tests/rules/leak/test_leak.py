@@ -218,3 +218,31 @@ def test_young_saturating_job_read_through_a_stalling_poller_is_silent() -> None
     assert fired(RulesConfig()) == []
     # the same without the level-off test (young_age 0: no process counts as young) fired ~13 min in
     assert fired(RulesConfig.model_validate({"leak": {"young_age": 0}}))
+
+
+def test_young_warm_up_stepping_ever_more_rarely_is_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A dynamic-shapes warm-up with a steady stream of shapes (issue 22): ~170 MiB steps, each gap ~6 % longer
+    # than the one before, levelling off 5 GiB up; watched from 5 s in. Its onset fit is clean and straight for
+    # minutes and its steps pass as a regular staircase; the intervals that keep growing say it is decelerating.
+    rng = random.Random(1)
+    steps, gap, t, done = [], 7.0, 0.0, 0.0
+    while done < 5 * GIB:
+        t += gap * rng.uniform(0.9, 1.1)
+        z = 170 * MIB * rng.uniform(0.85, 1.15)
+        steps.append((t, z))
+        done += z
+        gap *= 1.06
+
+    def series(s: float) -> float:
+        return 5 * GIB * (1 - math.exp(-3 * s / 120)) + sum(z for x, z in steps if s >= x)
+
+    def fired() -> list[float]:
+        engine = RulesEngine(RulesConfig(), host="node1")
+        hist = run(Store(retention_seconds=3600.0, step_seconds=5.0), engine, single_process(series), start=T0 + 5,
+                   end=T0 + 1500, every=15.0)
+        return [t - T0 for t, a in leak_alerts(hist)]
+
+    assert fired() == []
+    # without the spreading test it fired ~10 min in
+    monkeypatch.setattr("gpuwatchd.rules.leak.spreading", lambda *a, **k: False)
+    assert fired()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 
-from gpuwatchd.rules.leak.steps import MIN_STEPS, staircase
+from gpuwatchd.rules.leak.steps import MIN_STEPS, decelerating, spreading, staircase
 
 MIB = 1024**2
 GIB = 1024**3
@@ -79,3 +79,23 @@ def test_a_rise_over_many_readings_is_a_ramp_not_a_step() -> None:
         return 4 * GIB + (s // 60) * GIB + min(1.0, (s % 60) / 20) * GIB
 
     assert staircase(series(f, 600), 600.0) is None
+
+
+def test_steps_whose_intervals_keep_growing_are_spreading_not_a_staircase() -> None:
+    # An allocator meeting ever rarer new input shapes: ~170 MiB steps, each gap 8 % longer than the one before.
+    times, gap, t = [], 20.0, 0.0
+    while t < 600:
+        t += gap
+        times.append(t)
+        gap *= 1.08
+    pts = series(lambda s: 2 * GIB + sum(170 * MIB for x in times if s >= x), times[8] + 5)
+    assert spreading(pts)
+    assert staircase(pts, times[8] + 5) is None
+
+
+def test_a_leak_stepping_at_its_own_pace_is_not_spreading() -> None:
+    # A period the 5 s poll does not divide: the gaps read 35 or 40 s, but they do not grow.
+    pts = series(lambda s: warm(s, 4 * GIB) + (s // 37) * 200 * MIB, 400)
+    assert not spreading(pts)
+    assert staircase(pts, 400.0) is not None
+    assert not decelerating([(t, GIB, 0.0) for t in (0.0, 35.0, 75.0, 110.0, 150.0, 185.0)])
