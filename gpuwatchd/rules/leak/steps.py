@@ -46,6 +46,8 @@ LATE_PERIODS = 1.5
 # share of the period) is decelerating: an allocator meeting ever rarer new shapes, not a leak, whose steps come
 # at its own steady pace.
 SPREAD = 0.1
+# ... and the rate of its steps (size over interval) falls by more than this share over the run.
+RATE_DROP = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,14 +123,18 @@ def staircase(points: Sequence[tuple[float, float]], now: float, *, sample: floa
 
 
 def decelerating(run: Sequence[tuple[float, float, float]], *, sample: float = 5.0) -> bool:
-    """The run's intervals keep growing: over the run their trend (Theil-Sen, per step) adds more than one
-    ``sample`` plus ``SPREAD`` of the median interval. A leak's steps keep their period (to within a sample: the
-    poll falls anywhere in the step); a warm-up whose new shapes come ever rarer spreads its steps out."""
+    """The run's intervals keep growing while its steps do not: over the run the intervals' trend (Theil-Sen, per
+    step) adds more than one ``sample`` plus ``SPREAD`` of the median interval, and the rate of each step (its
+    size over the interval before it) falls by more than ``RATE_DROP``. A leak's steps keep their period (to within
+    a sample: the poll falls anywhere in the step), or, read through a poller that stalls longer and longer, grow
+    with the intervals (its rate holds); a warm-up whose new shapes come ever rarer spreads even steps out."""
     gaps = [b[0] - a[0] for a, b in pairwise(run)]
     if len(gaps) < 3:
         return False
-    drift = theil_sen(list(enumerate(gaps))) * (len(gaps) - 1)
-    return drift > sample + SPREAD * median(gaps)
+    if theil_sen(list(enumerate(gaps))) * (len(gaps) - 1) <= sample + SPREAD * median(gaps):
+        return False
+    rates = [(i, b[1] / g) for i, ((a, b), g) in enumerate(zip(pairwise(run), gaps, strict=True))]
+    return -theil_sen(rates) * (len(rates) - 1) > RATE_DROP * median(r for _, r in rates)
 
 
 def spreading(points: Sequence[tuple[float, float]], *, sample: float = 5.0) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from itertools import pairwise
 
 from gpuwatchd.rules.leak.steps import MIN_STEPS, decelerating, spreading, staircase
 
@@ -99,3 +100,16 @@ def test_a_leak_stepping_at_its_own_pace_is_not_spreading() -> None:
     assert not spreading(pts)
     assert staircase(pts, 400.0) is not None
     assert not decelerating([(t, GIB, 0.0) for t in (0.0, 35.0, 75.0, 110.0, 150.0, 185.0)])
+
+
+def test_a_leak_read_through_a_poller_stalling_ever_longer_is_not_spreading() -> None:
+    # A steady leak whose readings come ever more rarely (a loaded host): the steps grow with the intervals.
+    reads, gap, t = [0.0], 20.0, 0.0
+    while t < 600:
+        t += gap
+        reads.append(t)
+        gap *= 1.08
+    rate = 8 * MIB  # per second
+    pts = [(s, 2 * GIB + rate * max(x for x in reads if x <= s)) for s in range(0, int(reads[8]) + 6, 5)]
+    assert not spreading(pts)
+    assert not decelerating([(x, rate * (x - a), 0.0) for a, x in pairwise(reads[:9])])
