@@ -48,6 +48,9 @@ LATE_PERIODS = 1.5
 SPREAD = 0.1
 # ... and the rate of its steps (size over interval) falls by more than this share over the run.
 RATE_DROP = 0.2
+# Fewest steps of a spreading run: with fewer, a leak read through a loaded poller (stalls of 5-20 s and more)
+# shows intervals and rates that drift by chance.
+SPREAD_STEPS = 2 * MIN_STEPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +141,7 @@ def decelerating(run: Sequence[tuple[float, float, float]], *, sample: float = 5
 
 
 def spreading(points: Sequence[tuple[float, float]], *, sample: float = 5.0) -> bool:
-    """The series ends in a staircase of ``MIN_STEPS`` + 1 or more steps of about one size (within ``TOLERANCE``
+    """The series ends in a staircase of ``SPREAD_STEPS`` or more steps of about one size (within ``TOLERANCE``
     of their median, flat between them) whose intervals keep growing (``decelerating``), however irregular they
     are: an allocator meeting ever rarer new input shapes, which levels off. A line through it can look clean
     and straight for minutes; a leak's steps do not spread out."""
@@ -153,4 +156,4 @@ def spreading(points: Sequence[tuple[float, float]], *, sample: float = 5.0) -> 
         if any(c > MAX_CREEP * size for _, _, c in cand[1:]):
             break
         run = cand
-    return len(run) > MIN_STEPS and decelerating(run, sample=sample)
+    return len(run) >= SPREAD_STEPS and decelerating(run, sample=sample)
