@@ -59,6 +59,8 @@ async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], 
 
     import aiohttp  # here, not at the top: every CLI start imports this module
 
+    from gpuwatchd.runtime.http_body import read_capped
+
     t = aiohttp.ClientTimeout(total=timeout, connect=CONNECT_TIMEOUT_S)
     try:
         args = (client or DaemonClient()).session_args()
@@ -70,7 +72,7 @@ async def ask_daemon(base_url: str, gpus: Sequence[str], probes: Sequence[str], 
         ) as resp:
             if resp.status == 401:
                 raise RuntimeError(f"the daemon refused: HTTP 401 ({AUTH_HINT})")
-            raw = await resp.content.read(MAX_ANSWER_BYTES + 1)
+            raw = await read_capped(resp.content, MAX_ANSWER_BYTES + 1)
             if len(raw) > MAX_ANSWER_BYTES:
                 raise RuntimeError(f"the daemon's answer is larger than {MAX_ANSWER_BYTES} bytes")
             body = _answer(resp.status, raw)

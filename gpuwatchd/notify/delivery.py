@@ -23,6 +23,7 @@ from gpuwatchd.notify.redaction import describe_error, redact, secret_fragments
 from gpuwatchd.notify.retry import TokenBucket, Verdict, backoff, classify_status
 from gpuwatchd.notify.store import Outbox, OutboxRow
 from gpuwatchd.runtime.clock import Clock
+from gpuwatchd.runtime.http_body import read_capped
 from gpuwatchd.runtime.waits import wait_event
 
 log = logging.getLogger(__name__)
@@ -57,18 +58,6 @@ async def nap(clock: Clock, until: float, wake: asyncio.Event) -> None:
     await wait_event(wake, min(real, MAX_NAP_SECONDS))
     wake.clear()
 
-
-async def _read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes:
-    """At most ``limit`` bytes of a response body (the rest is left unread; the connection is then dropped)."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = await stream.read(limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +107,7 @@ async def post_once(
             allow_redirects=False,
         ) as resp:
             status = resp.status
-            text = await _read_capped(resp.content, MAX_RESPONSE_BYTES)  # an answer can be any size
+            text = await read_capped(resp.content, MAX_RESPONSE_BYTES)  # an answer can be any size
             verdict = classify_status(resp.status, dict(resp.headers), text, now)
             if verdict.outcome != "success":
                 error = f"{endpoint}: HTTP {resp.status}: {_snippet(text, secrets)}"

@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 
 from gpuwatchd.runtime.daemon_client import AUTH_HINT, ClientSetupError, DaemonClient, tls_problem
+from gpuwatchd.runtime.http_body import read_capped
 
 # The largest status a daemon sends: 256 GPUs with thousands of processes each is a few MiB.
 MAX_ANSWER_BYTES = 64 << 20
@@ -52,7 +53,7 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
             hint = f" ({AUTH_HINT})" if resp.status == 401 else ""
             refused = DaemonRefused if resp.status in (401, 403) else StatusUnavailable
             raise refused(f"{url}: HTTP {resp.status}{hint}")
-        raw = await _read_capped(resp.content, MAX_ANSWER_BYTES + 1)  # whatever answers at --url
+        raw = await read_capped(resp.content, MAX_ANSWER_BYTES + 1)  # whatever answers at --url
         if len(raw) > MAX_ANSWER_BYTES:
             raise StatusUnavailable(f"{url}: the answer is larger than {MAX_ANSWER_BYTES >> 20} MiB (is this a "
                                     "gpuwatchd?)")
@@ -61,18 +62,6 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise StatusUnavailable(f"{url}: not JSON (is this a gpuwatchd?)") from None
 
-
-async def _read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes:
-    """The body up to ``limit`` bytes (``read(n)`` alone returns what one chunk holds, not ``n`` bytes)."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = await stream.read(limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 def _alert_list(doc: Any) -> list[dict[str, Any]]:
