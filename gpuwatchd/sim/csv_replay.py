@@ -38,6 +38,8 @@ MAX_READINGS = 6_000_000
 # without a value per second: a gap longer than MAX_FILL_SECONDS starts a new series step after it, so memory follows
 # the readings, not the span (64 GPUs logged 11 days apart grew the sim to 3 GiB).
 MAX_REPLAY_VALUES = 6_000_000
+# What pynvml calls to list a GPU's processes (nvmlDeviceGet{Compute,Graphics}RunningProcesses -> the _v3 symbols).
+PROCESS_LISTERS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")
 MAX_FILL_SECONDS = 60
 # Timeline steps the replay may have (a run of readings of one field is one step; a process adds two more): each
 # costs a few KiB validated, and the player walks them every tick.
@@ -323,6 +325,11 @@ def scenario_from_log(log: CsvLog, source: str) -> Scenario:
         # A log has no link state; the stand-in's default is an idle GPU's downshifted link, which under the log's
         # load would read as a degraded link. A busy GPU trains its link to the maximum.
         dev["pcie"] = {"gen": 4, "width": 16}
+        if not log.procs:
+            # A GPU log (--query-gpu) says nothing of processes: the replay cannot claim the GPU had none (an empty
+            # list with memory used reads as memory held by a dead process). Its process lists answer NOT_SUPPORTED,
+            # as on a board or platform that cannot list them, so the daemon knows it does not know.
+            dev["errors"] = {sym: "NOT_SUPPORTED" for sym in PROCESS_LISTERS}
         devices[slot] = dev
         for column, (target, factor) in TARGETS.items():
             segments = _segments([(t, v.get(column)) for t, v in gpu.rows], log.start)

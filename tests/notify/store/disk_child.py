@@ -64,6 +64,9 @@ async def main(state_dir: Path, url: str) -> None:
                 "writable": s.writable,
                 "failures": sum(s.failures.values()),
                 "depth": sum(d.outbox.depths().values()),
+                # every write submitted so far was tried (committed, or held and counted above): without it "held
+                # 0" may only mean "not tried yet" (the writes are still in the thread's queue)
+                "settled": d.state.writer.settled(),
             }
             print(json.dumps(out), flush=True)
     task.cancel()

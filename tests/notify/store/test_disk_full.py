@@ -64,7 +64,7 @@ class Child:
     async def stored_alerts(self, n: int) -> None:
         """GPUs 0..n-1 firing, their notifications queued and on disk."""
         assert await self.ask(f"alerts {n}") == "ok"
-        await self.until(f"{n} stored", lambda s: s["depth"] == n and s["held"] == 0)
+        await self.until(f"{n} stored", lambda s: s["depth"] == n and s["held"] == 0 and s["settled"])
 
     async def until(self, what: str, cond: Any) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
@@ -132,7 +132,9 @@ async def fill_until_held(c: Child, mnt: Path, first: int) -> tuple[int, dict[st
         n += 1
         assert n < first + 200, "the full disk never refused a write"
         assert await c.ask(f"alerts {n}") == "ok"
-        s = await c.until(f"notification {n} queued", lambda s, n=n: s["depth"] == n)
+        # settled: the gauge read below counts every write tried so far (one still queued for the thread is lost on
+        # a SIGKILL without being counted)
+        s = await c.until(f"notification {n} queued", lambda s, n=n: s["depth"] == n and s["settled"])
         if s["unpersisted"] >= 3:
             return n, s
 
