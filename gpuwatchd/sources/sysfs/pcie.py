@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,6 +29,10 @@ GENERATION_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 # (the 6-bit Negotiated Link Width field of the PCIe Link Status register reads 0x3f).
 DEAD_LINK_WIDTH = 63
 DEAD_VENDOR = "0xffff"
+# The widest link the PCIe spec defines (x32); anything wider is garbage, like the dead link's 63.
+MAX_LINK_WIDTH = 32
+# A sysfs attribute is at most one page (the kernel's show() buffer is PAGE_SIZE).
+ATTR_MAX_BYTES = 4096
 
 
 # errno values that mean "not there" (a device removed between listing and reading it); anything else is unknown.
@@ -42,10 +47,27 @@ def _unreadable(path: Path, e: OSError) -> SysfsUnreadable:
     return SysfsUnreadable(e.errno, f"cannot read {path}: {e.strerror or e}")
 
 
-def read_attr(path: Path) -> str | None:
-    """A sysfs attribute's text, stripped; None when it cannot be read (gone, no permission)."""
+def _read_small(path: Path) -> str:
+    """One sysfs attribute: a regular file of at most a page, read once, never blocking.
+
+    The kernel serves an attribute in one read of at most PAGE_SIZE. Anything else under the root (a FIFO or a
+    device placed in a fake or hostile tree, a huge file) is refused or cut here rather than hanging the poll or
+    filling memory: ``Path.read_text`` would block on a FIFO and read a file of any size.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (sysfs attributes are)")
+        data = os.read(fd, ATTR_MAX_BYTES)
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", errors="replace").strip()
+
+
+def read_attr(path: Path) -> str | None:
+    """A sysfs attribute's text, stripped; None when it cannot be read (gone, no permission, not a file)."""
+    try:
+        return _read_small(path)
     except OSError:
         return None
 
@@ -53,7 +75,7 @@ def read_attr(path: Path) -> str | None:
 def read_attr_or_gone(path: Path) -> str | None:
     """A sysfs attribute's text, stripped; None when it is gone; :class:`SysfsUnreadable` for any other failure."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
+        return _read_small(path)
     except OSError as e:
         if e.errno in GONE_ERRNOS:
             return None
@@ -73,14 +95,14 @@ def parse_speed(text: str | None) -> int | None:
 
 
 def parse_width(text: str | None) -> int | None:
-    """``"16"`` -> 16; the all-ones value 63, 0 and garbage -> None."""
-    if not text:
+    """``"16"`` -> 16; the all-ones value 63, 0, widths beyond the spec's x32 and garbage -> None."""
+    if not text or len(text) > 4 or not text.isascii():  # int() also reads Arabic-Indic digits
         return None
     try:
         width = int(text, 0) if text.startswith("0x") else int(text)
     except ValueError:
         return None
-    if width <= 0 or width == DEAD_LINK_WIDTH:
+    if not 0 < width <= MAX_LINK_WIDTH:
         return None
     return width
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,7 +69,9 @@ def test_parse_speed(text: str | None, gen: int | None) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "width"), [("16", 16), ("1", 1), ("63", None), ("0", None), ("x", None), (None, None)]
+    ("text", "width"),
+    [("16", 16), ("1", 1), ("32", 32), ("63", None), ("0", None), ("33", None), ("-4", None), ("x", None),
+     (None, None), ("1" * 4096, None), ("\u0661\u0666", None)],
 )
 def test_parse_width(text: str | None, width: int | None) -> None:
     assert parse_width(text) == width
@@ -106,3 +110,34 @@ def test_a_failed_read_is_unknown_not_removed(monkeypatch: pytest.MonkeyPatch) -
     assert watch.unreadable >= 3
     assert changes == [] and links == []  # no "removed", no dead links
     assert watch.seen == {"0000:0c:00.0", "0000:05:00.0"}
+
+
+def _tree(tmp_path: Path) -> tuple[Path, Path]:
+    root = tmp_path / "root"
+    shutil.copytree(FIXTURES / "two-gpus", root, symlinks=True)
+    return root, root / "sys/devices/pci0000:00/0000:00:01.0/0000:05:00.0"
+
+
+def test_a_fifo_in_place_of_an_attribute_does_not_hang_the_poll(tmp_path: Path) -> None:
+    root, dev = _tree(tmp_path)
+    (dev / "current_link_speed").unlink()
+    os.mkfifo(dev / "current_link_speed")  # nobody ever writes it: a blocking read would wait forever
+    [link] = read_links(root, ["0000:05:00.0"])
+    assert link.present and link.current_generation is None and link.current_width == 4
+    (dev / "vendor").unlink()
+    os.mkfifo(dev / "vendor")  # not "gone": unknown, and the watch keeps what it knew
+    with pytest.raises(SysfsUnreadable, match="not a regular file"):
+        read_links(root, ["0000:05:00.0"])
+
+
+def test_a_huge_attribute_is_read_to_one_page_only(tmp_path: Path) -> None:
+    root, dev = _tree(tmp_path)
+    with (dev / "current_link_width").open("wb") as f:
+        f.write(b"4" + b" " * (64 * 1024 * 1024))  # 64 MiB: sysfs never serves more than a page
+    assert sysfs_pcie.read_attr(dev / "current_link_width") == "4"
+    big = dev / "max_link_width"
+    big.write_bytes(b"1" * (10 * 1024 * 1024))
+    text = sysfs_pcie.read_attr(big)
+    assert text is not None and len(text) == sysfs_pcie.ATTR_MAX_BYTES
+    [link] = read_links(root, ["0000:05:00.0"])
+    assert link.current_width == 4 and link.max_width is None  # a page of digits is no width
