@@ -80,7 +80,7 @@ class StateFileSetAside:
 
 @dataclass(frozen=True, slots=True)
 class HealthChange:
-    """Every GPU's health state, reason and action as assessed at a rule evaluation (``gpu/health_view.py``)."""
+    """Every GPU's health state, reason and action as assessed at a rule evaluation (``daemon/health_view.py``)."""
 
     health: Mapping[str, GpuHealth]
 

@@ -1,0 +1,44 @@
+"""The daemon's evaluation loop: rules after every snapshot and on a timer, the GPUs' health state, the alerts to
+the dispatcher, the status line to systemd when it changed."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gpuwatchd.daemon.health_view import update_health
+from gpuwatchd.daemon.status import StatusViews
+from gpuwatchd.model import Alert
+
+# Rules also run on this timer (clock seconds) when no snapshot arrives, so a hung worker still raises alerts.
+MIN_EVAL_INTERVAL = 1.0
+
+
+class Evaluation(StatusViews):
+    async def _evaluate_loop(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            interval = max(MIN_EVAL_INTERVAL, self.config.nvml.poll_interval) / self.clock.speed
+            # asyncio.wait, not wait_for: on Python < 3.12 wait_for swallows a cancel that races with the event
+            # being set (cpython#86296), and snapshots set it ten times a second in tests.
+            waiter = asyncio.ensure_future(self._wakeup.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=interval)
+            finally:
+                waiter.cancel()
+            self._wakeup.clear()
+            self.evaluate()
+
+    def evaluate(self) -> list[Alert]:
+        """Run the rules on the store now and hand the result to the dispatcher."""
+        if self._engine is None or self._dispatcher is None:
+            raise RuntimeError("daemon not started")
+        now = self.clock.now()
+        self.alerts = list(self._engine.evaluate(self.store, now))
+        update_health(self.store, self.alerts, now)
+        self._generation += 1
+        self._dispatcher.update(self.alerts)
+        status = self._status_line()
+        if status != self._last_status:
+            self._last_status = status
+            self.sd.status(status)
+        return self.alerts
