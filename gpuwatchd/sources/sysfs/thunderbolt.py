@@ -34,6 +34,7 @@ from gpuwatchd.sources.sysfs.pcie import (
     nvidia_devices,
     read_attr,
 )
+from gpuwatchd.textint import ascii_uint
 
 if TYPE_CHECKING:
     from gpuwatchd.config.loader import Config
@@ -49,7 +50,8 @@ _ROUTER = re.compile(r"^(\d+)-([0-9a-f]+)$")
 _DOMAIN = re.compile(r"^domain(\d+)$")
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _PCI_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
-_SPEED = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/s\s*$")
+# ASCII digits, bounded: ``\d`` also matches Unicode digits, and a page of digits read as a float is +Inf.
+_SPEED = re.compile(r"^\s*([0-9]{1,4}(?:\.[0-9]{1,3})?)\s*Gb/s\s*$")
 
 
 def parse_speed(text: str | None) -> float | None:
@@ -59,10 +61,8 @@ def parse_speed(text: str | None) -> float | None:
 
 
 def _int(text: str | None) -> int | None:
-    try:
-        return int(text, 0) if text else None
-    except ValueError:
-        return None
+    # the kernel prints these (generation, lanes) with %u: a few ASCII digits; anything else is garbage
+    return ascii_uint(text, 4) if text else None
 
 
 def domain_security(root: Path) -> dict[str, str | None]:

@@ -32,6 +32,8 @@ def test_speed_is_per_lane_in_bits() -> None:
     assert parse_speed("10 Gb/s") == 10e9
     assert parse_speed("fast") is None
     assert parse_speed(None) is None
+    assert parse_speed("\u0662\u0660 Gb/s") is None  # Arabic-Indic digits
+    assert parse_speed("9" * 4000 + " Gb/s") is None  # read as a float, +Inf
 
 
 def test_no_thunderbolt_bus_means_no_docks(tmp_path: Path) -> None:
