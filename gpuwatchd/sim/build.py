@@ -25,7 +25,7 @@ SOURCES = (SOURCE, SOURCE.with_name("standin_state.c"), SOURCE.with_name("standi
            SOURCE.with_name("standin_nvlink.c"),
            SOURCE.with_name("standin_gpm.c"),
            SOURCE.with_name("standin_mig.c"))
-HEADERS = (SOURCE.with_name("standin.h"),)
+HEADERS = (SOURCE.with_name("standin.h"), SOURCE.with_name("standin_readings.def"))
 # The header the stand-in is compiled against; pinned so struct layouts match the pynvml we ship with.
 HEADER_PACKAGE = "nvidia-nvml-dev==13.5.37"
 CFLAGS = (
@@ -33,6 +33,7 @@ CFLAGS = (
     "-Wall",
     "-Wextra",
     "-Werror",
+    "-Wmissing-prototypes",  # every exported call must be one nvml.h declares (a misspelt symbol fails the build)
     "-O2",
     "-fPIC",
     "-shared",

@@ -119,7 +119,10 @@ def device_schema() -> dict[str, Any]:
     schema.setdefault("delays_ms", {})
     schema.setdefault("processes", {"compute": [], "graphics": []})
     schema.setdefault("supported_event_types", 0)
-    schema.setdefault("power_default_limit_mw", 0)
+    from gpuwatchd.sim.standin_abi import READING_KEYS
+
+    for key in READING_KEYS:  # the simple readings (sim/standin_readings.def): integers
+        schema.setdefault(key, 0)
     schema.setdefault("mig_max_devices", 0)  # MIG devices: sim/scenario_mig.py
     schema.setdefault("mig_devices", [])
     if schema.get("nvlink_counters") is None:  # per link: devices[N].nvlink_counters[L].crc_flit

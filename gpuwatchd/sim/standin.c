@@ -248,6 +248,31 @@ static nvmlReturn_t put_str(const char *s, char *buf, unsigned int len) {
         return r ? r : put_ull(d->field, out);                                   \
     }
 
+/*
+ * The simple readings (standin_readings.def), one getter per row. Each is left out when the build defines
+ * OMIT_<symbol>, like the #ifndef OMIT_ blocks of the hand-written calls; as #ifndef cannot sit in a macro, the
+ * choice is made by token pasting: -DOMIT_x defines OMIT_x as 1, and STANDIN_OMITTED_1 expands to a comma, which
+ * moves the second argument of STANDIN_SECOND from the definer to STANDIN_SKIP.
+ */
+#define STANDIN_OMITTED_1 ,
+#define STANDIN_SECOND(a, b, ...) b
+#define STANDIN_PICK(probe) STANDIN_SECOND(probe STANDIN_SKIP, STANDIN_GETTER, ~)
+#define STANDIN_PICK_1(v) STANDIN_PICK(STANDIN_OMITTED_##v)
+#define STANDIN_PICK_0(v) STANDIN_PICK_1(v) /* expands OMIT_<symbol> to 1 when the build defined it */
+#define STANDIN_SKIP(fn, type)
+#define STANDIN_GETTER(fn, type)                                                 \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t device, type *out) {                     \
+        sdev *d;                                                                 \
+        nvmlReturn_t r = enter_dev(F_##fn, device, out != NULL, &d);             \
+        if (r) return r;                                                         \
+        if (d->reading[R_##fn] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED); \
+        *out = (type)d->reading[R_##fn];                                         \
+        return leave(NVML_SUCCESS);                                              \
+    }
+#define READING(fn, type, key, lo, hi) STANDIN_PICK_0(OMIT_##fn)(fn, type)
+#include "standin_readings.def"
+#undef READING
+
 /* ------------------------------------------------------------------------------------------------ init */
 
 static nvmlReturn_t do_init(unsigned int flags) {
@@ -505,9 +530,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsig
 }
 #endif
 
-#ifndef OMIT_nvmlDeviceGetMinorNumber
-GET_UINT(nvmlDeviceGetMinorNumber, minor)
-#endif
 
 #ifndef OMIT_nvmlDeviceGetPciInfo_v3
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
@@ -683,32 +705,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *spe
 
 /* ------------------------------------------------------------------------------------------------ power */
 
-#ifndef OMIT_nvmlDeviceGetPowerUsage
-GET_UINT(nvmlDeviceGetPowerUsage, power)
-#endif
-#ifndef OMIT_nvmlDeviceGetEnforcedPowerLimit
-GET_UINT(nvmlDeviceGetEnforcedPowerLimit, plimit)
-#endif
-#ifndef OMIT_nvmlDeviceGetPowerManagementLimit
-GET_UINT(nvmlDeviceGetPowerManagementLimit, plimit)
-#endif
-#ifndef OMIT_nvmlDeviceGetPowerManagementDefaultLimit
-GET_UINT(nvmlDeviceGetPowerManagementDefaultLimit, pdefault)
-#endif
-#ifndef OMIT_nvmlDeviceGetPersistenceMode
-EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode) {
-    sdev *d;
-    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetPersistenceMode, device, mode != NULL, &d);
-    if (r) return r;
-    if (d->persist == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
-    *mode = d->persist ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
-    return leave(NVML_SUCCESS);
-}
-#endif
-#ifndef OMIT_nvmlDeviceGetTotalEnergyConsumption
-GET_ULL(nvmlDeviceGetTotalEnergyConsumption, energy)
-#endif
-
 #ifndef OMIT_nvmlDeviceGetPowerManagementLimitConstraints
 EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device, unsigned int *mn,
                                                                  unsigned int *mx) {
@@ -840,18 +836,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType
 }
 #endif
 
-#ifndef OMIT_nvmlDeviceGetCurrentClocksEventReasons
-GET_ULL(nvmlDeviceGetCurrentClocksEventReasons, cer)
-#endif
-#ifndef OMIT_nvmlDeviceGetSupportedClocksEventReasons
-GET_ULL(nvmlDeviceGetSupportedClocksEventReasons, scer)
-#endif
-#ifndef OMIT_nvmlDeviceGetCurrentClocksThrottleReasons
-GET_ULL(nvmlDeviceGetCurrentClocksThrottleReasons, cer)
-#endif
-#ifndef OMIT_nvmlDeviceGetSupportedClocksThrottleReasons
-GET_ULL(nvmlDeviceGetSupportedClocksThrottleReasons, scer)
-#endif
 
 #ifndef OMIT_nvmlDeviceGetViolationStatus
 EXPORT nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, nvmlPerfPolicyType_t policy,

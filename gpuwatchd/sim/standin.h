@@ -26,18 +26,16 @@
 #define UNSET LLONG_MIN
 #define STATE_MAGIC "GWSIM 1"
 
-/* Every symbol whose return code / delay can be overridden by name; the order defines the F_ ids. */
+/* Every symbol whose return code / delay can be overridden by name, with the rows of standin_readings.def after
+ * them; the order defines the F_ ids. */
 #define FUNCS(X) \
     X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetHandleByPciBusId_v2) \
     X(nvmlDeviceGetIndex) X(nvmlDeviceGetUUID) X(nvmlDeviceGetName) X(nvmlDeviceGetSerial) \
-    X(nvmlDeviceGetMinorNumber) X(nvmlDeviceGetPciInfo_v3) X(nvmlDeviceGetMemoryInfo) \
+    X(nvmlDeviceGetPciInfo_v3) X(nvmlDeviceGetMemoryInfo) \
     X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetUtilizationRates) X(nvmlDeviceGetTemperature) \
-    X(nvmlDeviceGetTemperatureV) X(nvmlDeviceGetTemperatureThreshold) X(nvmlDeviceGetPowerUsage) \
-    X(nvmlDeviceGetEnforcedPowerLimit) X(nvmlDeviceGetPowerManagementLimit) \
-    X(nvmlDeviceGetPowerManagementLimitConstraints) X(nvmlDeviceGetTotalEnergyConsumption) \
-    X(nvmlDeviceGetClockInfo) X(nvmlDeviceGetMaxClockInfo) X(nvmlDeviceGetCurrentClocksEventReasons) \
-    X(nvmlDeviceGetSupportedClocksEventReasons) X(nvmlDeviceGetCurrentClocksThrottleReasons) \
-    X(nvmlDeviceGetSupportedClocksThrottleReasons) X(nvmlDeviceGetViolationStatus) \
+    X(nvmlDeviceGetTemperatureV) X(nvmlDeviceGetTemperatureThreshold) \
+    X(nvmlDeviceGetPowerManagementLimitConstraints) X(nvmlDeviceGetClockInfo) X(nvmlDeviceGetMaxClockInfo) \
+    X(nvmlDeviceGetViolationStatus) \
     X(nvmlDeviceGetPerformanceState) X(nvmlDeviceGetPowerState) X(nvmlDeviceGetNumFans) \
     X(nvmlDeviceGetFanSpeed_v2) X(nvmlDeviceGetFanSpeed) X(nvmlDeviceGetEccMode) X(nvmlDeviceGetTotalEccErrors) \
     X(nvmlDeviceGetMemoryErrorCounter) X(nvmlDeviceGetRetiredPages) X(nvmlDeviceGetRetiredPages_v2) \
@@ -49,7 +47,6 @@
     X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetSupportedEventTypes) X(nvmlDeviceRegisterEvents) \
     X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetGraphicsRunningProcesses_v2) \
     X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses) \
-    X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetPowerManagementDefaultLimit) \
     X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetFieldValues) \
     X(nvmlDeviceGetEncoderStats) X(nvmlDeviceGetMarginTemperature) \
     X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetProcessesUtilizationInfo) \
@@ -59,7 +56,21 @@
 
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,
-enum { FUNCS(AS_ENUM) NFUNCS };
+#define READING(fn, type, key, lo, hi) F_##fn,
+enum {
+    FUNCS(AS_ENUM)
+#include "standin_readings.def"
+    NFUNCS
+};
+#undef READING
+
+/* The simple readings' state slots (sdev.reading), one per row of standin_readings.def. */
+#define READING(fn, type, key, lo, hi) R_##fn,
+enum {
+#include "standin_readings.def"
+    NREADINGS
+};
+#undef READING
 
 /* nvmlDeviceGetFieldValues ids served from sdev.fv (standin.c FIELD_VALUES) */
 #define FIELD_VALUE_COUNT 12
@@ -84,22 +95,19 @@ typedef struct {
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
     char serial[NVML_DEVICE_SERIAL_BUFFER_SIZE];
     int has_serial;
-    long long minor;
     long long pci[5]; /* domain, bus, device, pciDeviceId, pciSubSystemId */
     long long mem[3]; /* total, reserved, used */
     long long util[2];
     long long temp;
     long long tthr[4]; /* shutdown, slowdown, mem_max, gpu_max = nvmlTemperatureThresholds_t 0..3 */
-    long long power, plimit, pcons[2], energy;
-    long long pdefault; /* nvmlDeviceGetPowerManagementDefaultLimit, mW */
-    long long persist;  /* nvmlDeviceGetPersistenceMode: nvmlEnableState_t */
+    long long reading[NREADINGS]; /* standin_readings.def, by R_ id; UNSET: NOT_SUPPORTED */
+    long long pcons[2];
     long long codec[2]; /* nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization: percent */
     long long fv[FIELD_VALUE_COUNT]; /* nvmlDeviceGetFieldValues, in FIELD_VALUES order (standin.c) */
     slist pcie_lanes;   /* NVML_FI_DEV_PCIE_COUNT_LANE_ERROR per lane (scopeId); n -1: not supported */
     long long margin;   /* nvmlDeviceGetMarginTemperature: degrees C to the nearest slowdown threshold */
     long long encstats[3]; /* nvmlDeviceGetEncoderStats: sessionCount, averageFps, averageLatency (us) */
     long long clk[4], maxclk[4]; /* nvmlClockType_t order: graphics, sm, mem, video */
-    long long cer, scer;
     long long viol[NVML_PERF_POLICY_COUNT];
     long long pstate;
     slist fans, nvlink, rp[2];

@@ -6,6 +6,10 @@ Kept apart from the state writer so the tables can be checked against the C sour
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import NamedTuple
+
 # The environment variable naming the state file; nvmlInit reads it (standin.c, docs/sim-state.md).
 STATE_ENV = "GPUWATCHD_SIM_STATE"
 
@@ -53,8 +57,53 @@ ERROR_CODES: dict[str, int] = {
 # nvml.h nvmlEventType* bits (l.3405-3461) for the event "type" names of docs/sim-state.md.
 EVENT_TYPES: dict[str, int] = {"sbe": 0x1, "dbe": 0x2, "pstate": 0x4, "xid": 0x8, "clock": 0x10, "power_source": 0x80}
 
-# Per-device symbols whose return code / delay a state can override (the C side's FUNCS list).
-OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
+class Reading(NamedTuple):
+    """One row of ``standin_readings.def``: a getter answering one integer of the device's state."""
+
+    symbol: str  # the NVML call, e.g. nvmlDeviceGetPowerUsage
+    c_type: str  # its out type in nvml.h: unsigned int, unsigned long long, or an enum / typedef of them
+    key: str  # the device's state key (and its state-file line)
+    lo: int
+    hi: int
+
+
+READINGS_TABLE = Path(__file__).with_name("standin_readings.def")
+_LIMITS = {"UINT_MAX": 2**32 - 1, "LLONG_MAX": 2**63 - 1}
+_BOUND = r"(-?\d+|UINT_MAX|LLONG_MAX)"
+_ROW = re.compile(rf"READING\((\w+), (\w+(?: \w+)*), (\w+), {_BOUND}, {_BOUND}\)")
+
+
+def _bound(text: str) -> int:
+    return _LIMITS[text] if text in _LIMITS else int(text)
+
+
+def load_readings(path: Path = READINGS_TABLE) -> tuple[Reading, ...]:
+    """The rows of the simple-readings table in order; ValueError for a row that does not parse, or for rows
+    that share a state key with different ranges."""
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.startswith("READING("):
+            continue
+        m = _ROW.fullmatch(line.strip())
+        if m is None:
+            raise ValueError(f"{path.name}:{n}: expected READING(symbol, out type, state key, min, max), got {line!r}")
+        rows.append(Reading(m[1], m[2], m[3], _bound(m[4]), _bound(m[5])))
+    first: dict[str, Reading] = {}
+    for r in rows:
+        f = first.setdefault(r.key, r)
+        if (f.lo, f.hi) != (r.lo, r.hi):
+            raise ValueError(f"{path.name}: {r.symbol} and {f.symbol} serve {r.key} with different ranges")
+    return tuple(rows)
+
+
+# The stand-in's simple readings (standin_readings.def, which the C side includes too).
+READINGS: tuple[Reading, ...] = load_readings()
+# Their state keys with the range each may hold (rows sharing a key are older names of one call).
+READING_KEYS: dict[str, tuple[int, int]] = {r.key: (r.lo, r.hi) for r in READINGS}
+
+# Per-device symbols whose return code / delay a state can override (the C side's FUNCS list and the simple
+# readings).
+OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(r.symbol for r in READINGS) | frozenset(
     [
         "nvmlDeviceGetHandleByIndex_v2",
         "nvmlDeviceGetHandleByUUID",
@@ -63,7 +112,6 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         "nvmlDeviceGetUUID",
         "nvmlDeviceGetName",
         "nvmlDeviceGetSerial",
-        "nvmlDeviceGetMinorNumber",
         "nvmlDeviceGetPciInfo_v3",
         "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetMemoryInfo_v2",
@@ -71,17 +119,9 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         "nvmlDeviceGetTemperature",
         "nvmlDeviceGetTemperatureV",
         "nvmlDeviceGetTemperatureThreshold",
-        "nvmlDeviceGetPowerUsage",
-        "nvmlDeviceGetEnforcedPowerLimit",
-        "nvmlDeviceGetPowerManagementLimit",
         "nvmlDeviceGetPowerManagementLimitConstraints",
-        "nvmlDeviceGetTotalEnergyConsumption",
         "nvmlDeviceGetClockInfo",
         "nvmlDeviceGetMaxClockInfo",
-        "nvmlDeviceGetCurrentClocksEventReasons",
-        "nvmlDeviceGetSupportedClocksEventReasons",
-        "nvmlDeviceGetCurrentClocksThrottleReasons",
-        "nvmlDeviceGetSupportedClocksThrottleReasons",
         "nvmlDeviceGetViolationStatus",
         "nvmlDeviceGetPerformanceState",
         "nvmlDeviceGetPowerState",
@@ -114,9 +154,6 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(
         "nvmlDeviceGetGraphicsRunningProcesses_v2",
         "nvmlDeviceGetComputeRunningProcesses",
         "nvmlDeviceGetGraphicsRunningProcesses",
-        # gpuwatchd doctor: persistence mode and the board's default power limit (nvml.h)
-        "nvmlDeviceGetPersistenceMode",
-        "nvmlDeviceGetPowerManagementDefaultLimit",
         # Media engines (nvml.h): encoder / decoder utilization, percent over a sampling period
         "nvmlDeviceGetEncoderUtilization",
         "nvmlDeviceGetDecoderUtilization",

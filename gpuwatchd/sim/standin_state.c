@@ -7,7 +7,21 @@
 #include <errno.h>
 #include <unistd.h>
 
-const char *const func_names[NFUNCS] = {FUNCS(AS_NAME)};
+#define READING(fn, type, key, lo, hi) #fn,
+const char *const func_names[NFUNCS] = {FUNCS(AS_NAME)
+#include "standin_readings.def"
+};
+#undef READING
+
+/* standin_readings.def: each row's state key (its state-file line) and slot */
+#define READING(fn, type, key, lo, hi) {#key, R_##fn},
+static const struct {
+    const char *key;
+    int slot;
+} READING_KEYS[NREADINGS] = {
+#include "standin_readings.def"
+};
+#undef READING
 
 void free_dev(sdev *d) {
     free(d->fans.v);
@@ -32,15 +46,15 @@ void free_state(sstate *s) {
 
 void dev_defaults(sdev *d) {
     memset(d, 0, sizeof(*d));
-    long long *unset[] = {&d->minor, &d->temp, &d->power, &d->plimit, &d->energy, &d->cer, &d->scer,
-                          &d->pstate, &d->rp_pending, &d->pdefault, &d->persist,
-                          &d->codec[0], &d->codec[1], &d->mig_max, &d->gi, &d->ci, &d->margin};
+    long long *unset[] = {&d->temp, &d->pstate, &d->rp_pending, &d->codec[0], &d->codec[1],
+                          &d->mig_max, &d->gi, &d->ci, &d->margin};
     for (size_t i = 0; i < sizeof(unset) / sizeof(unset[0]); i++) *unset[i] = UNSET;
     long long *arrs[] = {d->pci, d->mem, d->util, d->tthr, d->pcons, d->clk, d->maxclk, d->viol, d->ecc_mode,
                          d->ecc, d->remap, d->pcie, d->mig, d->fv, d->encstats};
     size_t lens[] = {5, 3, 2, 4, 2, 4, 4, NVML_PERF_POLICY_COUNT, 2, 4, 4, 8, 2, FIELD_VALUE_COUNT, 3};
     for (size_t a = 0; a < sizeof(arrs) / sizeof(arrs[0]); a++)
         for (size_t i = 0; i < lens[a]; i++) arrs[a][i] = UNSET;
+    for (int i = 0; i < NREADINGS; i++) d->reading[i] = UNSET;
     d->fans.n = d->nvlink.n = d->rp[0].n = d->rp[1].n = -1;
     d->nproc[0] = d->nproc[1] = -1;
     d->putil.n = -1;
@@ -151,21 +165,31 @@ static int parse_override(char *s, sdev *d, int is_delay) {
     return 0;
 }
 
+/* A line of standin_readings.def's state keys: 1 set (every row of that key), 0 not such a key, -1 malformed. */
+static int parse_reading(sdev *d, const char *key, char *a) {
+    int hit = 0;
+    long long v;
+    for (int i = 0; i < NREADINGS; i++) {
+        if (strcmp(READING_KEYS[i].key, key)) continue;
+        if (!hit && parse_fixed(a, &v, 1)) return -1;
+        d->reading[READING_KEYS[i].slot] = v;
+        hit = 1;
+    }
+    return hit;
+}
+
 int parse_device_line(sdev *d, const char *key, char *a) {
+    int r = parse_reading(d, key, a);
+    if (r) return r < 0 ? -1 : 0;
     if (!strcmp(key, "uuid")) copy_str(d->uuid, sizeof d->uuid, a);
     else if (!strcmp(key, "name")) copy_str(d->name, sizeof d->name, a);
     else if (!strcmp(key, "serial")) { copy_str(d->serial, sizeof d->serial, a); d->has_serial = 1; }
-    else if (!strcmp(key, "minor")) return parse_fixed(a, &d->minor, 1);
     else if (!strcmp(key, "pci")) return parse_fixed(a, d->pci, 5);
     else if (!strcmp(key, "memory")) return parse_fixed(a, d->mem, 3);
     else if (!strcmp(key, "utilization")) return parse_fixed(a, d->util, 2);
     else if (!strcmp(key, "temperature")) return parse_fixed(a, &d->temp, 1);
     else if (!strcmp(key, "temperature_thresholds")) return parse_fixed(a, d->tthr, 4);
-    else if (!strcmp(key, "power_usage")) return parse_fixed(a, &d->power, 1);
-    else if (!strcmp(key, "power_limit")) return parse_fixed(a, &d->plimit, 1);
     else if (!strcmp(key, "power_constraints")) return parse_fixed(a, d->pcons, 2);
-    else if (!strcmp(key, "power_default_limit")) return parse_fixed(a, &d->pdefault, 1);
-    else if (!strcmp(key, "persistence_mode")) return parse_fixed(a, &d->persist, 1);
     else if (!strcmp(key, "encoder_utilization")) return parse_fixed(a, &d->codec[0], 1);
     else if (!strcmp(key, "decoder_utilization")) return parse_fixed(a, &d->codec[1], 1);
     else if (!strcmp(key, "field_values")) return parse_fixed(a, d->fv, FIELD_VALUE_COUNT);
@@ -173,11 +197,8 @@ int parse_device_line(sdev *d, const char *key, char *a) {
         return parse_list(a, &d->pcie_lanes) || d->pcie_lanes.n > PCIE_MAX_LANES ? -1 : 0;
     else if (!strcmp(key, "temperature_margin")) return parse_fixed(a, &d->margin, 1);
     else if (!strcmp(key, "encoder_stats")) return parse_fixed(a, d->encstats, 3);
-    else if (!strcmp(key, "energy")) return parse_fixed(a, &d->energy, 1);
     else if (!strcmp(key, "clocks")) return parse_fixed(a, d->clk, 4);
     else if (!strcmp(key, "max_clocks")) return parse_fixed(a, d->maxclk, 4);
-    else if (!strcmp(key, "clocks_event_reasons")) return parse_fixed(a, &d->cer, 1);
-    else if (!strcmp(key, "supported_clocks_event_reasons")) return parse_fixed(a, &d->scer, 1);
     else if (!strcmp(key, "violation")) {
         /* power thermal sync_boost board_limit low_utilization reliability total_app total_base */
         long long v[8];

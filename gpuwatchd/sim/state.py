@@ -41,6 +41,7 @@ from gpuwatchd.sim.standin_abi import (
     EVENT_TYPES,
     MAX_DEVICES,
     OVERRIDABLE_SYMBOLS,
+    READING_KEYS,
     STANDIN_SYMBOLS,
 )
 from gpuwatchd.sim.state_encode import (
@@ -134,16 +135,11 @@ _DEVICE_KEYS = {
     "uuid",
     "name",
     "serial",
-    "minor_number",
     "pci",
     "memory",
     "utilization",
     "temperature",
     "temperature_thresholds",
-    "power_usage_mw",
-    "power_limit_mw",
-    "power_default_limit_mw",
-    "persistence_mode",
     "encoder_utilization",
     "decoder_utilization",
     "field_values",
@@ -151,11 +147,8 @@ _DEVICE_KEYS = {
     "temperature_margin",
     "encoder_stats",
     "power_constraints_mw",
-    "energy_mj",
     "clocks_mhz",
     "max_clocks_mhz",
-    "clocks_event_reasons",
-    "supported_clocks_event_reasons",
     "violation_ns",
     "pstate",
     "fans",
@@ -177,6 +170,7 @@ _DEVICE_KEYS = {
     "gpm",
     "mig_max_devices",  # MIG (sim/state_mig.py)
     "mig_devices",
+    *READING_KEYS,  # the simple readings (sim/standin_readings.def)
 }
 
 
@@ -197,22 +191,12 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
     e.put("name", _str(f"{p}.name", d["name"], _STR_MAX["name"]))
     if d.get("serial") is not None:
         e.put("serial", _str(f"{p}.serial", d["serial"], _STR_MAX["serial"]))
-    scalars = (
-        ("minor_number", "minor", _U32),
-        ("temperature", "temperature", 255),
-        ("power_usage_mw", "power_usage", _U32),
-        ("power_limit_mw", "power_limit", _U32),
-        ("power_default_limit_mw", "power_default_limit", _U32),
-        ("persistence_mode", "persistence_mode", 1),
-        ("encoder_utilization", "encoder_utilization", 100),
-        ("decoder_utilization", "decoder_utilization", 100),
-        ("energy_mj", "energy", _I64),
-        ("clocks_event_reasons", "clocks_event_reasons", _I64),
-        ("supported_clocks_event_reasons", "supported_clocks_event_reasons", _I64),
-    )
-    for key, line, hi in scalars:
+    for key, (lo, hi) in READING_KEYS.items():  # sim/standin_readings.def: the state key is the line
         if d.get(key) is not None:
-            e.put(line, _int(f"{p}.{key}", d[key], 0, hi))
+            e.put(key, _int(f"{p}.{key}", d[key], lo, hi))
+    for key, hi in (("temperature", 255), ("encoder_utilization", 100), ("decoder_utilization", 100)):
+        if d.get(key) is not None:
+            e.put(key, _int(f"{p}.{key}", d[key], 0, hi))
     if d.get("pstate") is not None:
         ps = _int(f"{p}.pstate", d["pstate"], 0, 32)
         if ps is not None and 15 < ps < 32:
