@@ -43,7 +43,6 @@ def _rss_mb() -> float:
 async def run(records: int, line_mb: int, path: Path) -> tuple[float, float, float]:
     store = Store()
     ingest = KernelLogIngest(store)
-    store.kernel_log = ingest.stats
     reader = KmsgReader(path, ingest, clock=ScaledClock(), state_file=None)
     worst = 0.0
 

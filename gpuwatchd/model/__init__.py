@@ -23,7 +23,12 @@ from gpuwatchd.model.events import ConfigReload as ConfigReload
 from gpuwatchd.model.events import DockChange as DockChange
 from gpuwatchd.model.events import GpuLostEvent as GpuLostEvent
 from gpuwatchd.model.events import HealthChange as HealthChange
+from gpuwatchd.model.events import KernelLogCount as KernelLogCount
+from gpuwatchd.model.events import KernelLogDriver as KernelLogDriver
+from gpuwatchd.model.events import KernelLogLoss as KernelLogLoss
+from gpuwatchd.model.events import KernelLogRead as KernelLogRead
 from gpuwatchd.model.events import KernelLogStarted as KernelLogStarted
+from gpuwatchd.model.events import KernelLogUp as KernelLogUp
 from gpuwatchd.model.events import LinkChange as LinkChange
 from gpuwatchd.model.events import NvmlCounters as NvmlCounters
 from gpuwatchd.model.events import NvmlStale as NvmlStale

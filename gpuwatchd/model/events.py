@@ -8,14 +8,13 @@ store applies each one and bumps its version there, so readers (the ``/metrics``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # the package's __init__ imports this module; these are only annotations
     from collections.abc import Mapping
 
     from gpuwatchd.model import DockSample, LinkSample
     from gpuwatchd.model.health import GpuHealth
-    from gpuwatchd.model.kernel_log import KernelLogStats
     from gpuwatchd.model.probes import ProbeRecord
 
 
@@ -65,9 +64,51 @@ class ConfigReload:
 
 @dataclass(frozen=True, slots=True)
 class KernelLogStarted:
-    """The kernel-log source runs; ``stats`` is what it counts (``sources/kmsg/ingest.py``), shown by the exporter."""
+    """The kernel-log source runs: the store starts its counters (``model/kernel_log.py``, ``Store.kernel_log``),
+    which only the events below change."""
 
-    stats: KernelLogStats
+
+@dataclass(frozen=True, slots=True)
+class KernelLogRead:
+    """One kernel-log record read (``sources/kmsg/ingest.py``): its sequence number and the kind of each of its
+    lines (``model/kernel_log.py`` ``KINDS``); ``seq`` is None for a record without a readable header."""
+
+    seq: int | None
+    kinds: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLogCount:
+    """One more in a series the kernel log counts by label: ``xid_reports`` (uuid, xid, source), ``fallen_off_bus``
+    (uuid,) or ``aer`` (uuid, severity). A new key past the family's series limit counts in ``series_dropped``."""
+
+    series: Literal["xid_reports", "fallen_off_bus", "aer"]
+    key: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLogDriver:
+    """What the kernel log says of the driver: the version it loaded, a version mismatch (None: not said)."""
+
+    version: str | None = None
+    mismatch: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLogUp:
+    """The kernel-log reader opened its device (``up``) or lost it, and why."""
+
+    up: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLogLoss:
+    """Records the reader did not get whole: ``lost`` more overwritten before they were read (the ring wrapped),
+    ``cut`` records longer than its limit so far (None: unchanged)."""
+
+    lost: int = 0
+    cut: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,12 @@ from gpuwatchd.model import (
     GpuPresence,
     GpuSample,
     HealthChange,
+    KernelLogCount,
+    KernelLogDriver,
+    KernelLogLoss,
+    KernelLogRead,
     KernelLogStarted,
+    KernelLogUp,
     LinkChange,
     LinkSample,
     NvmlCounters,
@@ -344,9 +349,59 @@ class Store:
             self.config_reload_timestamp = ev.timestamp
         return True
 
-    def _kernel_log_started(self, ev: KernelLogStarted) -> bool:
-        self.kernel_log = ev.stats
+    def _kernel_log_started(self, _ev: KernelLogStarted) -> bool:
+        self.kernel_log = KernelLogStats()
         return True
+
+    def _kernel_log_stats(self) -> KernelLogStats:
+        if self.kernel_log is None:
+            raise TypeError("Store.ingest: a kernel-log event before KernelLogStarted")
+        return self.kernel_log
+
+    def _kernel_log_read(self, ev: KernelLogRead) -> bool:
+        stats = self._kernel_log_stats()
+        if ev.seq is not None:
+            stats.last_seq = ev.seq
+        lines = stats.lines
+        for kind in ev.kinds:
+            lines[kind] += 1
+        return ev.seq is not None or bool(ev.kinds)
+
+    def _kernel_log_count(self, ev: KernelLogCount) -> bool:
+        stats = self._kernel_log_stats()
+        if ev.series == "xid_reports":
+            uuid, xid, source = ev.key
+            bump(stats.xid_reports, (uuid, xid, source), self.series_dropped, "gpuwatchd_gpu_xid_reports_total")
+        elif ev.series == "fallen_off_bus":
+            bump(stats.fallen_off_bus, ev.key[0], self.series_dropped, "gpuwatchd_gpu_fallen_off_bus_total")
+        else:
+            uuid, severity = ev.key
+            bump(stats.aer, (uuid, severity), self.series_dropped, "gpuwatchd_pcie_aer_errors_total")
+        return True
+
+    def _kernel_log_driver(self, ev: KernelLogDriver) -> bool:
+        stats = self._kernel_log_stats()
+        before = (stats.driver_version, stats.version_mismatch)
+        if ev.version is not None:
+            stats.driver_version = ev.version
+        if ev.mismatch is not None:
+            stats.version_mismatch = ev.mismatch
+        return (stats.driver_version, stats.version_mismatch) != before
+
+    def _kernel_log_up(self, ev: KernelLogUp) -> bool:
+        stats = self._kernel_log_stats()
+        if (stats.up, stats.error) == (ev.up, ev.error):
+            return False
+        stats.up, stats.error = ev.up, ev.error
+        return True
+
+    def _kernel_log_loss(self, ev: KernelLogLoss) -> bool:
+        stats = self._kernel_log_stats()
+        before = (stats.records_lost, stats.records_cut)
+        stats.records_lost += ev.lost
+        if ev.cut is not None:
+            stats.records_cut = ev.cut
+        return (stats.records_lost, stats.records_cut) != before
 
     def _state_file_set_aside(self, ev: StateFileSetAside) -> bool:
         self.state_files_set_aside[ev.name] = self.state_files_set_aside.get(ev.name, 0) + ev.count
@@ -534,7 +589,8 @@ class Store:
 
 # What Store.ingest takes: the events of model/events.py and the model values that say what happened.
 Event = (XidEvent | GpuLostEvent | NvmlStale | SourceStatus | Attribution | NvmlCounters | LinkChange | DockChange
-         | ConfigReload | KernelLogStarted | StateFileSetAside | HealthChange | ProbeAvailability | ProbeSkipped
+         | ConfigReload | KernelLogStarted | KernelLogRead | KernelLogCount | KernelLogDriver | KernelLogUp
+         | KernelLogLoss | StateFileSetAside | HealthChange | ProbeAvailability | ProbeSkipped
          | ProbeResultEvent | ProbeBaselineResets)
 
 _HANDLERS: dict[type[Any], Callable[[Store, Any], bool]] = {
@@ -548,6 +604,11 @@ _HANDLERS: dict[type[Any], Callable[[Store, Any], bool]] = {
     DockChange: Store._docks_changed,
     ConfigReload: Store._config_reload,
     KernelLogStarted: Store._kernel_log_started,
+    KernelLogRead: Store._kernel_log_read,
+    KernelLogCount: Store._kernel_log_count,
+    KernelLogDriver: Store._kernel_log_driver,
+    KernelLogUp: Store._kernel_log_up,
+    KernelLogLoss: Store._kernel_log_loss,
     StateFileSetAside: Store._state_file_set_aside,
     HealthChange: Store._health,
     ProbeAvailability: Store._probe_availability,

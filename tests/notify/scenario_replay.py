@@ -121,7 +121,6 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
     dispatcher = Dispatcher(config.notify, state_dir=tmp / "state-dir", clock=clock, host=config.host)
     kernel_log = KernelLogIngest(store, topology=sysfs_topology(tmp / "sysfs"),
                                  dedup_window=config.kernel_log.dedup_window)
-    store.kernel_log = kernel_log.stats
     await dispatcher.start()
     state_path = tmp / "state"
     prober = None

@@ -17,8 +17,12 @@ from gpuwatchd.model import (
     GpuLostEvent,
     GpuSample,
     HealthChange,
+    KernelLogCount,
+    KernelLogDriver,
+    KernelLogLoss,
+    KernelLogRead,
     KernelLogStarted,
-    KernelLogStats,
+    KernelLogUp,
     LinkChange,
     LinkSample,
     NvmlCounters,
@@ -52,7 +56,6 @@ def with_gpu() -> Store:
 
 def test_every_event_enters_through_ingest_and_bumps_the_version() -> None:
     store = with_gpu()
-    stats = KernelLogStats()
     record = ProbeRecord("GPU-a", "gemm", "fail", 3.0, 1.5, errors=4, problem="4 wrong elements")
     status = SourceStatus("kernel_log", False, 0.0, 2.0, "permission denied")
     attribution = Attribution(2.0)
@@ -60,7 +63,10 @@ def test_every_event_enters_through_ingest_and_bumps_the_version() -> None:
     events = [
         XidEvent("GPU-a", 79, 2.0, "kmsg", "0000:0c:00.0"), GpuLostEvent("GPU-a", 2.0), NvmlStale(), status,
         attribution, NvmlCounters(2, 1), LinkChange((link,)), DockChange((DOCK,)), ConfigReload(False),
-        KernelLogStarted(stats), StateFileSetAside("kernel_log"), HealthChange({"GPU-a": HEALTH}),
+        KernelLogStarted(), KernelLogRead(7, ("xid", "aer")), KernelLogCount("xid_reports", ("GPU-a", "79", "kmsg")),
+        KernelLogCount("fallen_off_bus", ("GPU-a",)), KernelLogCount("aer", ("GPU-a", "fatal")),
+        KernelLogDriver(version="550.54.14"), KernelLogUp(True), KernelLogLoss(lost=2, cut=1),
+        StateFileSetAside("kernel_log"), HealthChange({"GPU-a": HEALTH}),
         ProbeAvailability(False, "no_torch"),
         ProbeSkipped("GPU-a", "busy_process", 2.5), ProbeResultEvent((record,)), ProbeBaselineResets(1),
     ]
@@ -77,7 +83,12 @@ def test_every_event_enters_through_ingest_and_bumps_the_version() -> None:
     assert store.links == {"0000:0c:00.0": link}
     assert store.docks == (DOCK,)
     assert store.config_reload_success is False
-    assert store.kernel_log is stats
+    stats = store.kernel_log
+    assert stats is not None
+    assert (stats.last_seq, stats.lines["xid"], stats.lines["aer"]) == (7, 1, 1)
+    assert stats.xid_reports == {("GPU-a", "79", "kmsg"): 1}
+    assert (stats.fallen_off_bus, stats.aer) == ({"GPU-a": 1}, {("GPU-a", "fatal"): 1})
+    assert (stats.driver_version, stats.up, stats.records_lost, stats.records_cut) == ("550.54.14", True, 2, 1)
     assert store.state_files_set_aside == {"kernel_log": 1}
     assert store.health == {"GPU-a": HEALTH}
     led = store.probes
@@ -141,3 +152,24 @@ def test_rules_touch_no_files() -> None:
     io = {"os", "pathlib", "shutil", "tempfile", "gpuwatchd.state_files"}
     users = {f"{p.name}: {m}" for p in sorted((PACKAGE / "rules").rglob("*.py")) for m in _imports(p) if m in io}
     assert not users
+
+
+def test_only_the_store_writes_its_counters() -> None:
+    """The kernel log's counters and the series limit's drops change only through Store.ingest: no module outside
+    store/ assigns to them or counts into them with series_cap.bump."""
+    written = set()
+    for p in sorted(PACKAGE.rglob("*.py")):
+        rel = p.relative_to(PACKAGE)
+        if rel.parts[0] == "store":
+            continue
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+            for target in (t for t in targets if not isinstance(t, ast.Name)):  # a local name writes nothing
+                text = ast.unparse(target)
+                if "series_dropped" in text or "kernel_log." in text or (rel.parts[:2] == ("sources", "kmsg")
+                                                                         and "stats" in text):
+                    written.add(f"{rel}: {text}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("bump") and rel.name != "series_cap.py":
+                written.add(f"{rel}: {ast.unparse(node)}")
+    assert not written

@@ -13,10 +13,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from gpuwatchd.model import GpuLostEvent, Snapshot, XidEvent
+from gpuwatchd.model import (
+    GpuLostEvent,
+    KernelLogCount,
+    KernelLogDriver,
+    KernelLogRead,
+    KernelLogStarted,
+    Snapshot,
+    XidEvent,
+)
 from gpuwatchd.model.kernel_log import KernelLogStats
 from gpuwatchd.runtime.log_limit import LogLimit
-from gpuwatchd.series_cap import bump
 from gpuwatchd.sources.kmsg import parse as kp
 from gpuwatchd.sources.kmsg.dedup import XidDeduplicator
 from gpuwatchd.store import Store
@@ -34,13 +41,14 @@ Topology = Callable[[str], Sequence[str]]  # GPU address -> the addresses of the
 
 
 class KernelLogIngest:
-    """Applies kernel-log records to the store. Single-threaded: called on the daemon's event loop."""
+    """Applies kernel-log records to the store, through its one door (``Store.ingest``: the counters are the store's,
+    ``Store.kernel_log``). Single-threaded: called on the daemon's event loop."""
 
     def __init__(self, store: Store, *, topology: Topology | None = None, dedup_window: float = 10.0,
                  on_change: Callable[[], None] | None = None) -> None:
         self.store = store
         self._on_change = on_change
-        self.stats = KernelLogStats()
+        store.ingest(KernelLogStarted())
         self.addresses: dict[str, str] = {}  # store-form PCI address -> UUID, kept after the GPU is gone
         self.dedup = XidDeduplicator(dedup_window)
         self._topology = topology or (lambda _address: ())
@@ -60,25 +68,36 @@ class KernelLogIngest:
         ``history``: a record from before the daemon watched this boot (reader.py): it teaches addresses and
         versions, but its Xids, falls and AER errors are not counted as new events.
         """
-        self.stats.last_seq = record.seq
+        kinds: list[str] = []
+        events: list[tuple[kp.KernelEvent, str]] = []
         for line in record.message.split("\n"):
             if not line.strip():
                 continue
             try:
                 event = kp.classify(line)
             except (ValueError, OverflowError, RecursionError) as e:  # a parser bug: the line goes, the source stays
+                kinds.append("malformed")
                 self._malformed(f"{type(e).__name__}: {e}")
                 continue
-            self.stats.lines[kp.kind_of(event)] += 1
+            kinds.append(kp.kind_of(event))
             if history and isinstance(event, kp.Xid | kp.FallenOffBus | kp.AerError):
                 continue
             if event is not None and not isinstance(event, kp.Malformed):
-                self._event(event, line.strip(), t)
-                if self._on_change is not None:
-                    self._on_change()
+                events.append((event, line.strip()))
+        self.store.ingest(KernelLogRead(record.seq, tuple(kinds)))
+        for event, line in events:
+            self._event(event, line, t)
+            if self._on_change is not None:
+                self._on_change()
+
+    @property
+    def stats(self) -> KernelLogStats:
+        """What the kernel log has counted so far (the store's, read only)."""
+        stats = self.store.kernel_log
+        assert stats is not None  # KernelLogStarted in __init__
+        return stats
 
     def _malformed(self, why: str) -> None:
-        self.stats.lines["malformed"] += 1
         if not self._malformed_logged:
             self._malformed_logged = True
             log.warning("kernel log: dropped a line the parser could not read (%s); further ones are only counted in"
@@ -100,20 +119,18 @@ class KernelLogIngest:
             self._fell(ev.pci_bus_id, t)
         elif isinstance(ev, kp.AerError):
             uuid = self._gpu_below(ev.source, ev.port)
-            bump(self.stats.aer, (uuid or "unknown", ev.severity), self.store.series_dropped,
-                 "gpuwatchd_pcie_aer_errors_total")
+            self.store.ingest(KernelLogCount("aer", (uuid or "unknown", ev.severity)))
         elif isinstance(ev, kp.DriverLoaded):
-            self.stats.driver_version = ev.version
+            self.store.ingest(KernelLogDriver(version=ev.version))
         elif isinstance(ev, kp.VersionMismatch | kp.RmInitFailed):
             if isinstance(ev, kp.VersionMismatch):
-                self.stats.version_mismatch = ev.text
+                self.store.ingest(KernelLogDriver(mismatch=ev.text))
             self._log_limit.log(log, logging.WARNING, kp.kind_of(ev), "kernel log: %s", line[: kp.MAX_TEXT_CHARS])
         # pciehp link and thunderbolt lines are counted by kind (lines_total) and shown in the log's replay; the
         # Thunderbolt source (sources/ tb) and the PCI hot-plug watch act on the same changes from sysfs.
 
     def record_report(self, ev: XidEvent, uuid: str | None) -> None:
-        bump(self.stats.xid_reports, (uuid or "unknown", str(ev.xid), ev.source), self.store.series_dropped,
-             "gpuwatchd_gpu_xid_reports_total")
+        self.store.ingest(KernelLogCount("xid_reports", (uuid or "unknown", str(ev.xid), ev.source)))
 
     def _fell(self, address: str | None, t: float) -> None:
         uuid = self.uuid_at(address) if address else self._only_gpu()
@@ -126,7 +143,7 @@ class KernelLogIngest:
         while len(self._falls) > MAX_ADDRESSES:  # forged addresses must not grow it: the oldest fall goes first
             del self._falls[next(iter(self._falls))]
         label = uuid or "unknown"
-        bump(self.stats.fallen_off_bus, label, self.store.series_dropped, "gpuwatchd_gpu_fallen_off_bus_total")
+        self.store.ingest(KernelLogCount("fallen_off_bus", (label,)))
         if uuid is not None and self.store.ingest(GpuLostEvent(uuid, t)):
             self._held_lost[uuid] = t
             log.warning("kernel log: GPU %s at PCI %s has fallen off the bus", uuid, address)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.model import SourceStatus, StateFileSetAside
+from gpuwatchd.model import KernelLogLoss, KernelLogRead, KernelLogUp, SourceStatus, StateFileSetAside
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.runtime.log_limit import LogLimit
 from gpuwatchd.sources.kmsg.ingest import KernelLogIngest
@@ -239,7 +239,7 @@ class KmsgReader:
                 loop.remove_reader(self._fd)
             os.close(self._fd)
             self._fd = None
-            self.ingest.stats.up = False
+            self.ingest.store.ingest(KernelLogUp(False, self.ingest.stats.error))
             await self.flush_state()
 
     def _open(self, saved: dict[str, Any]) -> bool:
@@ -263,7 +263,7 @@ class KmsgReader:
         stats = self.ingest.stats
         if not stats.up:
             log.info("kernel log: reading %s", self.path)
-        stats.up, stats.error = True, None
+        self.ingest.store.ingest(KernelLogUp(True))
         self._status(True, None)
         return True
 
@@ -278,7 +278,7 @@ class KmsgReader:
             reason = f"cannot open {self.path}: {e.strerror or e}"
         if stats.error != reason:
             log.warning("kernel log source down: %s; Xids still come from NVML events", reason)
-        stats.up, stats.error = False, reason
+        self.ingest.store.ingest(KernelLogUp(False, reason))
         self._status(False, reason)
 
     def _status(self, ok: bool, error: str | None) -> None:
@@ -322,7 +322,7 @@ class KmsgReader:
         if not more:
             for raw in self._splitter.flush():
                 self._record(raw)
-        self.ingest.stats.records_cut = self._splitter.cut
+        self.ingest.store.ingest(KernelLogLoss(cut=self._splitter.cut))
         if got_any:
             self._schedule_save()
         return more
@@ -330,13 +330,13 @@ class KmsgReader:
     def _record(self, raw: bytes) -> None:
         rec = parse_record(raw)
         if rec is None:  # no "prio,seq,usec;" header of ASCII numbers: one line, counted, dropped
-            self.ingest.stats.lines["malformed"] += 1
+            self.ingest.store.ingest(KernelLogRead(None, ("malformed",)))
             return
         if self._skip_through is not None and rec.seq <= self._skip_through:
             return
         if self._expect is not None and rec.seq > self._expect:
             lost = rec.seq - self._expect
-            self.ingest.stats.records_lost += lost
+            self.ingest.store.ingest(KernelLogLoss(lost=lost))
             self._log_limit.log(log, logging.WARNING, "lost", "kernel log: %d record(s) overwritten before they were"
                                 " read (ring buffer wrapped)", lost)
         self._expect = rec.seq + 1

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpuwatchd.config.kernel_log import KernelLogConfig
 from gpuwatchd.gpu.bus_id import sysfs_bus_id
-from gpuwatchd.model import KernelLogStarted, Snapshot
+from gpuwatchd.model import Snapshot
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.sources.kmsg.ingest import KernelLogIngest, Topology
 from gpuwatchd.sources.kmsg.parse import normalize_pci
@@ -42,7 +42,6 @@ class KernelLogTask:
         # next NVML poll.
         self.ingest = KernelLogIngest(store, topology=sysfs_topology(sysfs_root), dedup_window=config.dedup_window,
                                       on_change=on_event)
-        store.ingest(KernelLogStarted(self.ingest.stats))
         self.reader = KmsgReader(config.path, self.ingest, clock=clock, state_file=config.state_path(state_dir),
                                  backlog_horizon=backlog_horizon)
 

@@ -47,7 +47,6 @@ def make(tmp_path: Path, path: Path) -> tuple[Store, KernelLogIngest, KmsgReader
     store.apply(Snapshot(timestamp=T0, nvml_ok=True,
                          gpus=(GpuSample(uuid=UUID, index=0, pci_bus_id="00000000:06:00.0"),)))
     ingest = KernelLogIngest(store)
-    store.kernel_log = ingest.stats
     reader = KmsgReader(path, ingest, clock=ManualClock(T0 + 10), state_file=tmp_path / "kernel-log.json")
     return store, ingest, reader
 
