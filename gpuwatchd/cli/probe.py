@@ -110,13 +110,13 @@ def nvml_snapshot(config: Config) -> Snapshot:
     """One poll of the NVML worker (a child process, as in the daemon): the GPUs to probe, their links, processes."""
     from gpuwatchd.model import snapshot_from_dict
     from gpuwatchd.sources.nvml.protocol import HELLO
-    from gpuwatchd.sources.nvml.worker_process import child_env
+    from gpuwatchd.sources.nvml.worker_process import child_env, worker_argv
 
     opts: dict[str, Any] = {"interval": 0.1, "max_polls": 1, "top_n": config.processes.top_n}
     if config.nvml.library_path is not None:
         opts["library_path"] = str(config.nvml.library_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuwatchd.sources.nvml.worker.main", json.dumps(opts)],
+        [*worker_argv(sys.executable, "gpuwatchd.sources.nvml.worker.main"), json.dumps(opts)],
         env=child_env(os.environ, config.nvml.library_path), capture_output=True, text=True,
         timeout=NVML_POLL_TIMEOUT_S, check=False,
     )

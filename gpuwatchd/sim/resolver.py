@@ -1,8 +1,9 @@
 """Host facts of the stand-in's fictitious GPU processes, read from the sim state (the worker's resolver under sim).
 
-The NVML worker takes a process resolver (:class:`gpuwatchd.sources.nvml.worker.processes.Resolver`); in production it
-is psutil. Under the stand-in driver the pids do not exist on the host, so ``gpuwatchd.sim.worker`` hands the worker
-this one instead, which reads name, user and RSS from the same state file the stand-in serves.
+The NVML worker takes a process resolver (:class:`gpuwatchd.sources.nvml.worker.processes.Resolver`); in production
+it reads /proc (``ProcResolver``). Under the stand-in driver the pids do not exist on the host, so
+``gpuwatchd.sim.worker`` hands the worker this one instead, which reads name, user and RSS from the same state file
+the stand-in serves.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class SimResolver:
 
     def states(self, pids: Sequence[int]) -> dict[int, HostState]:
         """What the simulated /proc says of each pid, as
-        :class:`~gpuwatchd.sources.nvml.worker.processes.PsutilResolver` does for the real one: "gone" is HIDDEN when
+        :class:`~gpuwatchd.sources.nvml.worker.processes.ProcResolver` does for the real one: "gone" is HIDDEN when
         the simulated daemon is not in the host's pid namespace. Ages are in scenario seconds (the state's clock), the
         daemon's time under a scaled sim clock."""
         self._refresh()

@@ -238,7 +238,7 @@ class NvmlSupervisor:
         lib = worker_process.library_file(self.nvml.library_path)
         if lib is not None:
             opts["library_path"] = str(lib)
-        return await retry_worker([self.python, "-m", self.worker_module], opts,
+        return await retry_worker(worker_process.worker_argv(self.python, self.worker_module), opts,
                                   worker_process.child_env(self.env, self.nvml.library_path), hung,
                                   start_timeout=STARTUP_TIMEOUT_SECONDS, kill_grace=self.nvml.kill_grace)
 
@@ -268,7 +268,7 @@ class NvmlSupervisor:
             os.close(progress)
 
     async def _run_worker_with(self, progress: int) -> tuple[int, bool]:
-        argv = [self.python, "-m", self.worker_module, self._worker_options(progress)]
+        argv = [*worker_process.worker_argv(self.python, self.worker_module), self._worker_options(progress)]
         try:
             proc = await worker_process.spawn(argv, worker_process.child_env(self.env, self.nvml.library_path),
                                               pass_fds=(progress,))

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import signal
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -25,17 +27,48 @@ def library_file(library_path: Path | None) -> Path | None:
     return library_path if library_path.name == LIBRARY_NAME else library_path / LIBRARY_NAME
 
 
-def child_env(env: Mapping[str, str], library_path: Path | None) -> dict[str, str]:
-    """The worker's environment: the configured library first on ``LD_LIBRARY_PATH``, this package importable."""
+# Third-party modules the worker imports (gpuwatchd itself is found through its own directory).
+WORKER_IMPORTS = ("pynvml",)
+
+
+def worker_argv(python: str, module: str) -> list[str]:
+    """How a worker module is started: without ``site`` (``-S``). ``site`` (the site-packages scan, every ``.pth``
+    file, sitecustomize) is ~5 MB of a worker's RSS and none of its work; :func:`import_path` hands the worker
+    the directories ``site`` would have found, through ``PYTHONPATH`` (which ``-S`` still reads)."""
+    return [python, "-S", "-m", module]
+
+
+def import_path(modules: Sequence[str] = WORKER_IMPORTS, search: Sequence[str] | None = None) -> list[str]:
+    """The directories a ``-S`` worker needs on ``sys.path``, in order: the one holding this package (a source
+    checkout, a site-packages, an editable install's project directory alike); the one each of ``modules`` is
+    found in by this interpreter, whatever found it (a ``.pth`` line, an editable install's finder hook, which a
+    ``-S`` interpreter would not have); then every directory of this interpreter's ``sys.path`` (``search``),
+    which holds what ``.pth`` files added. Nothing is imported to find them."""
+    out = [str(Path(__file__).resolve().parents[3])]
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin is not None and os.path.isabs(spec.origin):
+            # a package's origin is <dir>/<name>/__init__.py, a module's <dir>/<name>.py (or .so)
+            out.append(os.path.dirname(os.path.dirname(spec.origin)) if spec.submodule_search_locations is not None
+                       else os.path.dirname(spec.origin))
+    out.extend(p for p in (sys.path if search is None else search) if p and os.path.exists(p))
+    return list(dict.fromkeys(out))
+
+
+def child_env(env: Mapping[str, str], library_path: Path | None, *,
+              modules: Sequence[str] = WORKER_IMPORTS) -> dict[str, str]:
+    """The worker's environment: the configured library first on ``LD_LIBRARY_PATH``; on ``PYTHONPATH`` what a
+    ``-S`` worker needs to import ``modules`` and this package (:func:`import_path`), then what ``env`` had there."""
     out = dict(env)
     lib = library_file(library_path)
     if lib is not None:
         old = out.get("LD_LIBRARY_PATH")
         out["LD_LIBRARY_PATH"] = f"{lib.parent}:{old}" if old else str(lib.parent)
-    # The worker imports this package; make that work from a source checkout too.
-    pkg_parent = str(Path(__file__).resolve().parents[2])
+    parts = import_path(modules)
     old_pp = out.get("PYTHONPATH")
-    out["PYTHONPATH"] = f"{pkg_parent}:{old_pp}" if old_pp else pkg_parent
+    if old_pp:
+        parts.extend(p for p in old_pp.split(os.pathsep) if p not in parts)
+    out["PYTHONPATH"] = os.pathsep.join(parts)
     return out
 
 

@@ -7,7 +7,7 @@ the ``Snapshot`` dict form (the supervisor reads it with ``snapshot_from_dict``)
 The first line is ``{"hello": <pid>}``, written before ``nvmlInit`` so the supervisor can time init as part of
 the first poll. Logs go to stderr as ``nvml_worker[<pid>] <LEVEL>: <message>`` lines.
 
-Host facts about GPU processes (name, user, RSS) come from psutil; ``main(resolver=...)`` takes another source
+Host facts about GPU processes (name, user, RSS) come from /proc; ``main(resolver=...)`` takes another source
 (``gpuwatchd.sim.worker`` passes the simulator's, whose pids are fictitious).
 
 Lines, exit codes and the progress word are defined in :mod:`gpuwatchd.sources.nvml.protocol`. A GPU lost or a
@@ -54,7 +54,7 @@ from gpuwatchd.sources.nvml.protocol import (
 )
 from gpuwatchd.sources.nvml.worker.errors import reason
 from gpuwatchd.sources.nvml.worker.gpm import GpmSampler
-from gpuwatchd.sources.nvml.worker.processes import PsutilResolver, Resolver
+from gpuwatchd.sources.nvml.worker.processes import ProcResolver, Resolver
 from gpuwatchd.sources.nvml.worker.readings import worker_log
 from gpuwatchd.sources.nvml.worker.session import DEFAULT_HANG_AFTER_SECONDS, Worker
 from gpuwatchd.sources.nvml.worker.stall_watch import Position, watch
@@ -205,7 +205,7 @@ def run(opts: dict[str, Any], resolver: Resolver) -> int:
     return runner.code
 
 
-def main(argv: list[str] | None = None, resolver: Callable[[], Resolver] = PsutilResolver) -> int:
+def main(argv: list[str] | None = None, resolver: Callable[[], Resolver] = ProcResolver) -> int:
     """``python -m gpuwatchd.sources.nvml.worker.main '<json options>'``; ``resolver`` makes the host-facts source."""
     argv = sys.argv[1:] if argv is None else argv
     opts = json.loads(argv[0]) if argv else {}

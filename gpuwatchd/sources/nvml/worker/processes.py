@@ -1,6 +1,6 @@
 """GPU processes: merge NVML's compute and graphics lists, keep the top N by GPU memory, add host facts.
 
-NVML knows pids and GPU memory only; name, user and host RSS come from psutil (:class:`PsutilResolver`) or any
+NVML knows pids and GPU memory only; name, user and host RSS come from ``/proc`` (:class:`ProcResolver`) or any
 other :class:`Resolver` the worker is given (under the stand-in driver the pids are fictitious, so
 ``gpuwatchd.sim.resolver`` reads them from the sim state). It runs inside the NVML worker process, once per poll,
 for the kept processes only.
@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
-import psutil
+from gpuwatchd.sources.nvml.worker import procfs
 
 # Fallback when /proc/sys/kernel/pid_max is unreadable: the kernel's PID_MAX_LIMIT on 64-bit (2^22).
 DEFAULT_PID_MAX = 4_194_304
@@ -23,14 +22,19 @@ DEFAULT_PID_MAX = 4_194_304
 ProcInfo = tuple[str | None, str | None, int | None]
 UNKNOWN: ProcInfo = (None, None, None)
 # A pid NVML reports that is not in our /proc (another pid namespace, the stand-in's fictitious pids) is looked
-# up again only after this long: a failed psutil lookup per process per poll was ~20 us each (bench/footprint.py).
+# up again only after this long: a failed lookup per process per poll was ~20 us each (bench/footprint.py).
 MISSING_RECHECK_SECONDS = 60.0
 
 
-def pid_max(proc_root: Path = Path("/proc")) -> int:
+# /proc paths are plain strings here: pathlib (with urllib.parse and ipaddress) is 0.5 MB the worker need not load.
+ProcRoot = str | os.PathLike[str]
+
+
+def pid_max(proc_root: ProcRoot = "/proc") -> int:
     """The kernel's pid limit; a larger "pid" is a scrambled struct, not a process (nvitop#75)."""
     try:
-        return int((proc_root / "sys/kernel/pid_max").read_text().strip())
+        with open(os.path.join(proc_root, "sys/kernel/pid_max")) as f:
+            return int(f.read().strip())
     except (OSError, ValueError):
         return DEFAULT_PID_MAX
 
@@ -54,11 +58,11 @@ HostState = tuple[str | None, float | None]
 HOST_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
 
 
-def in_host_pid_namespace(proc_root: Path = Path("/proc")) -> bool:
+def in_host_pid_namespace(proc_root: ProcRoot = "/proc") -> bool:
     """True when this process runs in the host's pid namespace, the one NVML reports pids in. Unreadable (no
     /proc, a sandbox hiding ns/): False, so that a missing pid is never called dead on no evidence."""
     try:
-        return os.readlink(proc_root / "self/ns/pid") == HOST_PID_NAMESPACE
+        return os.readlink(os.path.join(proc_root, "self/ns/pid")) == HOST_PID_NAMESPACE
     except OSError:
         return False
 
@@ -144,68 +148,64 @@ def _dicts(top: Sequence[tuple[int, str, int | None]], infos: Mapping[int, ProcI
     return out
 
 
-class PsutilResolver:
-    """Name, user and RSS of host processes; caches per (pid, create_time) so a reused pid is not mistaken.
+class ProcResolver:
+    """Name, user and RSS of host processes, read from ``/proc`` (:mod:`gpuwatchd.sources.nvml.worker.procfs`);
+    cached per (pid, start time) so a reused pid is not mistaken for the process it replaced.
 
     A pid with no process here is remembered as missing (negative cache) and looked up again only after
-    ``recheck`` seconds; both caches are bounded by the pids of the last call."""
+    ``recheck`` seconds; both caches are bounded by the pids of the last call. Each poll reads one
+    ``/proc/<pid>/stat`` per kept process (start time, state and RSS at once); a process seen for the first time
+    also has its ``status`` (uid) and, for a 15-character name, its ``cmdline`` read."""
 
     def __init__(self, recheck: float = MISSING_RECHECK_SECONDS,
-                 clock: Callable[[], float] = time.monotonic, *, host_namespace: bool | None = None) -> None:
-        self._cache: dict[int, tuple[psutil.Process, str | None, str | None]] = {}
+                 clock: Callable[[], float] = time.monotonic, *, host_namespace: bool | None = None,
+                 proc_root: ProcRoot = "/proc") -> None:
+        # pid -> [start time, name, user, state letter of the last read]
+        self._cache: dict[int, list[Any]] = {}
         self._missing: dict[int, float] = {}  # pid -> when to look it up again
         self._recheck = recheck
         self._clock = clock
+        self._root = os.fspath(proc_root)
         # Decided once: a worker does not change pid namespace. None: look at /proc/self/ns/pid.
-        self.host_namespace = in_host_pid_namespace() if host_namespace is None else host_namespace
+        self.host_namespace = in_host_pid_namespace(proc_root) if host_namespace is None else host_namespace
         self._since: dict[int, float] = {}  # pid -> clock() when first seen not live
-        self.lookups = 0  # psutil.Process constructions (tests check the negative cache)
+        self.lookups = 0  # first reads of a pid (tests check the negative cache)
 
-    def _entry(self, pid: int) -> tuple[psutil.Process, str | None, str | None] | None:
+    def _read(self, pid: int) -> tuple[list[Any], int | None] | None:
+        """The cache entry of ``pid`` refreshed from its stat line, and its RSS; None when unknown."""
         cached = self._cache.get(pid)
-        if cached is not None and cached[0].is_running():  # is_running compares create_time: pid reuse safe
-            return cached
-        retry = self._missing.get(pid)
-        if retry is not None and self._clock() < retry:
-            return None
-        self.lookups += 1
+        if cached is None:
+            retry = self._missing.get(pid)
+            if retry is not None and self._clock() < retry:
+                return None
+            self.lookups += 1
         try:
-            proc = psutil.Process(pid)
-        except psutil.NoSuchProcess:
+            st = procfs.read_stat(self._root, pid)
+        except FileNotFoundError:  # no such process (ProcessLookupError: ESRCH from a process that just ended)
             self._cache.pop(pid, None)
             self._missing[pid] = self._clock() + self._recheck
             return None
-        except psutil.AccessDenied:
+        except OSError:  # EACCES (hidepid), anything else: alive or not, we cannot say more
             self._cache.pop(pid, None)
             return None
-        self._missing.pop(pid, None)
-        name: str | None
-        user: str | None
-        try:
-            name = proc.name()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            name = None
-        try:
-            user = proc.username()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, KeyError):
-            user = None  # KeyError: uid without a passwd entry (containers)
-        entry = (proc, name, user)
-        self._cache[pid] = entry
-        return entry
+        if cached is None or cached[0] != st.start_time:  # new, or the pid was reused since
+            self._missing.pop(pid, None)
+            name = procfs.process_name(self._root, pid, st.comm)
+            user = procfs.user_name(self._root, pid)
+            cached = self._cache[pid] = [st.start_time, name, user, st.state]
+        else:
+            cached[3] = st.state
+        return cached, st.rss_bytes
 
     def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
         out: dict[int, ProcInfo] = {}
         for pid in pids:
-            entry = self._entry(pid)
-            if entry is None:
+            got = self._read(pid)
+            if got is None:
                 out[pid] = UNKNOWN
                 continue
-            proc, name, user = entry
-            try:
-                rss: int | None = proc.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                rss = None
-            out[pid] = (name, user, rss)
+            entry, rss = got
+            out[pid] = (entry[1], entry[2], rss)
         wanted = set(pids)
         for gone in [p for p in self._cache if p not in wanted]:
             del self._cache[gone]  # keep the cache bounded by the current top-N set
@@ -215,8 +215,7 @@ class PsutilResolver:
 
     def states(self, pids: Sequence[int]) -> dict[int, HostState]:
         """Whether each pid still has a process here: a missing one is GONE in the host's pid namespace and
-        HIDDEN in any other; a zombie is ZOMBIE. Uses :meth:`resolve`'s caches (call it first in the same poll),
-        plus one ``/proc/<pid>/stat`` read per live process for its state."""
+        HIDDEN in any other; a zombie is ZOMBIE. Uses what :meth:`resolve` read in the same poll (call it first)."""
         out: dict[int, HostState] = {}
         now = self._clock()
         since = self._since
@@ -226,17 +225,9 @@ class PsutilResolver:
             if cached is None:
                 if pid in self._missing:
                     state = GONE if self.host_namespace else HIDDEN
-                # else: it exists but psutil was denied access to it: alive
-            else:
-                try:
-                    if cached[0].status() == psutil.STATUS_ZOMBIE:
-                        state = ZOMBIE
-                except psutil.ZombieProcess:
-                    state = ZOMBIE
-                except psutil.NoSuchProcess:  # exited since resolve(); the next poll's lookup says for sure
-                    state = LIVE
-                except psutil.AccessDenied:
-                    state = LIVE
+                # else: it exists but we were denied access to it: alive
+            elif cached[3] == "Z":
+                state = ZOMBIE
             if state == LIVE:
                 since.pop(pid, None)
                 out[pid] = (LIVE, None)

@@ -16,8 +16,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-
 from gpuwatchd.sources.nvml.protocol import NOT_IN_A_GPU_CALL
 
 # Watchdog period bounds (real seconds): a quarter of stall_after, clamped. Only while a poll is in a GPU's
@@ -37,15 +35,23 @@ class Position:
         self.seq = 0
 
 
-@dataclass
 class Stuck:
-    """A GPU set aside because a call on it blocks; ``pos`` is the abandoned thread still inside that call."""
+    """A GPU set aside because a call on it blocks; ``pos`` is the abandoned thread still inside that call.
 
-    index: int
-    pos: Position
-    uuid: str | None
-    pci_bus_id: str | None
-    blocked: float  # seconds the worker was running while the call blocked
+    A plain class, not a dataclass: ``dataclasses`` brings ``inspect`` (~1 MB) into the worker for this alone."""
+
+    __slots__ = ("index", "pos", "uuid", "pci_bus_id", "blocked")
+
+    def __init__(self, index: int, pos: Position, uuid: str | None, pci_bus_id: str | None, blocked: float) -> None:
+        self.index = index
+        self.pos = pos
+        self.uuid = uuid
+        self.pci_bus_id = pci_bus_id
+        self.blocked = blocked  # seconds the worker was running while the call blocked
+
+    def __repr__(self) -> str:
+        return (f"Stuck(index={self.index}, pos={self.pos!r}, uuid={self.uuid!r}, pci_bus_id={self.pci_bus_id!r}, "
+                f"blocked={self.blocked})")
 
 
 def check_period(stall_after: float) -> float:

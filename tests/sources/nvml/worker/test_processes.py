@@ -1,4 +1,5 @@
-"""Process merge / top-N / host enrichment, with real host processes for the psutil resolver."""
+"""Process merge / top-N / host enrichment, with real host processes for the /proc resolver (psutil as the
+reference its values must equal)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import psutil
 from gpuwatchd.sources.nvml.worker.processes import (
     HOST_PID_NAMESPACE,
     UNKNOWN,
-    PsutilResolver,
+    ProcResolver,
     in_host_pid_namespace,
     merge_processes,
     pid_max,
@@ -77,17 +78,18 @@ def test_one_resolve_per_poll_keeps_every_gpus_cache() -> None:
     assert out[2][0] == {"pid": 3, "kind": "graphics", "used_memory_bytes": None, "name": "p3", "user": None,
                          "host_rss_bytes": None, "host_state": None, "host_state_seconds": None}
     assert process_dicts_per_gpu([[], []], Recording()) == [[], []] and len(calls) == 1  # nothing to resolve
-    # PsutilResolver bounds its cache by the pids of its last call: with one call per poll, two GPUs' processes
+    # ProcResolver bounds its cache by the pids of its last call: with one call per poll, two GPUs' processes
     # both stay cached, so the next poll does not look every process up again
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        resolver = PsutilResolver()
+        resolver = ProcResolver()
         gpus = [[(child.pid, "compute", 1)], [(os.getpid(), "compute", 1)]]
         first = process_dicts_per_gpu(gpus, resolver)
         cached = dict(resolver._cache)
         assert set(cached) == {child.pid, os.getpid()}
         again = process_dicts_per_gpu(gpus, resolver)
-        assert all(resolver._cache[p][0] is cached[p][0] for p in cached)  # same psutil.Process objects reused
+        assert all(resolver._cache[p] is cached[p] for p in cached)  # the same entries reused, not looked up anew
+        assert resolver.lookups == 2
         assert [[d["name"] for d in g] for g in again] == [[d["name"] for d in g] for g in first]
     finally:
         child.kill()
@@ -101,10 +103,10 @@ def test_pid_max_reads_proc(tmp_path: Path) -> None:
     assert pid_max(tmp_path / "missing") == 4_194_304
 
 
-def test_psutil_resolver_real_process_and_gone_pid() -> None:
+def test_proc_resolver_real_process_and_gone_pid() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        resolver = PsutilResolver()
+        resolver = ProcResolver()
         infos = resolver.resolve([child.pid, os.getpid()])
         name, user, rss = infos[child.pid]
         assert name == psutil.Process(child.pid).name()
@@ -120,13 +122,13 @@ def test_psutil_resolver_real_process_and_gone_pid() -> None:
     assert resolver.resolve([child.pid]) == {child.pid: UNKNOWN}
 
 
-def test_psutil_resolver_negative_cache_rechecks_a_missing_pid_later() -> None:
+def test_proc_resolver_negative_cache_rechecks_a_missing_pid_later() -> None:
     # a pid NVML reports that is not a process here (another pid namespace, the stand-in's fictitious pids) is
     # looked up once, then only after the recheck period; a pid no longer reported leaves the negative cache
     limit = pid_max()
     missing = next(p for p in range(limit - 1, 1, -1) if not psutil.pid_exists(p))
     now = [100.0]
-    resolver = PsutilResolver(recheck=60.0, clock=lambda: now[0])
+    resolver = ProcResolver(recheck=60.0, clock=lambda: now[0])
     assert resolver.resolve([missing, os.getpid()])[missing] == UNKNOWN
     assert resolver.lookups == 2
     for _ in range(5):
@@ -182,7 +184,7 @@ def test_host_pid_namespace_is_read_from_proc_self(tmp_path: Path) -> None:
 
 def test_states_of_real_processes_live_zombie_and_gone() -> None:
     now = [0.0]
-    resolver = PsutilResolver(clock=lambda: now[0], host_namespace=True)
+    resolver = ProcResolver(clock=lambda: now[0], host_namespace=True)
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         resolver.resolve([child.pid])
@@ -214,8 +216,80 @@ def test_states_of_real_processes_live_zombie_and_gone() -> None:
 def test_a_missing_pid_is_hidden_outside_the_host_pid_namespace() -> None:
     missing = _unused_pid()
     for host, expected in ((True, "gone"), (False, "hidden")):
-        resolver = PsutilResolver(host_namespace=host)
+        resolver = ProcResolver(host_namespace=host)
         resolver.resolve([missing])
         assert resolver.states([missing])[missing][0] == expected
         out = process_dicts([(missing, "compute", 1 << 30)], resolver)
         assert out[0]["host_state"] == expected and out[0]["host_state_seconds"] is not None
+
+
+def test_proc_resolver_gives_what_psutil_gives(tmp_path: Path) -> None:
+    """Name (a 15-character comm extended from argv[0], as psutil does), user and RSS equal psutil's for real
+    processes: this one, a short-named child and one whose comm the kernel truncated."""
+    long_name = tmp_path / "gpuwatchd-long-process-name"
+    long_name.symlink_to(sys.executable)
+    short = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    long = subprocess.Popen([str(long_name), "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        pids = [os.getpid(), short.pid, long.pid]
+        for _ in range(100):  # the child's comm is its executable's once it has exec'd
+            if psutil.Process(long.pid).name() == long_name.name:
+                break
+            time.sleep(0.05)
+        got = ProcResolver().resolve(pids)
+        for pid in pids:
+            ref = psutil.Process(pid)
+            name, user, rss = got[pid]
+            assert (name, user) == (ref.name(), ref.username())
+            assert rss is not None and abs(rss - ref.memory_info().rss) < 8 << 20  # read moments apart
+        assert got[long.pid][0] == "gpuwatchd-long-process-name"  # comm alone: "gpuwatchd-long-"
+    finally:
+        for child in (short, long):
+            child.kill()
+            child.communicate()  # reaps it and closes its stdin pipe
+
+
+def _fake_proc(root: Path, pid: int, comm: str, *, state: str = "S", start: int = 1000, rss_pages: int = 3,
+               uid: int = 0, cmdline: bytes = b"") -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    # fields 3.. of proc(5): state, then 18 more up to starttime (22), vsize (23), rss (24)
+    rest = [state] + ["0"] * 18 + [str(start), "0", str(rss_pages)] + ["0"] * 20
+    (d / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)}\n")
+    (d / "status").write_text(f"Name:\t{comm[:15]}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t0\t0\t0\t0\n")
+    (d / "cmdline").write_bytes(cmdline)
+
+
+def test_proc_resolver_reads_a_proc_tree(tmp_path: Path) -> None:
+    """Edge cases on a written /proc tree: a comm with spaces and parentheses, argv rewritten with spaces
+    (setproctitle), a truncated comm argv[0] does not extend, a uid without a passwd entry, a zombie, and a pid
+    reused by another process (new start time: name and user read again)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    unknown_uid = next(u for u in range(60_000, 70_000) if not _has_passwd_entry(u))
+    _fake_proc(tmp_path, 10, "my (odd) name", rss_pages=5)
+    _fake_proc(tmp_path, 11, "python3-trainer", cmdline=b"/opt/bin/python3-trainer-main --epochs 3 ")
+    _fake_proc(tmp_path, 12, "python3-trainer", cmdline=b"/usr/bin/other\x00x\x00")
+    _fake_proc(tmp_path, 13, "job", uid=unknown_uid)
+    _fake_proc(tmp_path, 14, "defunct", state="Z", rss_pages=0)
+    resolver = ProcResolver(proc_root=tmp_path, host_namespace=True)
+    got = resolver.resolve([10, 11, 12, 13, 14, 15])
+    assert got[10] == ("my (odd) name", "root", 5 * page)
+    assert got[11][0] == "python3-trainer-main"
+    assert got[12][0] == "python3-trainer"
+    assert got[13][1] == str(unknown_uid)  # psutil's answer for a uid the passwd database does not know
+    assert got[15] == UNKNOWN
+    assert resolver.states([10, 14, 15]) == {10: ("live", None), 14: ("zombie", 0.0), 15: ("gone", 0.0)}
+    # pid 10 ends and a new process gets its pid: another start time, so its facts are read again
+    _fake_proc(tmp_path, 10, "newcomer", start=2000, uid=unknown_uid, rss_pages=7)
+    assert resolver.resolve([10])[10] == ("newcomer", str(unknown_uid), 7 * page)
+    assert resolver.lookups == 6  # one first read per pid; the reused pid 10 was a cache entry, not a lookup
+
+
+def _has_passwd_entry(uid: int) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
