@@ -70,7 +70,8 @@ class Reading(NamedTuple):
 READINGS_TABLE = Path(__file__).with_name("standin_readings.def")
 _LIMITS = {"UINT_MAX": 2**32 - 1, "LLONG_MAX": 2**63 - 1}
 _BOUND = r"(-?\d+|UINT_MAX|LLONG_MAX)"
-_ROW = re.compile(rf"READING\((\w+), (\w+(?: \w+)*), (\w+), {_BOUND}, {_BOUND}\)")
+# READING(...) with an optional trailing /* comment */
+_ROW = re.compile(rf"READING\((\w+), (\w+(?: \w+)*), (\w+), {_BOUND}, {_BOUND}\)(?: */\*.*\*/)?")
 
 
 def _bound(text: str) -> int:

@@ -76,9 +76,12 @@ def test_rows_left_out_of_a_build(sim: Sim, load_standin: Any) -> None:
 
 def test_a_malformed_row_is_named(tmp_path: Path) -> None:
     table = tmp_path / "t.def"
-    table.write_text("/* comment */\nREADING(nvmlDeviceGetX, unsigned int, x, 0)\n")
-    with pytest.raises(ValueError, match=r"t\.def:2: expected READING\(symbol, out type, state key, min, max\)"):
+    table.write_text("/* comment */\nREADING(nvmlDeviceGetY, unsigned int, y, 0, 1) /* what y is */\n"
+                     "READING(nvmlDeviceGetX, unsigned int, x, 0)\n")
+    with pytest.raises(ValueError, match=r"t\.def:3: expected READING\(symbol, out type, state key, min, max\)"):
         load_readings(table)
+    table.write_text("READING(nvmlDeviceGetY, unsigned int, y, 0, 1) /* what y is */\n")
+    assert load_readings(table) == (Reading("nvmlDeviceGetY", "unsigned int", "y", 0, 1),)
     table.write_text("READING(nvmlDeviceGetX, unsigned int, x, 0, 1)\n"
                      "READING(nvmlDeviceGetX_v2, unsigned int, x, 0, 2)\n")
     with pytest.raises(ValueError, match="serve x with different ranges"):
