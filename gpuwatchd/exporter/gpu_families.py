@@ -67,6 +67,11 @@ POWER_DEFAULT_LIMIT = spec(
     "gpuwatchd_gpu_power_default_limit_watts", "gauge",
     "The board's default power limit (the enforced limit is gpuwatchd_gpu_power_limit_watts).", _U, "watts",
 )
+POWER_SUPPLY_UNDERSIZED = spec(
+    "gpuwatchd_gpu_power_supply_undersized", "gauge",
+    "1 when the driver reports the GPU's power source as undersized, 0 when AC or battery (nvmlDeviceGetPowerSource).",
+    _U,
+)
 ENCODER_UTILIZATION = spec(
     "gpuwatchd_gpu_encoder_utilization_ratio", "gauge",
     "Fraction of the driver's sampling period in which the video encoder (NVENC) was busy, 0..1.", _U, "ratio",
@@ -254,6 +259,7 @@ VALUE_ROWS = (
     Row(POWER_MIN_LIMIT, "power_min_limit_watts"),
     Row(POWER_MAX_LIMIT, "power_max_limit_watts"),
     Row(POWER_DEFAULT_LIMIT, "power_default_limit_watts"),
+    Row(POWER_SUPPLY_UNDERSIZED, "power_supply_undersized"),
     Row(ENERGY, "energy_joules"),
     Row(MIG_ENABLED, "mig_mode_current"),
     Row(NVLINK_ACTIVE, "nvlink_links_active"),

@@ -121,6 +121,7 @@ class GpuSample:
     power_min_limit_watts: float | None = None
     power_max_limit_watts: float | None = None
     power_default_limit_watts: float | None = None  # the board's default limit (a dock PSU profile lowers the enforced)
+    power_supply_undersized: bool | None = None  # nvmlDeviceGetPowerSource answers NVML_POWER_SOURCE_UNDERSIZED
     energy_joules: float | None = None  # since driver load; can go backwards on reload
     # clocks (keys: graphics, sm, memory, video)
     clocks_hz: dict[str, float] = field(default_factory=dict)

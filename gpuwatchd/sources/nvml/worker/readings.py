@@ -107,6 +107,11 @@ def _power_default_limit(h: Handle, out: Out) -> None:
     out["power_default_limit_watts"] = N.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000.0
 
 
+def _power_source(h: Handle, out: Out) -> None:
+    # nvmlPowerSource_t: AC, battery, or undersized (the supply the GPU runs from is too small for it)
+    out["power_supply_undersized"] = N.nvmlDeviceGetPowerSource(h) == N.NVML_POWER_SOURCE_UNDERSIZED
+
+
 def _encoder(h: Handle, out: Out) -> None:
     util, _period_us = N.nvmlDeviceGetEncoderUtilization(h)
     out["encoder_utilization_ratio"] = util / 100.0
@@ -350,6 +355,7 @@ def readings() -> list[tuple[str, tuple[Reader, ...]]]:
         ("power_limit_watts", (_power_limit_enforced, _power_limit_management)),
         ("power_max_limit_watts", (_power_constraints,)),
         ("power_default_limit_watts", (_power_default_limit,)),
+        ("power_supply_undersized", (_power_source,)),
         ("encoder_utilization_ratio", (_encoder,)),
         ("decoder_utilization_ratio", (_decoder,)),
         ("encoder_sessions", (_encoder_stats,)),
