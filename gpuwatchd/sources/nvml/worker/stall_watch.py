@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+
 from gpuwatchd.sources.nvml.protocol import NOT_IN_A_GPU_CALL
 
 # Watchdog period bounds (real seconds): a quarter of stall_after, clamped. Only while a poll is in a GPU's
@@ -40,7 +41,7 @@ class Stuck:
 
     A plain class, not a dataclass: ``dataclasses`` brings ``inspect`` (~1 MB) into the worker for this alone."""
 
-    __slots__ = ("index", "pos", "uuid", "pci_bus_id", "blocked")
+    __slots__ = ("blocked", "index", "pci_bus_id", "pos", "uuid")
 
     def __init__(self, index: int, pos: Position, uuid: str | None, pci_bus_id: str | None, blocked: float) -> None:
         self.index = index
