@@ -296,17 +296,23 @@ def _unknown(cls: type[Any], keys: Iterable[str]) -> None:
         UNKNOWN_KEYS[name] = UNKNOWN_KEYS.get(name, 0) + 1
 
 
+_REQUIRED: Any = object()  # a field without a default, or with a default factory: filled by __init__ only
+
+
 class _Codec:
     """Field names of one slotted dataclass, computed once, and the fast paths that use them."""
 
-    __slots__ = ("cls", "names", "nameset", "pairs")
+    __slots__ = ("cls", "fields", "names", "nameset")
 
     def __init__(self, cls: type[Any]) -> None:
         self.cls = cls
-        self.names = tuple(f.name for f in dataclasses.fields(cls))
+        fields = dataclasses.fields(cls)
+        self.names = tuple(f.name for f in fields)
         self.nameset = frozenset(self.names)
-        # Slot descriptors: writing through them is what the frozen __init__ does, minus its per-field overhead.
-        self.pairs = tuple((getattr(cls, n).__set__, n) for n in self.names)
+        # Slot descriptors and defaults: writing through the descriptors is what the frozen __init__ does, minus its
+        # per-field overhead (the model's dataclasses have no __post_init__ and no validation to skip).
+        self.fields = tuple((getattr(cls, f.name).__set__, f.name,
+                             f.default if f.default is not dataclasses.MISSING else _REQUIRED) for f in fields)
 
     def pick(self, data: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in data.items() if k in self.nameset}
@@ -314,25 +320,26 @@ class _Codec:
             _unknown(self.cls, (k for k in data if k not in self.nameset))
         return out
 
+    def build(self, data: dict[str, Any]) -> Any:
+        """One object from its flat dict: known keys only (else the unknown-key path), missing fields defaulted.
+
+        A missing required field, or one whose default is a factory, goes through ``__init__`` (which raises, or
+        makes the fresh default), like a dict with an unknown key."""
+        if self.nameset.issuperset(data):
+            obj = _new(self.cls)
+            get = data.get
+            for setter, name, default in self.fields:
+                value = get(name, default)
+                if value is _REQUIRED:
+                    break
+                setter(obj, value)
+            else:
+                return obj
+        return self.cls(**self.pick(data))
+
     def decode_all(self, items: Iterable[dict[str, Any]]) -> tuple[Any, ...]:
-        """Build one object per flat dict (a loop here, not a call per item: thousands of processes a poll)."""
-        cls, pairs, n = self.cls, self.pairs, len(self.names)
-        out = []
-        for data in items:
-            # Fast path: exactly the fields (n keys, all found; any order). Anything else (a missing field to
-            # default, an unknown key from a newer worker) goes through __init__ like before.
-            if len(data) == n:
-                obj = _new(cls)
-                try:
-                    for setter, name in pairs:
-                        setter(obj, data[name])
-                except KeyError:
-                    pass
-                else:
-                    out.append(obj)
-                    continue
-            out.append(cls(**self.pick(data)))
-        return tuple(out)
+        build = self.build
+        return tuple([build(data) for data in items])
 
 
 _PROCESS = _Codec(ProcessSample)
@@ -342,21 +349,160 @@ _XID = _Codec(XidEvent)
 _SNAPSHOT = _Codec(Snapshot)
 _new = object.__new__
 
+# The process field a dead process' ``[pid, age]`` entry carries (``protocol.AGE`` on the worker's side; the model is
+# a leaf and does not import it: a test keeps both the same).
+AGE = "host_state_seconds"
+
+
+class _ProcessMemo:
+    """One GPU's process list as last decoded: the wire dicts, their objects, their pids, and where each pid listed
+    once is (what a bare pid in the next line stands for). For a process sent as ``[pid, age]`` the dict kept is
+    the one before, whose age is older than its object's: only its other fields are read."""
+
+    __slots__ = ("index", "pids", "raw", "samples")
+
+    def __init__(self, raw: list[dict[str, Any]], samples: tuple[ProcessSample, ...], pids: list[Any],
+                 index: dict[Any, int] | None = None) -> None:
+        self.raw = raw
+        self.samples = samples
+        self.pids = pids
+        self.index = index if index is not None else _unique_index(pids)
+
+
+def _unique_index(pids: list[Any]) -> dict[Any, int]:
+    """pid -> position, for the pids listed once (``protocol.unique_pids``' rule, which the worker follows)."""
+    index = {pid: i for i, pid in enumerate(pids)}
+    if len(index) != len(pids):
+        for pid in _twice(pids):
+            del index[pid]
+    return index
+
+
+def _twice(pids: list[Any]) -> set[Any]:
+    seen: set[Any] = set()
+    twice = set()
+    for pid in pids:
+        if pid in seen:
+            twice.add(pid)
+        seen.add(pid)
+    return twice
+
+
+class SnapshotDecoder:
+    """:func:`snapshot_from_dict` with a memory of the previous line, for the daemon's intake of the worker's lines.
+
+    Most processes read the same from one poll to the next (pid, name, user, memory, RSS, host state). The worker
+    the daemon runs sends those as bare pids (``protocol.SameAsLast``); a bare pid here stands for the dict its
+    pid had on that GPU in the previous line, ``[pid, age]`` for that dict with a new ``host_state_seconds``. A
+    dict equal to its pid's previous one (a worker without the option) gets the previous object too, and a list
+    equal to the previous one (one comparison in C) the previous tuple. Only new or changed processes are built.
+    Equal dicts decode to equal objects, so the snapshot is the one :func:`snapshot_from_dict` makes of the full
+    line; keeping the objects also keeps the daemon from making thousands of new ones a poll for the garbage
+    collector to age (issue 20: 16 GPUs x 256 processes). Unknown keys are checked when a dict is first decoded;
+    an equal dict has the same keys. A bare pid with nothing to stand for is a ``ValueError``, as an unreadable
+    line is (the supervisor replaces the worker; a fresh one sends in full).
+    """
+
+    __slots__ = ("_memo",)
+
+    def __init__(self) -> None:
+        self._memo: dict[str, _ProcessMemo] = {}
+
+    def decode(self, data: dict[str, Any]) -> Snapshot:
+        """Build a Snapshot from its dict form, like :func:`snapshot_from_dict` (``data`` is not modified)."""
+        memo = self._memo
+        fresh: dict[str, _ProcessMemo] = {}
+        gpus = []
+        for raw in data.get("gpus", ()):
+            g = _GPU.pick(raw)
+            raw_procs = g.get("processes")
+            uuid = g.get("uuid")
+            if raw_procs:
+                kept = _processes(raw_procs, memo.get(uuid) if isinstance(uuid, str) else None)
+                if isinstance(uuid, str):
+                    fresh[uuid] = kept
+                g["processes"] = kept.samples
+            else:
+                g["processes"] = ()
+            if g.get("fan_speed_ratios") is not None:
+                g["fan_speed_ratios"] = tuple(g["fan_speed_ratios"])
+            gpus.append(GpuSample(**g))
+        d = _SNAPSHOT.pick(data)
+        d["gpus"] = tuple(gpus)
+        d["lost"] = _LOST.decode_all(data.get("lost", ()))
+        d["xid_events"] = _XID.decode_all(data.get("xid_events", ()))  # up to 256 a poll in an Xid storm
+        snap = Snapshot(**d)
+        self._memo = fresh
+        return snap
+
+
+def _processes(raw: list[Any], prev: _ProcessMemo | None) -> _ProcessMemo:
+    """One GPU's processes from their wire form (dicts, or bare pids for the unchanged), reusing the previous
+    line's objects where a process is unchanged."""
+    if prev is not None and raw in (prev.pids, prev.raw):  # all unchanged: bare pids, or equal dicts
+        return prev
+    if prev is not None:
+        index, prev_raw, prev_samples = prev.index, prev.raw, prev.samples
+    else:
+        index, prev_raw, prev_samples = {}, [], ()
+    build = _PROCESS.build
+    full = []
+    samples = []
+    pids = []
+    for d in raw:
+        kind = type(d)
+        if kind is int:  # unchanged
+            i = index.get(d)
+            if i is None:
+                raise ValueError(f"process {d} sent as unchanged, but the last line did not list it once")
+            full.append(prev_raw[i])
+            samples.append(prev_samples[i])
+            pids.append(d)
+        elif kind is list:  # [pid, age]: a dead process whose age is the only change
+            i = index.get(d[0]) if len(d) == 2 else None
+            if i is None:
+                raise ValueError(f"process {d[0]} sent as aged, but the last line did not list it once")
+            full.append(prev_raw[i])
+            samples.append(_aged(prev_samples[i], d[1]))
+            pids.append(d[0])
+        else:
+            pid = d.get("pid")
+            i = index.get(pid)
+            if i is not None and prev_raw[i] == d:
+                full.append(prev_raw[i])
+                samples.append(prev_samples[i])
+            else:
+                full.append(d)
+                samples.append(build(d))
+            pids.append(pid)
+    return _ProcessMemo(full, tuple(samples), pids, index if prev is not None and pids == prev.pids else None)
+
+
+_set = {name: getattr(ProcessSample, name).__set__ for name in _PROCESS.names}
+_set_pid, _set_kind, _set_used, _set_name, _set_user, _set_rss, _set_util, _set_state, _set_age = (
+    _set["pid"], _set["kind"], _set["used_memory_bytes"], _set["name"], _set["user"], _set["host_rss_bytes"],
+    _set["utilization_percent"], _set["host_state"], _set[AGE])
+
+
+def _aged(old: ProcessSample, age: Any) -> ProcessSample:
+    """``replace(old, host_state_seconds=age)`` through the slots (one per dead process a poll; a test checks that
+    it equals the full decode, so a field added to ProcessSample and missed here fails it)."""
+    obj = _new(ProcessSample)
+    _set_pid(obj, old.pid)
+    _set_kind(obj, old.kind)
+    _set_used(obj, old.used_memory_bytes)
+    _set_name(obj, old.name)
+    _set_user(obj, old.user)
+    _set_rss(obj, old.host_rss_bytes)
+    _set_util(obj, old.utilization_percent)
+    _set_state(obj, old.host_state)
+    _set_age(obj, age)
+    return obj
+
 
 def snapshot_from_dict(data: dict[str, Any]) -> Snapshot:
     """Build a Snapshot from its dict form, restoring nested types and tuples (``data`` is not modified)."""
-    gpus = []
-    for raw in data.get("gpus", ()):
-        g = _GPU.pick(raw)
-        g["processes"] = _PROCESS.decode_all(g.get("processes", ()))
-        if g.get("fan_speed_ratios") is not None:
-            g["fan_speed_ratios"] = tuple(g["fan_speed_ratios"])
-        gpus.append(GpuSample(**g))
-    d = _SNAPSHOT.pick(data)
-    d["gpus"] = tuple(gpus)
-    d["lost"] = _LOST.decode_all(data.get("lost", ()))
-    d["xid_events"] = _XID.decode_all(data.get("xid_events", ()))  # up to 256 a poll in an Xid storm
-    return Snapshot(**d)
+    return SnapshotDecoder().decode(data)
 
 
 @dataclass(frozen=True, slots=True)

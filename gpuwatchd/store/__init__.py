@@ -140,6 +140,52 @@ class _Ring:
             pts.popleft()
 
 
+class _ProcRing:
+    """A process' history: ``_Ring``'s rule (points ``step`` apart, the newest replacing the last while it is within
+    ``step`` of the one before, ``retention`` long), with the newest point kept as plain values.
+
+    Every poll replaces the newest point of every listed process (4096 at 16 GPUs x 256 processes); only one poll
+    in ``step`` settles it into the deque. Keeping it as values (and a ``ProcessPoint`` made when it is read, at
+    most once per change) spares a new object per process per poll, and the collector those objects' ageing.
+    """
+
+    __slots__ = ("newest", "points", "rss", "t", "used")
+
+    def __init__(self, step: float, retention: float) -> None:
+        # the settled points; the newest is the (t, used, rss) below
+        self.points: deque[ProcessPoint] = deque(maxlen=max(2, int(retention / step) + 2) - 1)
+        self.t: float | None = None
+        self.used: int | None = None
+        self.rss: int | None = None
+        self.newest: ProcessPoint | None = None  # the newest as a point, once read (None: not made since it moved)
+
+    def add(self, p: ProcessPoint, step: float, retention: float) -> None:
+        """``_Ring.add`` (restoring saved history; ``Store.apply`` inlines the same steps)."""
+        pts = self.points
+        if self.t is not None and not (pts and p.t - pts[-1].t < step):
+            pts.append(self.newest or _proc_point(self.t, self.used, self.rss))
+        self.t, self.used, self.rss, self.newest = p.t, p.used_memory_bytes, p.host_rss_bytes, p
+        horizon = p.t - retention
+        while pts and pts[0].t < horizon:
+            pts.popleft()
+
+    def history(self) -> tuple[ProcessPoint, ...]:
+        if self.t is None:
+            return tuple(self.points)
+        newest = self.newest
+        if newest is None:
+            newest = self.newest = _proc_point(self.t, self.used, self.rss)
+        return (*self.points, newest)
+
+
+def _proc_point(t: float, used: int | None, rss: int | None) -> ProcessPoint:
+    point = _new(ProcessPoint)
+    _set_t(point, t)
+    _set_used(point, used)
+    _set_rss(point, rss)
+    return point
+
+
 class Store:
     """Latest snapshot, presence and bounded history. Single-threaded: owned by the daemon's event loop."""
 
@@ -157,7 +203,7 @@ class Store:
         # Every poll's utilization and compute pids per GPU, at full resolution (folded into step buckets): the
         # probe scheduler's proof that a GPU was idle for the whole idle_for (gpuwatchd/gpu/activity.py).
         self.activity = ActivityLog(step_seconds, retention_seconds)
-        self._proc_hist: dict[tuple[str, int], _Ring] = {}
+        self._proc_hist: dict[tuple[str, int], _ProcRing] = {}
         # Process rings by time of their newest point, oldest first, so expiry looks only at the rings that expire
         # instead of scanning them all every poll. Exact while timestamps do not go backwards; see _expire.
         self._proc_touched: OrderedDict[tuple[str, int], float] = OrderedDict()
@@ -234,19 +280,18 @@ class Store:
                 key = (uuid, p.pid)
                 ring = proc_hist.get(key)
                 if ring is None:
-                    ring = proc_hist[key] = _Ring(step, retention)
-                # _Ring.add, inlined: this loop runs once per process per poll.
+                    ring = proc_hist[key] = _ProcRing(step, retention)
+                # _ProcRing.add, inlined: this loop runs once per process per poll.
                 pts = ring.points
-                point = _new(ProcessPoint)
-                _set_t(point, t)
-                _set_used(point, p.used_memory_bytes)
-                _set_rss(point, p.host_rss_bytes)
-                if len(pts) >= 2 and t - pts[-2].t < step:
-                    pts[-1] = point
-                else:
-                    pts.append(point)
-                while pts and pts[0].t < horizon:
-                    pts.popleft()
+                if ring.t is not None and not (pts and t - pts[-1].t < step):
+                    pts.append(ring.newest or _proc_point(ring.t, ring.used, ring.rss))
+                ring.t = t
+                ring.used = p.used_memory_bytes
+                ring.rss = p.host_rss_bytes
+                ring.newest = None
+                if pts and pts[0].t < horizon:
+                    while pts and pts[0].t < horizon:
+                        pts.popleft()
                 touched[key] = t
                 move_to_end(key)
         if snap.nvml_ok:
@@ -547,7 +592,7 @@ class Store:
 
     def process_history(self, uuid: str, pid: int) -> Sequence[ProcessPoint]:
         ring = self._proc_hist.get((uuid, pid))
-        return tuple(ring.points) if ring else ()  # type: ignore[arg-type]
+        return ring.history() if ring is not None else ()
 
     def process_keys(self) -> Sequence[tuple[str, int]]:
         return tuple(self._proc_hist)
@@ -566,11 +611,11 @@ class Store:
             for gp in gpts:
                 ring.add(gp)
         for key, ppts in procs.items():
-            ring = self._proc_hist.setdefault(key, _Ring(self.step_seconds, self.retention_seconds))
+            pring = self._proc_hist.setdefault(key, _ProcRing(self.step_seconds, self.retention_seconds))
             for pp in ppts:
-                ring.add(pp)
-            if ring.points:
-                self._proc_touched[key] = ring.points[-1].t
+                pring.add(pp, self.step_seconds, self.retention_seconds)
+            if pring.t is not None:
+                self._proc_touched[key] = pring.t
         self._proc_touched = OrderedDict(sorted(self._proc_touched.items(), key=lambda kv: kv[1]))
         self.version += 1
 

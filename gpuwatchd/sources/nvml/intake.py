@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gpuwatchd.model import LostGpu, Snapshot, snapshot_from_dict
+from gpuwatchd.model import LostGpu, Snapshot, SnapshotDecoder
 from gpuwatchd.runtime.clock import Clock
 
 
@@ -18,6 +18,8 @@ class SnapshotIntake:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.known: dict[int, tuple[str, str | None]] = {}  # index -> (uuid, bus id) from the last snapshots
+        # Remembers the last poll's processes: unchanged ones are not decoded again (model.SnapshotDecoder).
+        self.decoder = SnapshotDecoder()
 
     def receive(self, msg: dict[str, Any]) -> Snapshot:
         """One decoded snapshot line (``msg`` is consumed), stamped with the daemon's clock."""
@@ -27,7 +29,7 @@ class SnapshotIntake:
         # rules' time under `sim --speed` (the Xid rule would count them stale), and they are at most a poll old.
         for ev in msg.get("xid_events") or ():
             ev["timestamp"] = msg["timestamp"]
-        snap = snapshot_from_dict(msg)
+        snap = self.decoder.decode(msg)
         if snap.lost and any(lost.uuid is None for lost in snap.lost):
             snap = replace(snap, lost=tuple(self._identify(lost) for lost in snap.lost))
         if snap.nvml_ok:

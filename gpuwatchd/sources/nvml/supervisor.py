@@ -54,6 +54,7 @@ from gpuwatchd.sources.nvml.protocol import (
     NOT_IN_A_GPU_CALL,
     PROGRESS_BYTES,
     RELEASE,
+    SAME_AS_LAST,
     WORKER_MODULE,
     decode_progress,
     encode_line,
@@ -247,7 +248,9 @@ class NvmlSupervisor:
         opts: dict[str, Any] = {"interval": self._real(self.nvml.poll_interval), "top_n": self.processes.top_n,
                                 "progress_fd": progress_fd, "hang_after": hang_after,
                                 "stall_after": min(STALL_AFTER_SECONDS, hang_after),
-                                "gpm_min_interval": GPM_MIN_SAMPLE_INTERVAL}
+                                "gpm_min_interval": GPM_MIN_SAMPLE_INTERVAL,
+                                # unchanged processes as bare pids: the intake's decoder keeps the last line's
+                                SAME_AS_LAST: True}
         lib = worker_process.library_file(self.nvml.library_path)
         if lib is not None:
             opts["library_path"] = str(lib)

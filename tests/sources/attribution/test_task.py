@@ -149,3 +149,25 @@ async def test_unreadable_job_directory_is_an_error(tree: Path) -> None:
     task = AttributionTask(cfg, socket_explicit=False)
     await task.refresh()
     assert task.errors["hpc_jobs"] == 1 and task.jobs == {}
+
+
+def test_same_pids_reuse_the_owners_until_a_recheck_or_new_answers_are_due(tree: Path) -> None:
+    # The per-poll path at 16 x 256: no /proc read while the same pids are listed and no re-read is due.
+    task = AttributionTask(_cfg(tree))
+    first = task.resolve(SNAP, now=0.0)
+    assert first.owners[(G2, 400)].labels() == {"container_id": D[:12]}
+    _proc(tree / "proc", 400, (FIXTURES / "host-session-v2.cgroup").read_text())  # moved (as a reused pid would be)
+    _proc(tree / "proc", 401, (FIXTURES / "docker-v2-systemd.cgroup").read_text())
+    assert task.resolve(SNAP, now=10.0).owners == first.owners  # nothing read
+    # a new pid is read at once (and the others from the cache)
+    more = task.resolve(_snap((G0, 0, [100]), (G1, 1, [200, 201, 300]), (G2, 2, [400, 401, 500, 600])), now=11.0)
+    assert more.owners[(G2, 401)].labels() == {"container_id": D[:12]}
+    assert more.owners[(G2, 400)].labels() == {"container_id": D[:12]}
+    # the re-read is due 30 s after the read: the pid's new cgroup shows
+    again = task.resolve(_snap((G0, 0, [100]), (G1, 1, [200, 201, 300]), (G2, 2, [400, 401, 500, 600])), now=31.0)
+    assert (G2, 400) not in again.owners
+    # new job answers are used at once, with the same pids
+    (tree / "jobs" / "2").write_text("778\n")
+    task._refresh_jobs()
+    jobs = task.resolve(_snap((G0, 0, [100]), (G1, 1, [200, 201, 300]), (G2, 2, [400, 401, 500, 600])), now=32.0)
+    assert jobs.owners[(G2, 400)].labels() == {"hpc_job": "778"}

@@ -26,7 +26,9 @@ whose calls block this long is set aside, reported lost as ``hang_suspected`` an
 other GPUs keep their schedule; :mod:`gpuwatchd.sources.nvml.worker.stall_watch`), ``only`` (GPU indices: open just
 these, for the supervisor's retry of GPUs that hung), ``gpm_min_interval`` (real seconds: GPM samples are taken at
 least this far apart, nvml.h's 100 ms refresh rate under the daemon; polls in between repeat the last GPM metrics;
-default 0, every poll). Commands come on stdin (``worker_protocol``).
+default 0, every poll), ``same_as_last`` (send a process unchanged since the last line as its bare pid:
+``protocol.SameAsLast``; the daemon's supervisor sets it, other readers of the lines leave it off). Commands come on
+stdin (``worker_protocol``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from gpuwatchd.sources.nvml.protocol import (
     EXIT_STOPPED,
     HELLO,
     RELEASE,
+    SAME_AS_LAST,
+    SameAsLast,
     encode_line,
 )
 from gpuwatchd.sources.nvml.worker.errors import reason
@@ -103,6 +107,7 @@ class _Runner:
         # Off (None) in the daemon: one comparison per poll. CPU time of this process, precise (not tick-based).
         self.measure_after: int | None = opts.get("measure_after")
         self.counter = counter
+        self.same_as_last = SameAsLast() if opts.get(SAME_AS_LAST) else None
         self.parent = os.getppid()
         self.polls = 0
         self.cpu0 = 0.0
@@ -127,7 +132,7 @@ class _Runner:
             with self._emit_lock:
                 if pos.gen != worker.gen:
                     return
-                _emit(snap)
+                _emit(snap if self.same_as_last is None else self.same_as_last.encode(snap))
                 self.polls += 1
             code = self._after_poll()
             if code is not None:
