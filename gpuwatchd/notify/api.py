@@ -113,11 +113,17 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
 
     async def get_alerts(request: web.Request) -> web.Response:
         now = d.now()
-        return web.json_response([alert_json(d, a, now) for a in alerts_provider()])
+        resp = web.json_response([alert_json(d, a, now) for a in alerts_provider()])
+        # A fleet's worth of alerts (one per GPU and process) is tens of kB of JSON, polled every few seconds by the
+        # status page: gzip when the client asks for it, as /api/v1/status does.
+        resp.enable_compression()
+        return resp
 
     async def list_silences(request: web.Request) -> web.Response:
         now = d.now()
-        return web.json_response([silence_json(s, now) for s in d.silences.listing(now)])
+        resp = web.json_response([silence_json(s, now) for s in d.silences.listing(now)])
+        resp.enable_compression()
+        return resp
 
     async def post_silence(request: web.Request) -> web.Response:
         api = d.config.api

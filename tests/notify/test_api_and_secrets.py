@@ -4,6 +4,8 @@ secret scan: webhook URLs, HMAC keys and header tokens never appear in logs, met
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -69,6 +71,11 @@ async def test_silence_via_api_mutes_then_expire_unmutes(
         assert listed[UUID0]["status"] == {"state": "suppressed", "silencedBy": [sid], "inhibitedBy": []}
         assert listed[UUID1]["status"]["state"] == "active"
         assert listed[UUID0]["receivers"] == [{"name": "hook"}]
+        for path in ("/api/v1/alerts", "/api/v1/silences"):  # gzip for a client that asks (the status page polls)
+            hdrs = {"Accept-Encoding": "gzip"}
+            async with http.get(f"{base}{path}", headers=hdrs, auto_decompress=False) as r:
+                assert r.headers.get("Content-Encoding") == "gzip", path
+                assert json.loads(gzip.decompress(await r.read())) == await (await http.get(f"{base}{path}")).json()
 
         async with http.get(f"{base}/api/v1/silences") as r:
             [s] = await r.json()
