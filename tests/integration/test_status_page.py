@@ -110,13 +110,15 @@ def leak_config(tmp: Path, chat: str) -> Path:
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory, chat: str) -> Iterator[dict[str, DaemonProcess]]:
-    """The three scenarios, started together (they overlap their warm-up)."""
+    """The scenarios, started together (they overlap their warm-up)."""
     leak_tmp = tmp_path_factory.mktemp("leak")
     running = {
         "leak": _start(leak_tmp, "--scenario", "leak", "--speed", "30", "--config",
                        str(leak_config(leak_tmp, chat))),
         "dock-unauthorized": _start(tmp_path_factory.mktemp("dock"), "--scenario", "dock-unauthorized"),
         "egpu-unplug": _start(tmp_path_factory.mktemp("unplug"), "--scenario", "egpu-unplug", "--speed", "4"),
+        # no kubelet here: owners come from each process' cgroup (container ids, the Slurm job)
+        "attribution": _start(tmp_path_factory.mktemp("attribution"), "--scenario", "attribution"),
     }
 
     try:
@@ -207,6 +209,25 @@ def test_leak_shows_the_leaking_pid_and_its_eta(browser: Any, sims: dict[str, Da
         page.screenshot(path=str(shots / f"leak-{name}.png"), full_page=True)
         assert log.errors == []
         ctx.close()
+
+
+def test_processes_name_their_container_or_job(browser: Any, sims: dict[str, DaemonProcess]) -> None:
+    d = sims["attribution"]
+
+    def owners_known() -> bool:
+        procs = {p["pid"]: p for g in status(d)["gpus"] for p in g["processes"]}
+        return all(pid in procs for pid in (4242, 7301, 7302)) and (procs[7301].get("owner") or {}).get("hpc_job")
+
+    wait_until(owners_known, "the attribution of pids 4242, 7301 and 7302")
+    ctx, page, log = open_page(browser, d.url, DESKTOP)
+    owner = {pid: page.locator(f"tr[data-pid='{pid}'] td.owner") for pid in (4242, 7301, 7302)}
+    owner[7301].wait_for()
+    assert owner[7301].inner_text() == "job 4242"  # the Slurm job step
+    assert owner[4242].inner_text().startswith("container 8d1e4b2a9f3c")  # a pod's container, no kubelet to name it
+    assert owner[7302].inner_text() == "host"
+    assert page.locator("table.procs th", has_text="Owner").count() >= 1
+    assert log.errors == []
+    ctx.close()
 
 
 def test_dock_unauthorized_shows_the_dock_and_boltctl(browser: Any, sims: dict[str, DaemonProcess],

@@ -273,6 +273,20 @@
     return (v / 1e9).toFixed(1) + " GB/s";
   }
 
+  // Who holds a process (sources/attribution; the same words as `gpuwatchd status`): "pod ns/name/container",
+  // "container 3f2a9c1b7d4e (web, nginx:1.27)", "job 4242", or "" for a host process.
+  function ownerText(o) {
+    if (!o || typeof o !== "object") return "";
+    const parts = [];
+    if (o.pod) parts.push("pod " + o.namespace + "/" + o.pod + (o.container ? "/" + o.container : ""));
+    else if (o.container_id) {
+      const extra = [o.name, o.image].filter((x) => x).join(", ");
+      parts.push("container " + o.container_id + (extra ? " (" + extra + ")" : ""));
+    }
+    if (o.hpc_job) parts.push("job " + o.hpc_job);
+    return parts.join(" ");
+  }
+
   function processes(g, now) {
     const procs = g.processes || [];
     if (!procs.length) return g.state === "present" ? [h("p", { class: "muted" }, "No processes.")] : [];
@@ -282,19 +296,21 @@
       const leak = t.leak;
       return h("tr", { class: leak ? "leak " + leak.state : "", data: { pid: String(p.pid) } },
         h("td", {}, String(p.pid)), h("td", {}, p.name || "?"), h("td", {}, p.user || "?"),
+        h("td", { class: "owner" }, ownerText(p.owner) || "host"),
         h("td", { class: "num" }, bytes(p.used_memory_bytes)),
         h("td", { class: "num" }, rate(t.rate_bytes_per_second)),
         h("td", { class: "eta" }, leak ? "leak " + leak.state + ": full in " + duration(leak.eta_seconds) : ""));
     });
     const table = h("table", { class: "procs" },
-      h("thead", {}, h("tr", {}, h("th", {}, "PID"), h("th", {}, "Process"), h("th", {}, "User"),
+      h("thead", {}, h("tr", {}, h("th", {}, "PID"), h("th", {}, "Process"), h("th", {}, "User"), h("th", {}, "Owner"),
         h("th", { class: "num" }, "GPU memory"), h("th", { class: "num" }, "Trend"), h("th", {}, "Leak"))),
       h("tbody", {}, rows));
     // A suspected leak is the one fact that must not hide in a scrolled table on a phone: said above it too.
     const notes = procs.filter((p) => (p.memory_trend || {}).leak).map((p) => {
       const leak = p.memory_trend.leak;
       return h("p", { class: "leak-note " + leak.state, data: { pid: String(p.pid) } },
-        h("strong", {}, (p.name || "?") + "[" + p.pid + "]"), " (" + (p.user || "?") + ") ",
+        h("strong", {}, (p.name || "?") + "[" + p.pid + "]"),
+        (ownerText(p.owner) ? " in " + ownerText(p.owner) : "") + " (" + (p.user || "?") + ") ",
         leak.state === "firing" ? "is leaking " : "may be leaking ", rate(leak.rate_bytes_per_second),
         ": GPU memory full in ", h("strong", {}, duration(leak.eta_seconds)));
     });
