@@ -8,7 +8,7 @@ resolved ones are posted with ``endsAt`` = their resolution time for ``RESOLVED_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -34,8 +34,16 @@ def alerts_url(base: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-def render(alerts: Sequence[Alert], now: float, resend: float, external_url: str = "") -> list[dict[str, Any]]:
-    """The POST body: postable alerts (labels, annotations, startsAt, endsAt, generatorURL)."""
+def render(
+    alerts: Sequence[Alert],
+    now: float,
+    resend: float,
+    external_url: str = "",
+    to_wall: Callable[[float], float] | None = None,
+) -> list[dict[str, Any]]:
+    """The POST body: postable alerts (labels, annotations, startsAt, endsAt, generatorURL). ``to_wall`` maps the
+    daemon's times onto the wall clock where they differ (``runtime.clock.wall_mapper``: a sim at ``--speed``)."""
+    wall = to_wall or (lambda t: t)
     out = []
     for a in alerts:
         ends = a.resolved_at if a.state == "resolved" and a.resolved_at is not None else now + ENDS_AT_RESENDS * resend
@@ -43,8 +51,8 @@ def render(alerts: Sequence[Alert], now: float, resend: float, external_url: str
             {
                 "labels": dict(sorted(a.labels.items())),
                 "annotations": alert_annotations(a),
-                "startsAt": rfc3339(starts_at(a)),
-                "endsAt": rfc3339(ends),
+                "startsAt": rfc3339(wall(starts_at(a))),
+                "endsAt": rfc3339(wall(ends)),
                 "generatorURL": generator_url(external_url),
             }
         )
@@ -64,6 +72,12 @@ def _not_grouped(_n: Notification) -> str:
 INTEGRATION = Integration(render=_not_grouped, request=request, grouped=False)
 
 
-def payload(alerts: Sequence[Alert], now: float, resend: float, external_url: str = "") -> str:
+def payload(
+    alerts: Sequence[Alert],
+    now: float,
+    resend: float,
+    external_url: str = "",
+    to_wall: Callable[[float], float] | None = None,
+) -> str:
     """The outbox text of one push."""
-    return dumps(render(alerts, now, resend, external_url))
+    return dumps(render(alerts, now, resend, external_url, to_wall))

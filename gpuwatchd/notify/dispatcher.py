@@ -35,7 +35,7 @@ from gpuwatchd.notify.notification import Notification, sort_alerts
 from gpuwatchd.notify.routing import Route, group_key, group_labels, routes_for
 from gpuwatchd.notify.silences import Silences
 from gpuwatchd.notify.store import OutboxRow, StateStore
-from gpuwatchd.runtime.clock import Clock
+from gpuwatchd.runtime.clock import Clock, wall_mapper
 
 log = logging.getLogger(__name__)
 
@@ -363,8 +363,9 @@ class Dispatcher:
         due = now >= self._am_next.get(rc.name, now)
         if not alerts or (not due and state == self._am_sent.get(rc.name)):
             return
+        # Alertmanager judges startsAt/endsAt by its own clock: a sim running ahead of it is mapped onto the wall.
         payload = alertmanager.payload(sort_alerts(alerts), now, self.config.alertmanager_resend,
-                                       self.config.external_url)
+                                       self.config.external_url, wall_mapper(self._clock))
         # Every member of a cluster gets every push, through its own row: a member that is down retries on its
         # own schedule while the others are posted to at once (Alertmanager's README, "High Availability").
         for m in rc.members:

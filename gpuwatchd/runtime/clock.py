@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -67,3 +68,17 @@ class ManualClock:
     async def sleep(self, seconds: float) -> None:
         self.t += max(0.0, seconds)
         await asyncio.sleep(0)
+
+
+def wall_mapper(clock: Clock) -> Callable[[float], float] | None:
+    """For a clock that runs faster than real time (``gpuwatchd sim --speed``), map its times onto the wall clock,
+    keeping their distance from now in real seconds; None for a clock at real speed (nothing to map).
+
+    For a peer that judges our timestamps by its own clock: Alertmanager keeps an alert active until its
+    ``endsAt``, so a resolution stamped on a sim clock hours ahead of the wall stayed "active" there for hours.
+    """
+    if clock.speed == 1.0:
+        return None
+    now, wall, speed = clock.now(), time.time(), clock.speed
+    return lambda t: wall - (now - t) / speed
+

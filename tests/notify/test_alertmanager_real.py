@@ -7,13 +7,15 @@ import asyncio
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from gpuwatchd.runtime.clock import RealClock
+from gpuwatchd.runtime.clock import RealClock, ScaledClock
 
 from .conftest import HOST, UUID0, Sink, make_dispatcher, mk_alert, notify_config, receiver, resolved
 
@@ -101,3 +103,34 @@ async def test_real_alertmanager_forwards_fired_and_resolved(sink: Sink, alertma
         assert last["status"] == "resolved" and last["labels"]["uuid"] == UUID0 and last["labels"]["host"] == HOST
     finally:
         await d.stop()
+
+
+async def test_a_sim_clock_ahead_of_the_wall_resolves_in_alertmanager_at_once(
+    sink: Sink, alertmanager: str, tmp_path: Path
+) -> None:
+    # `gpuwatchd sim --speed 60` an hour into its scenario: the daemon's clock is hours ahead of Alertmanager's.
+    # Alertmanager keeps an alert active until its endsAt; stamped on the sim clock, a resolution stayed "active"
+    # there for hours of real time. Mapped onto the wall clock, it is forwarded as resolved at once.
+    clock = ScaledClock(start=time.time() + 3 * 3600, speed=60)
+    config = notify_config([receiver("fleet-am", "alertmanager", alertmanager)], alertmanager_resend="60s")
+    d = await make_dispatcher(config, tmp_path / "state", clock)
+    try:
+        a = mk_alert("GpuLost", severity="critical", t=clock.now() - 300, summary="GPU 0 answers GPU_IS_LOST")
+        d.update([a])
+        [fired] = await sink.wait_for(1)
+        starts = fired.json["alerts"][0]["startsAt"]
+        # 300 s of sim time before now is 5 s of real time before now: within a minute of the wall, not hours ahead
+        assert abs(parse_rfc3339(starts) - time.time()) < 60, starts
+        d.update([resolved(a, clock.now())])
+        while True:
+            await sink.wait_for(len(sink.requests) + 1)
+            if sink.requests[-1].json["status"] == "resolved":
+                break
+        ends = sink.requests[-1].json["alerts"][0]["endsAt"]
+        assert abs(parse_rfc3339(ends) - time.time()) < 60, ends
+    finally:
+        await d.stop()
+
+
+def parse_rfc3339(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
