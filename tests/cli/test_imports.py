@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+
+from gpuwatchd.sim.standin_abi import STATE_ENV
+from gpuwatchd.sim.state import make_state, write_state
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("aiohttp", "pydantic", "prometheus_client", "yaml", "psutil", "gpuwatchd.daemon", "gpuwatchd.config.loader")
@@ -60,3 +67,47 @@ def test_the_help_of_every_command_still_names_its_defaults() -> None:
     assert str(loader.DEFAULT_CONFIG_PATH) in help_text
     assert f"default: {context.SERVICE_USER}" in help_text
     assert f"default {context.DEFAULT_DEADLINE:g}" in help_text
+
+
+# What `gpuwatchd run` with the default configuration must not load: each belongs to a configuration that asks for
+# it (basic auth, a kubelet socket, torch probes), to another process (pynvml: the NVML worker), or to nothing
+# the daemon does any more (psutil: the worker reads /proc). docs/performance.md has what each costs.
+NOT_IN_A_DEFAULT_DAEMON = ("psutil", "pynvml", "torch", "bcrypt", "grpc", "cryptography", "numpy",
+                           "gpuwatchd.sources.nvml.worker", "gpuwatchd.probes.worker", "gpuwatchd.config.doc",
+                           "gpuwatchd.sim.runner", "gpuwatchd.sim.scenario")
+
+
+def test_a_default_daemon_loads_no_optional_stack(standin_libdir: Path, tmp_path: Path) -> None:
+    """``gpuwatchd run`` as a user starts it (the stand-in driver, defaults otherwise), until it has served
+    /metrics with the GPUs polled; every module it imported is listed by ``-X importtime``."""
+    state = tmp_path / "sim-state"
+    write_state(state, make_state(2))
+    cfg = tmp_path / "gpuwatchd.yml"
+    cfg.write_text(f"state_dir: {tmp_path / 'state'}\nnvml: {{library_path: {standin_libdir}}}\n"
+                   f"sysfs: {{root: {tmp_path / 'sysfs'}}}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO), STATE_ENV: str(state)}
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "gpuwatchd", "run", "--config", str(cfg),
+                             "--listen", f"127.0.0.1:{port}"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "gpuwatchd_gpus 2.0" not in _metrics(port):
+            assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not serve both GPUs"
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    loaded = {line.rsplit("|", 1)[1].strip() for line in err.splitlines() if line.startswith("import time:")}
+    assert {"aiohttp.web", "gpuwatchd.daemon", "gpuwatchd.sources.nvml.supervisor"} <= loaded
+    assert sorted(m for m in loaded if any(m == n or m.startswith(n + ".") for n in NOT_IN_A_DEFAULT_DAEMON)) == []
+
+
+def _metrics(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+    except OSError:
+        return ""
