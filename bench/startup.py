@@ -43,7 +43,7 @@ from gpuwatchd.sim.state import write_state  # noqa: E402
 
 # Each step is imported after the ones before it: what it adds on top of them.
 IMPORT_STEPS = ("asyncio", "yaml", "pydantic", "gpuwatchd.config.loader", "aiohttp", "aiohttp.web",
-                "prometheus_client", "psutil", "gpuwatchd.model", "gpuwatchd.exporter.collector",
+                "prometheus_client", "gpuwatchd.model", "gpuwatchd.exporter.collector",
                 "gpuwatchd.notify.dispatcher", "gpuwatchd.rules.engine", "gpuwatchd.daemon")
 _STEPS_SCRIPT = """
 import importlib, sys, time

@@ -51,7 +51,10 @@ def import_path(modules: Sequence[str] = WORKER_IMPORTS, search: Sequence[str] |
             # a package's origin is <dir>/<name>/__init__.py, a module's <dir>/<name>.py (or .so)
             out.append(os.path.dirname(os.path.dirname(spec.origin)) if spec.submodule_search_locations is not None
                        else os.path.dirname(spec.origin))
-    out.extend(p for p in (sys.path if search is None else search) if p and os.path.exists(p))
+    # The standard library's own directories the child finds by itself (and must find its own, not ours).
+    stdlib = os.path.dirname(os.__file__)
+    own = {stdlib, os.path.join(stdlib, "lib-dynload")}
+    out.extend(p for p in (sys.path if search is None else search) if p and p not in own and os.path.exists(p))
     return list(dict.fromkeys(out))
 
 
