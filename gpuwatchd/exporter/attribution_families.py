@@ -19,8 +19,9 @@ GPU_POD = spec(
 ERRORS = spec(
     "gpuwatchd_attribution_errors_total", "counter",
     "Failures of an attribution source: cgroup (a GPU process' /proc/PID/cgroup unreadable, once per pid), "
-    "kubernetes (pod-resources socket missing, slow or broken, per refresh), hpc_jobs (mapping directory "
-    "unreadable, per refresh).",
+    "kubernetes (pod-resources socket missing, slow or broken, or allocations skipped; per refresh), hpc_jobs "
+    "(mapping directory unreadable or entries skipped; per refresh), runtime (a container runtime's state file "
+    "unusable; once per container).",
     ("source",),
 )
 

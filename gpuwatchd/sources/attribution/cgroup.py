@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuwatchd.sources.attribution.small_files import read_small
+
 SHORT_ID = 12  # `docker ps` and `crictl ps` show this many hex digits
 
 _HEX64 = r"[0-9a-f]{64}"
@@ -40,7 +42,11 @@ _SCOPES = (
 _BARE = re.compile(_HEX64)  # cgroupfs drivers: the component is the id itself (/docker/<id>, /kubepods/.../<id>)
 _POD = re.compile(r"(?:kubepods-(?:besteffort-|burstable-)?)?pod([0-9a-f_-]{36})(?:\.slice)?")
 _MACHINE = re.compile(r"machine-(.+)\.scope")
-_SLURM_JOB = re.compile(r"job_(\d+)")
+# machined's names are host names (hostname_is_valid): ASCII letters, digits, '-', '_', '.', at most 64
+_MACHINE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_SLURM_JOB = re.compile(r"job_([0-9]{1,20})")  # ASCII only: \d would take Arabic-Indic or fullwidth digits
+# A real /proc/PID/cgroup is one line per hierarchy (a dozen at most under v1), each path at most PATH_MAX.
+MAX_CGROUP_BYTES = 64 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +109,10 @@ def parse_path(path: str) -> CgroupOwner:
                 container_id = part
                 runtime = "docker" if parent == "docker" else "kubernetes" if kube else parent
             elif (m := _MACHINE.fullmatch(part)) is not None and i > 0 and parts[i - 1] == "machine.slice":
-                container_id, runtime = _unescape(m.group(1)), "systemd-nspawn"
+                name = _unescape(m.group(1))
+                if _MACHINE_NAME.fullmatch(name) is None:
+                    return HOST  # not a name machined gives (control characters, quotes, 200 bytes): no guess
+                container_id, runtime = name, "systemd-nspawn"
     if kube and container_id is not None and runtime in ("kubernetes", "kubepods"):
         runtime = "kubernetes"
     if container_id is None and pod_uid is None and job is None:
@@ -123,10 +132,16 @@ def parse(text: str) -> CgroupOwner:
 def read(proc_root: Path, pid: int) -> CgroupOwner | None:
     """Read and parse ``<proc_root>/<pid>/cgroup``; None when it cannot be read (gone, another pid namespace)."""
     try:
-        text = (proc_root / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
+        return read_checked(proc_root, pid)
     except OSError:
         return None
-    return parse(text)
+
+
+def read_checked(proc_root: Path, pid: int) -> CgroupOwner:
+    """Read and parse ``<proc_root>/<pid>/cgroup``; OSError when it cannot be read, is not a regular file (a FIFO
+    in a fake tree would block the event loop) or is over :data:`MAX_CGROUP_BYTES`."""
+    raw = read_small(proc_root / str(pid) / "cgroup", MAX_CGROUP_BYTES)
+    return parse(raw.decode("utf-8", errors="replace"))
 
 
 def _unescape(name: str) -> str:

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 CGROUP_RECHECK_SECONDS = 30.0  # a pid's cgroup is re-read this often (pid reuse within the top-N set)
 MAX_META_CACHE = 4096  # container ids whose runtime files were read; cleared when it grows past this
 
-SOURCES = ("cgroup", "kubernetes", "hpc_jobs")
+SOURCES = ("cgroup", "kubernetes", "hpc_jobs", "runtime")
 
 
 class AttributionTask:
@@ -74,6 +74,8 @@ class AttributionTask:
         self.pods: tuple[GpuPod, ...] = ()
         self._pods_by_uuid: dict[str, list[GpuPod]] = {}
         self.jobs: dict[int, tuple[str, ...]] = {}
+        self._pods_skipping = False  # the last List answer had allocations skipped (logged once)
+        self._jobs_skipping = False  # the last refresh skipped something in the mapping directory (logged once)
         self.kubelet_seen = False  # the socket existed at some point (a vanished socket is then an error)
         self.refreshes = 0
         # The last resolve's answer and what it depended on: the kubelet/job answers (a count bumped when they are
@@ -94,7 +96,7 @@ class AttributionTask:
 
     async def refresh(self) -> None:
         await self._refresh_pods()
-        self._refresh_jobs()
+        await self._refresh_jobs()
         self.refreshes += 1
         self._on_update()
 
@@ -124,8 +126,16 @@ class AttributionTask:
             self._set_pods(())
             self._fail("kubernetes", f"pod-resources List failed: {type(e).__name__}: {e}", time.monotonic() - t0)
             return
-        self._set_pods(pods)
-        self._ok("kubernetes", f"pod-resources List answers again ({len(pods)} GPU allocations)",
+        self._set_pods(pods.pods)
+        if pods.skipped:
+            self.errors["kubernetes"] += 1  # per refresh that skipped something, said once
+            if not self._pods_skipping:
+                self._pods_skipping = True
+                log.warning("pod-resources List: %d GPU allocations skipped (first: %s)", pods.skipped,
+                            pods.first_problem)
+        else:
+            self._pods_skipping = False
+        self._ok("kubernetes", f"pod-resources List answers again ({len(pods.pods)} GPU allocations)",
                  time.monotonic() - t0)
 
     def _set_pods(self, pods: tuple[GpuPod, ...]) -> None:
@@ -136,20 +146,35 @@ class AttributionTask:
             by.setdefault(p.uuid, []).append(p)
         self._pods_by_uuid = by
 
-    def _refresh_jobs(self) -> None:
+    async def _refresh_jobs(self) -> None:
         d = self.config.hpc_job_mapping_dir
         if d is None:
             return
         t0 = time.monotonic()
-        self._inputs += 1
         try:
-            self.jobs = read_jobs(d)
+            # A thread: the directory is written by scripts and may hold thousands of entries.
+            found = await asyncio.to_thread(read_jobs, d)
         except OSError as e:
-            self.jobs = {}
+            self._set_jobs({})
             self._fail("hpc_jobs", f"HPC job mapping directory {d} unreadable: {e.strerror or e}",
                        time.monotonic() - t0)
             return
+        self._set_jobs(found.jobs)
+        if found.skipped:
+            # Counted per refresh that skipped something, said once: the files the site writes are read again
+            # every interval, so a bad one would otherwise log every 10 s.
+            self.errors["hpc_jobs"] += 1
+            if not self._jobs_skipping:
+                self._jobs_skipping = True
+                log.warning("HPC job mapping directory %s: %d entries or lines skipped (first: %s)",
+                            d, found.skipped, found.first_problem)
+        else:
+            self._jobs_skipping = False
         self._ok("hpc_jobs", f"HPC job mapping directory {d} readable again", time.monotonic() - t0)
+
+    def _set_jobs(self, jobs: dict[int, tuple[str, ...]]) -> None:
+        self.jobs = jobs
+        self._inputs += 1
 
     def _fail(self, source: str, message: str, duration: float) -> None:
         self.errors[source] += 1
@@ -172,15 +197,20 @@ class AttributionTask:
         cached = self._cgroups.get(pid)
         if cached is not None and now - cached[0] < CGROUP_RECHECK_SECONDS:
             return cached[1]
-        owner = cg.read(self.config.proc_root, pid)
+        owner: cg.CgroupOwner | None
+        try:
+            owner, reason = cg.read_checked(self.config.proc_root, pid), ""
+        except OSError as e:
+            owner, reason = None, e.strerror or type(e).__name__
         if owner is None and pid not in self._cgroup_failed:
             self._cgroup_failed.add(pid)
             # Counted once per pid, not per poll: the usual cause is a daemon outside the host's PID namespace.
             self.errors["cgroup"] += 1
             if not self._failing["cgroup"]:
                 self._failing["cgroup"] = True
-                log.warning("cannot read %s/%d/cgroup of a GPU process: its container is unknown (in a container, "
-                            "gpuwatchd needs the host's PID namespace: hostPID)", self.config.proc_root, pid)
+                log.warning("cannot read %s/%d/cgroup of a GPU process (%s): its container is unknown (in a "
+                            "container, gpuwatchd needs the host's PID namespace: hostPID)",
+                            self.config.proc_root, pid, reason)
         elif owner is not None:
             self._failing["cgroup"] = False
         self._cgroups[pid] = (now, owner)
@@ -194,7 +224,14 @@ class AttributionTask:
             return self._meta[cid]
         if len(self._meta) >= MAX_META_CACHE:
             self._meta.clear()
-        meta = read_meta(self.config.host_root, owner.runtime, cid)
+        meta, problem = read_meta(self.config.host_root, owner.runtime, cid)
+        if problem is not None:
+            # Once per container (the answer is cached): a FIFO, a huge or a malformed state file is "not known".
+            self.errors["runtime"] += 1
+            if not self._failing["runtime"]:  # said once: each container's file is read once anyway
+                self._failing["runtime"] = True
+                log.warning("container runtime file unusable, the container's name and pod are unknown (counted "
+                            "in gpuwatchd_attribution_errors_total{source=\"runtime\"}): %s", problem)
         self._meta[cid] = meta
         return meta
 

@@ -33,7 +33,7 @@ def sock(tmp_path: Path) -> Path:
 
 def test_list_maps_gpu_and_mig_uuids_to_pods(sock: Path) -> None:
     with serve(sock, PODS):
-        pods = list_gpu_pods(sock, timeout=10.0)
+        pods = list_gpu_pods(sock, timeout=10.0).pods
     assert pods == (
         GpuPod(G0, "ml", "trainer-0", "trainer"),
         GpuPod(G1, "ml", "notebook-a", "jupyter"),

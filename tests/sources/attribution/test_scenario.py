@@ -111,7 +111,7 @@ def test_gpu_pod_info_lists_every_pod_per_gpu_and_mig_instance(run: Replay) -> N
     assert pods == {(G0, "ml", "trainer-0", "trainer"), (G1, "ml", "notebook-a", "jupyter"),
                     (G1, "research", "notebook-b", "jupyter"), (M_TRITON, "infer", "server", "triton")}
     errors = {s[1]["source"]: s[2] for s in _series(run) if s[0] == "gpuwatchd_attribution_errors_total"}
-    assert errors == {"cgroup": 0.0, "kubernetes": 0.0, "hpc_jobs": 0.0}
+    assert errors == {"cgroup": 0.0, "kubernetes": 0.0, "hpc_jobs": 0.0, "runtime": 0.0}
 
 
 def test_status_table_names_each_owner(run: Replay) -> None:

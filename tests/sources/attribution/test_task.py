@@ -3,6 +3,7 @@ runtime files, the job-mapping directory, and a kubelet that goes missing, slow 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -90,7 +91,7 @@ async def test_every_process_gets_its_owner_and_host_processes_none(tree: Path) 
     assert (M0, 999) not in o  # no /proc entry: unknown, never a guess
     assert o[(G0, 100)].describe() == " in pod ml/trainer-0 container trainer"
     assert {p.uuid for p in a.pods} == {G0, G1, M0, "MIG-ffffffff-0000-1111-2222-333333333333"}
-    assert a.errors == {"cgroup": 1, "kubernetes": 0, "hpc_jobs": 0}  # pid 999 unreadable, counted once
+    assert a.errors == {"cgroup": 1, "kubernetes": 0, "hpc_jobs": 0, "runtime": 0}  # pid 999 unreadable, counted once
     assert task.resolve(SNAP).errors["cgroup"] == 1
 
 
@@ -168,6 +169,6 @@ def test_same_pids_reuse_the_owners_until_a_recheck_or_new_answers_are_due(tree:
     assert (G2, 400) not in again.owners
     # new job answers are used at once, with the same pids
     (tree / "jobs" / "2").write_text("778\n")
-    task._refresh_jobs()
+    asyncio.run(task._refresh_jobs())
     jobs = task.resolve(_snap((G0, 0, [100]), (G1, 1, [200, 201, 300]), (G2, 2, [400, 401, 500, 600])), now=32.0)
     assert jobs.owners[(G2, 400)].labels() == {"hpc_job": "778"}
