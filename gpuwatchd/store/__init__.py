@@ -410,6 +410,8 @@ class Store:
         lines = stats.lines
         for kind in ev.kinds:
             lines[kind] += 1
+        for count in ev.counts:
+            self._kernel_log_count(count)
         return ev.seq is not None or bool(ev.kinds)
 
     def _kernel_log_count(self, ev: KernelLogCount) -> bool:

@@ -63,7 +63,8 @@ def test_every_event_enters_through_ingest_and_bumps_the_version() -> None:
     events = [
         XidEvent("GPU-a", 79, 2.0, "kmsg", "0000:0c:00.0"), GpuLostEvent("GPU-a", 2.0), NvmlStale(), status,
         attribution, NvmlCounters(2, 1), LinkChange((link,)), DockChange((DOCK,)), ConfigReload(False),
-        KernelLogStarted(), KernelLogRead(7, ("xid", "aer")), KernelLogCount("xid_reports", ("GPU-a", "79", "kmsg")),
+        KernelLogStarted(), KernelLogRead(7, ("xid", "aer"), (KernelLogCount("aer", ("GPU-a", "corrected")),)),
+        KernelLogCount("xid_reports", ("GPU-a", "79", "kmsg")),
         KernelLogCount("fallen_off_bus", ("GPU-a",)), KernelLogCount("aer", ("GPU-a", "fatal")),
         KernelLogDriver(version="550.54.14"), KernelLogUp(True), KernelLogLoss(lost=2, cut=1),
         StateFileSetAside("kernel_log"), HealthChange({"GPU-a": HEALTH}),
@@ -87,7 +88,7 @@ def test_every_event_enters_through_ingest_and_bumps_the_version() -> None:
     assert stats is not None
     assert (stats.last_seq, stats.lines["xid"], stats.lines["aer"]) == (7, 1, 1)
     assert stats.xid_reports == {("GPU-a", "79", "kmsg"): 1}
-    assert (stats.fallen_off_bus, stats.aer) == ({"GPU-a": 1}, {("GPU-a", "fatal"): 1})
+    assert (stats.fallen_off_bus, stats.aer) == ({"GPU-a": 1}, {("GPU-a", "corrected"): 1, ("GPU-a", "fatal"): 1})
     assert (stats.driver_version, stats.up, stats.records_lost, stats.records_cut) == ("550.54.14", True, 2, 1)
     assert store.state_files_set_aside == {"kernel_log": 1}
     assert store.health == {"GPU-a": HEALTH}

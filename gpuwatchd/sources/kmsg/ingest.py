@@ -69,7 +69,7 @@ class KernelLogIngest:
         versions, but its Xids, falls and AER errors are not counted as new events.
         """
         kinds: list[str] = []
-        events: list[tuple[kp.KernelEvent, str]] = []
+        counts: list[KernelLogCount] = []  # handed to the store with the record, in one event
         for line in record.message.split("\n"):
             if not line.strip():
                 continue
@@ -83,12 +83,10 @@ class KernelLogIngest:
             if history and isinstance(event, kp.Xid | kp.FallenOffBus | kp.AerError):
                 continue
             if event is not None and not isinstance(event, kp.Malformed):
-                events.append((event, line.strip()))
-        self.store.ingest(KernelLogRead(record.seq, tuple(kinds)))
-        for event, line in events:
-            self._event(event, line, t)
-            if self._on_change is not None:
-                self._on_change()
+                self._event(event, line.strip(), t, counts)
+                if self._on_change is not None:
+                    self._on_change()
+        self.store.ingest(KernelLogRead(record.seq, tuple(kinds), tuple(counts)))
 
     @property
     def stats(self) -> KernelLogStats:
@@ -103,23 +101,23 @@ class KernelLogIngest:
             log.warning("kernel log: dropped a line the parser could not read (%s); further ones are only counted in"
                         " gpuwatchd_kernel_log_lines_total{kind=\"malformed\"}", why[:200])
 
-    def _event(self, ev: kp.KernelEvent, line: str, t: float) -> None:
+    def _event(self, ev: kp.KernelEvent, line: str, t: float, counts: list[KernelLogCount]) -> None:
         if isinstance(ev, kp.GpuAddress):
             self.remember(ev.pci_bus_id, ev.uuid)
             self._held_lost.pop(ev.uuid, None)  # the driver (re)initialised it: NVML decides again
         elif isinstance(ev, kp.Xid):
             uuid = self.uuid_at(ev.pci_bus_id)
             xid = XidEvent(uuid, ev.code, t, "kmsg", ev.pci_bus_id, ev.text or None)
-            self.record_report(xid, uuid)
+            counts.append(_report(xid, uuid))
             if self.dedup.admit(xid, uuid):
                 self.store.ingest(xid)
             if ev.code == XID_FALLEN_OFF:
-                self._fell(ev.pci_bus_id, t)
+                self._fell(ev.pci_bus_id, t, counts)
         elif isinstance(ev, kp.FallenOffBus):
-            self._fell(ev.pci_bus_id, t)
+            self._fell(ev.pci_bus_id, t, counts)
         elif isinstance(ev, kp.AerError):
             uuid = self._gpu_below(ev.source, ev.port)
-            self.store.ingest(KernelLogCount("aer", (uuid or "unknown", ev.severity)))
+            counts.append(KernelLogCount("aer", (uuid or "unknown", ev.severity)))
         elif isinstance(ev, kp.DriverLoaded):
             self.store.ingest(KernelLogDriver(version=ev.version))
         elif isinstance(ev, kp.VersionMismatch | kp.RmInitFailed):
@@ -129,10 +127,7 @@ class KernelLogIngest:
         # pciehp link and thunderbolt lines are counted by kind (lines_total) and shown in the log's replay; the
         # Thunderbolt source (sources/ tb) and the PCI hot-plug watch act on the same changes from sysfs.
 
-    def record_report(self, ev: XidEvent, uuid: str | None) -> None:
-        self.store.ingest(KernelLogCount("xid_reports", (uuid or "unknown", str(ev.xid), ev.source)))
-
-    def _fell(self, address: str | None, t: float) -> None:
+    def _fell(self, address: str | None, t: float, counts: list[KernelLogCount]) -> None:
         uuid = self.uuid_at(address) if address else self._only_gpu()
         key = uuid or address or "unknown"
         last = self._falls.get(key)
@@ -143,7 +138,7 @@ class KernelLogIngest:
         while len(self._falls) > MAX_ADDRESSES:  # forged addresses must not grow it: the oldest fall goes first
             del self._falls[next(iter(self._falls))]
         label = uuid or "unknown"
-        self.store.ingest(KernelLogCount("fallen_off_bus", (label,)))
+        counts.append(KernelLogCount("fallen_off_bus", (label,)))
         if uuid is not None and self.store.ingest(GpuLostEvent(uuid, t)):
             self._held_lost[uuid] = t
             log.warning("kernel log: GPU %s at PCI %s has fallen off the bus", uuid, address)
@@ -156,7 +151,7 @@ class KernelLogIngest:
             return snap
         kept = []
         for ev in snap.xid_events:
-            self.record_report(ev, ev.uuid)
+            self.store.ingest(_report(ev, ev.uuid))
             if self.dedup.admit(ev, ev.uuid):
                 kept.append(ev)
         return snap if len(kept) == len(snap.xid_events) else replace(snap, xid_events=tuple(kept))
@@ -283,3 +278,8 @@ class KernelLogIngest:
                 if norm is not None:
                     seen.add(norm)
         return sorted(seen)
+
+
+def _report(ev: XidEvent, uuid: str | None) -> KernelLogCount:
+    """An Xid report of one path (``source``: kmsg or nvml), counted before de-duplication."""
+    return KernelLogCount("xid_reports", (uuid or "unknown", str(ev.xid), ev.source))
