@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from gpuwatchd.model import DockSample, GpuPresence, ProcessOwner, Severity, Snapshot, XidEvent
+from gpuwatchd.model import DockSample, GpuPresence, GpuSample, ProcessOwner, Severity, Snapshot, XidEvent
 from gpuwatchd.store import GpuPoint, ProcessPoint
 
 Level = Literal["raise", "hold", "clear"]
@@ -117,6 +117,14 @@ def fmt_bytes(n: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def fmt_gpu_memory(g: GpuSample, lead: str) -> str:
+    """``lead`` and the GPU's memory in use, ``18.1/24.0 GiB used``; empty when NVML did not say."""
+    if g.memory_used_bytes is None or g.memory_total_bytes is None:
+        return ""
+    gib = 1024**3
+    return f"{lead}{g.memory_used_bytes / gib:.1f}/{g.memory_total_bytes / gib:.1f} GiB used"
 
 
 def fmt_duration(seconds: float) -> str:

@@ -24,7 +24,15 @@ from __future__ import annotations
 import time
 
 from gpuwatchd.model import GpuSample, ProcessSample, Snapshot
-from gpuwatchd.rules.condition import Condition, RuleView, fmt_bytes, fmt_duration, gpu_labels, gpu_title
+from gpuwatchd.rules.condition import (
+    Condition,
+    RuleView,
+    fmt_bytes,
+    fmt_duration,
+    fmt_gpu_memory,
+    gpu_labels,
+    gpu_title,
+)
 from gpuwatchd.rules.config import DeadProcessRule, RulesConfig
 
 NAME = "GpuMemoryHeldByDeadProcess"
@@ -59,13 +67,6 @@ def _since(now: float, since: float | None) -> str:
     return f" since {_clock(since)} ({fmt_duration(now - since)} ago)"
 
 
-def _used(g: GpuSample) -> str:
-    if g.memory_used_bytes is None or g.memory_total_bytes is None:
-        return ""
-    gib = 1024**3
-    return f"; {g.memory_used_bytes / gib:.1f}/{g.memory_total_bytes / gib:.1f} GiB used"
-
-
 def _what(p: ProcessSample) -> str:
     name = f" ({p.name})" if p.name else ""
     if p.host_state == "zombie":
@@ -74,7 +75,7 @@ def _what(p: ProcessSample) -> str:
 
 
 def _dead(view: RuleView, now: float, cfg: DeadProcessRule, g: GpuSample, base: dict[str, str]) -> list[Condition]:
-    title = gpu_title(base)
+    title, memory = gpu_title(base), fmt_gpu_memory(g, "; ")
     out: list[Condition] = []
     for p in g.processes:
         labels = {**base, "pid": str(p.pid)}
@@ -83,11 +84,11 @@ def _dead(view: RuleView, now: float, cfg: DeadProcessRule, g: GpuSample, base: 
         used = p.used_memory_bytes
         if used is not None and used < cfg.min_memory_bytes:
             out.append(Condition(NAME, "warning", labels,
-                                 f"{title}: pid {p.pid} holds {fmt_bytes(used)} now{_used(g)}", "", level="clear"))
+                                 f"{title}: pid {p.pid} holds {fmt_bytes(used)} now{memory}", "", level="clear"))
             continue
         held = fmt_bytes(used) if used is not None else "memory (amount unknown)"
         since = now - p.host_state_seconds if p.host_state_seconds is not None else None
-        summary = (f"{title}: {held} held by {_what(p)}{_since(now, since)}{_used(g)}; "
+        summary = (f"{title}: {held} held by {_what(p)}{_since(now, since)}{memory}; "
                    f"find the holder with `fuser -v /dev/nvidia*`, reset the GPU if none")
         annotations = {"held_bytes": str(used)} if used is not None else {}
         if since is not None:
@@ -114,13 +115,13 @@ def _no_process(view: RuleView, now: float, cfg: DeadProcessRule, g: GpuSample, 
         return []
     if g.memory_used_bytes is None or g.mig_mode_current:  # a MIG GPU's processes are on its MIG devices
         return []
-    title = gpu_title(base)
+    title, memory = gpu_title(base), fmt_gpu_memory(g, "; ")
     used = g.memory_used_bytes
     if used < cfg.unattributed_min_bytes:
         return [Condition(NAME, "warning", base, f"{title}: memory released ({fmt_bytes(used)} used, no process)",
                           "", level="clear")]
     since = _no_process_since(view, g.uuid, cfg.unattributed_min_bytes, now)
-    summary = (f"{title}: {fmt_bytes(used)} used with no process listed{_since(now, since)}{_used(g)}; "
+    summary = (f"{title}: {fmt_bytes(used)} used with no process listed{_since(now, since)}{memory}; "
                f"find the holder with `fuser -v /dev/nvidia*`, reset the GPU if none")
     return [Condition(NAME, "warning", base, summary, NO_PROCESS_DESCRIPTION, value=float(used),
                       annotations={"held_bytes": str(used), "dead_since": f"{since:.0f}"},

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from .cli_forks import CliForks
+from cli_forks import ForkPool
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "GPUWATCHD_LOG_LEVEL": "warning"}
@@ -189,16 +188,13 @@ def _run(args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
 
 
 def _run_forked(cases: list[Case]) -> list[subprocess.CompletedProcess[str]]:
-    servers = [CliForks(ENV, ROOT, TIMEOUT) for _ in range(FORK_SERVERS)]
+    pool = ForkPool(ENV, ROOT, TIMEOUT, servers=FORK_SERVERS)
     try:
-        chunks = [cases[i::FORK_SERVERS] for i in range(FORK_SERVERS)]
-        with ThreadPoolExecutor(max_workers=FORK_SERVERS) as pool:
-            done = list(pool.map(lambda sc: [sc[0].run(c.args) for c in sc[1]], zip(servers, chunks, strict=True)))
+        done = pool.run_all([c.args for c in cases])
     finally:
-        for server in servers:
-            server.close()
-    by_case = {id(c): r for chunk, res in zip(chunks, done, strict=True) for c, r in zip(chunk, res, strict=True)}
-    return [by_case[id(c)] for c in cases]
+        pool.close()
+    # a child killed at the deadline (rc None) reads as subprocess.run's would: -9
+    return [subprocess.CompletedProcess(m.args, -9 if m.rc is None else m.rc, m.stdout, m.stderr) for m in done]
 
 
 def _check_all(cases: list[Case]) -> None:
@@ -234,7 +230,7 @@ def _file_cases(tmp: Path, suffix: str, classes: dict[str, bytes]) -> dict[str, 
 def test_config_files(tmp_path: Path) -> None:
     files = _file_cases(tmp_path, ".yml", YAML_CLASSES)
     files.update({name: _write(tmp_path, name, text.encode(), ".yml") for name, text in CONFIG_VALUES.items()})
-    # check-config of a regular file forks from one import of the CLI (cli_forks.py: still a process of its own);
+    # check-config of a regular file forks from one import of the CLI (tests/cli_forks.py: still a process of its own);
     # the special files (FIFO, devices: the hang protection) and `run` start fresh interpreters.
     cases = [Case(f"check-config {name}", ("check-config", path), fork=name not in SPECIAL)
              for name, path in files.items()]  # fmt: skip

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from measured import ForkPool, Measured, one_line_error
+from cli_forks import ForkPool, Measured
+from measured import one_line_error
 from support import ROOT
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "GPUWATCHD_LOG_LEVEL": "warning"}

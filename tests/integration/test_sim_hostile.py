@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-from measured import ForkPool, Measured, one_line_error, run_measured
+from cli_forks import ForkPool, Measured
+from measured import one_line_error, run_measured
 from support import ROOT, free_port
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "GPUWATCHD_LOG_LEVEL": "warning"}

@@ -18,6 +18,7 @@ from gpuwatchd.rules.condition import (
     RuleView,
     fmt_bytes,
     fmt_duration,
+    fmt_gpu_memory,
     gpu_labels,
     gpu_title,
     owner_labels,
@@ -44,13 +45,6 @@ def _free(g: GpuSample) -> float | None:
 
 def _per_min(rate: float) -> str:
     return f"{fmt_bytes(rate * 60)}/min"
-
-
-def _used(g: GpuSample) -> str:
-    if g.memory_used_bytes is None or g.memory_total_bytes is None:
-        return ""
-    gib = 1024**3
-    return f", {g.memory_used_bytes / gib:.1f}/{g.memory_total_bytes / gib:.1f} GiB used"
 
 
 def _eta(v: Verdict) -> str:
@@ -391,7 +385,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                         NAME,
                         "warning",
                         {**labels, "kind": "gpu"},
-                        f"{title}: {who} grows {_per_min(t.recent_rate)}{_used(g)}{_eta(v)}",
+                        f"{title}: {who} grows {_per_min(t.recent_rate)}{fmt_gpu_memory(g, ', ')}{_eta(v)}",
                         GPU_DESCRIPTION,
                         value=v.eta_seconds,
                         level=level,
@@ -465,7 +459,7 @@ def _unattributed(
             "warning",
             {**base, "kind": "unattributed"},
             f"{title}: memory not attributed to any process grows {_per_min(t.recent_rate)} "
-            f"(now {fmt_bytes(t.current)}){_used(g)}{_eta(v)}",
+            f"(now {fmt_bytes(t.current)}){fmt_gpu_memory(g, ', ')}{_eta(v)}",
             UNATTRIBUTED_DESCRIPTION,
             value=v.eta_seconds,
             level=level,
