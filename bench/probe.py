@@ -235,8 +235,8 @@ def hung_gpu_other_verdict() -> float:
     from gpuwatchd.config.loader import config_from_dict
     from gpuwatchd.model import GpuSample, Snapshot
     from gpuwatchd.probes.service import ProbeService
-    from gpuwatchd.probes.sim import SimProbes
     from gpuwatchd.runtime.clock import RealClock
+    from gpuwatchd.sim.probes import SimProbes
     from gpuwatchd.sim.state import make_state, write_state
     from gpuwatchd.store import Store
 

@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry
 from gpuwatchd.config.loader import Config, parse_listen
 from gpuwatchd.model import Alert
 from gpuwatchd.notify.dispatcher import Dispatcher
+from gpuwatchd.probes.faults import ProbeSim
 from gpuwatchd.probes.service import ProbeService
-from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.rules.metrics import AlertsCollector
 from gpuwatchd.runtime.clock import Clock, RealClock
@@ -48,7 +48,7 @@ class DaemonParts:
         notifier: SdNotifier | None = None,
         env: Mapping[str, str] | None = None,
         worker_module: str = WORKER_MODULE,
-        probe_sim: SimProbes | None = None,
+        probe_sim: ProbeSim | None = None,
         web_config_file: Path | None = None,
         freeze_gc: bool = False,
     ) -> None:

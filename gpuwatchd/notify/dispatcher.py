@@ -30,11 +30,12 @@ from gpuwatchd.notify.fingerprints import alert_fp
 from gpuwatchd.notify.inhibition import Inhibitor
 from gpuwatchd.notify.integrations import integration
 from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
-from gpuwatchd.notify.nflog import LogEntry, needs_update
+from gpuwatchd.notify.nflog import needs_update
 from gpuwatchd.notify.notification import Notification, sort_alerts
 from gpuwatchd.notify.routing import Route, group_key, group_labels, routes_for
 from gpuwatchd.notify.silences import Silences
 from gpuwatchd.notify.store import OutboxRow, StateStore
+from gpuwatchd.notify.store.nflog import LogEntry
 from gpuwatchd.runtime.clock import Clock, wall_mapper
 
 log = logging.getLogger(__name__)

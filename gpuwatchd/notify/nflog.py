@@ -1,21 +1,12 @@
 """The notification log's decision: what a receiver was last told about a group, and whether it must hear again.
 
 Alertmanager's nflog entry and ``DedupStage.needsUpdate``. Pure: no I/O, no clock (``now`` is passed in); the
-entries themselves are persisted by the outbox.
+entries (``LogEntry``, kept with the stored log in ``notify/store/nflog.py``) are persisted by the outbox.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True, slots=True)
-class LogEntry:
-    """What a receiver was last told about a group (Alertmanager's nflog entry)."""
-
-    firing: frozenset[str]
-    resolved: frozenset[str]
-    timestamp: float
+from gpuwatchd.notify.store.nflog import LogEntry
 
 
 def needs_update(

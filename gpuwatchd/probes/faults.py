@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
+
+from gpuwatchd.gpu.pcie_bandwidth import LinkExpectation
 
 Crash = Literal["exit", "segfault", "garbage", "truncated", "oom"]
 CRASH_KINDS: tuple[str, ...] = ("exit", "segfault", "garbage", "truncated", "oom")
@@ -74,3 +76,13 @@ def faults_from_dict(data: Any) -> ProbeFaults:
 
 def faults_from_json(text: str) -> ProbeFaults:
     return faults_from_dict(json.loads(text))
+
+
+class ProbeSim(Protocol):
+    """A simulation's fault source and CPU-run mapping (``sim/probes.py`` ``SimProbes``), as the service uses it."""
+
+    def faults(self, uuid: str) -> ProbeFaults:
+        """The faults the scenario sets for this GPU now."""
+
+    def adjust(self, uuid: str, result: dict[str, Any], faults: ProbeFaults, link: LinkExpectation | None) -> None:
+        """Map a CPU run's performance figures onto the simulated GPU, in place."""

@@ -1,7 +1,7 @@
 """The daemon's probe service: availability, the schedule loop, one run at a time, judging, baselines.
 
 Built by the daemon (``gpuwatchd run``: real GPUs, ``--device cuda``) or by ``gpuwatchd sim`` with a
-:class:`~gpuwatchd.probes.sim.SimProbes` (the CPU device, attributed to each simulated GPU, faults injected from
+:class:`~gpuwatchd.sim.probes.SimProbes` (the CPU device, attributed to each simulated GPU, faults injected from
 the scenario). Never imports torch: whether torch can run is asked of a one-shot worker (``--check``).
 """
 
@@ -32,9 +32,9 @@ from gpuwatchd.model import (
 from gpuwatchd.model.probes import WORKER, ProbeRecord
 from gpuwatchd.probes.baseline import FILE_NAME, Baselines
 from gpuwatchd.probes.config import ProbesConfig
+from gpuwatchd.probes.faults import ProbeSim
 from gpuwatchd.probes.runner import WorkerRun, run_worker, worker_env
 from gpuwatchd.probes.scheduler import Scheduler, foreign_process, present
-from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.probes.verdict import LINK_MEASURES, degraded_problem, judge_probe, ratio
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.sources.sysfs.pcie import PCI_DEVICES
@@ -96,7 +96,7 @@ def torch_cuda_build(locations: Iterable[str] | None) -> bool | None:
 
 class ProbeService:
     def __init__(self, config: Config, store: Store, clock: Clock, state_dir: Path | None, *,
-                 sim: SimProbes | None = None, env: dict[str, str] | None = None) -> None:
+                 sim: ProbeSim | None = None, env: dict[str, str] | None = None) -> None:
         self.config = config
         self.store = store
         self.ledger = store.probes  # read only: what changes it enters through store.ingest

@@ -22,7 +22,6 @@ from typing import Any, TextIO
 from gpuwatchd.config.files import InputFileError, shown_path
 from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.probes.config import sim_probes
-from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.runtime.clock import ScaledClock
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from gpuwatchd.sim.csv_replay import CsvReplayError, load_csv_scenario
@@ -30,6 +29,7 @@ from gpuwatchd.sim.host_tree import write_manifest
 from gpuwatchd.sim.kmsg_replay import KernelLogError, ReplayRing, feed_when_ready, load_kernel_log
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import Player
+from gpuwatchd.sim.probes import SimProbes
 from gpuwatchd.sim.resume import load_sim_clock, save_sim_clock
 from gpuwatchd.sim.scenario import (
     SCENARIO_DIR,

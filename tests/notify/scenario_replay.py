@@ -30,13 +30,13 @@ from aiohttp import web
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.probes.config import sim_probes
 from gpuwatchd.probes.service import ProbeService
-from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.runtime.clock import ManualClock
 from gpuwatchd.sim.kmsg_replay import due_lines
 from gpuwatchd.sim.kmsg_text import parse_text
 from gpuwatchd.sim.pci_tree import mirror_sysfs, sysfs_files
 from gpuwatchd.sim.player import SCENARIO_EPOCH, state_at
+from gpuwatchd.sim.probes import SimProbes
 from gpuwatchd.sim.scenario import load_scenario
 from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
 from gpuwatchd.sources.attribution.task import AttributionTask

@@ -8,8 +8,8 @@ from typing import Any
 from gpuwatchd.config.loader import Config, config_from_dict
 from gpuwatchd.model import GpuSample, LostGpu, ProcessSample, Snapshot
 from gpuwatchd.probes.service import ProbeService
-from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.runtime.clock import ManualClock
+from gpuwatchd.sim.probes import SimProbes
 from gpuwatchd.sim.state import make_state, write_state
 from gpuwatchd.store import Store
 

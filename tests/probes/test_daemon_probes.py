@@ -12,7 +12,7 @@ import psutil
 
 from gpuwatchd.config.loader import config_from_dict
 from gpuwatchd.daemon import Daemon
-from gpuwatchd.probes.sim import SimProbes
+from gpuwatchd.sim.probes import SimProbes
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
 

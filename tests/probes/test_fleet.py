@@ -6,9 +6,9 @@ from pathlib import Path
 
 from gpuwatchd.model import GpuSample, ProcessSample, Snapshot
 from gpuwatchd.probes.service import ProbeService
-from gpuwatchd.probes.sim import SimProbes
 from gpuwatchd.runtime.clock import ManualClock
 from gpuwatchd.sim.player import SCENARIO_EPOCH, state_at
+from gpuwatchd.sim.probes import SimProbes
 from gpuwatchd.sim.scenario import load_scenario
 from gpuwatchd.sim.state import write_state
 from gpuwatchd.store import Store

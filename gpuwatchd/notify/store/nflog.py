@@ -9,9 +9,9 @@ from __future__ import annotations
 import collections
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from gpuwatchd.notify.nflog import LogEntry
 from gpuwatchd.notify.store.records import build_all, number, string_set, text
 from gpuwatchd.notify.store.writer import DbWriter, Statement, Write
 
@@ -21,6 +21,15 @@ _UPSERT = (
     " resolved = excluded.resolved, timestamp = excluded.timestamp, expires = excluded.expires"
 )
 Key = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """What a receiver was last told about a group (Alertmanager's nflog entry)."""
+
+    firing: frozenset[str]
+    resolved: frozenset[str]
+    timestamp: float
 
 
 def _entry(r: dict[str, Any]) -> tuple[Key, tuple[LogEntry, float]]:

@@ -26,9 +26,8 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuwatchd.notify.nflog import LogEntry
 from gpuwatchd.notify.store.database import PENDING
-from gpuwatchd.notify.store.nflog import NotificationLog
+from gpuwatchd.notify.store.nflog import LogEntry, NotificationLog
 from gpuwatchd.notify.store.records import build_all, integer, number, string_set, text
 from gpuwatchd.notify.store.writer import ENQUEUE, DbWriter, Statement, Write
 
