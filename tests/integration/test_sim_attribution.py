@@ -55,3 +55,47 @@ def test_sim_attribution_metrics_and_status(sim: list[DaemonProcess], tmp_path: 
                 if len(c := line.split(None, 6)) == 7 and c[1] in want}
         assert rows == {**OWNER_COLUMN, "5101": "container bbbbbbbbbbbb"}
         assert interrupt(d) == 0
+
+
+def test_sim_attribution_with_hostile_runtime_files_and_job_directory(sim: list[DaemonProcess],
+                                                                      tmp_path: Path) -> None:
+    """A FIFO where a container's config.json should be (it hung the event loop at the first snapshot: /metrics
+    never answered), and a job-mapping directory of a FIFO, /dev/zero, a Unicode-digit name and a huge file: the
+    daemon answers, every owner that can be known is, and each problem is counted and said once."""
+    sock = tmp_path / "kubelet.sock"
+    host = tmp_path / "host"
+    bundle = host / "run/containerd/io.containerd.runtime.v2.task/k8s.io" / ("a" * 64)
+    bundle.mkdir(parents=True)
+    os.mkfifo(bundle / "config.json")
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    os.mkfifo(jobs / "0")
+    (jobs / "1").symlink_to("/dev/zero")
+    (jobs / "\u0662").write_text("4242\n")  # Arabic-Indic 2 is not GPU 2
+    (jobs / "3").write_text("9\n" * 20_000)
+    cfg = tmp_path / "gpuwatchd.yml"
+    cfg.write_text(yaml.safe_dump({"attribution": {"host_root": str(host), "hpc_job_mapping_dir": str(jobs),
+                                                   "kubernetes": {"pod_resources_socket": str(sock),
+                                                                  "interval": "1s", "timeout": "10s"}}}))
+    want = {**OWNERS, "5101": {"container_id": "bbbbbbbbbbbb"}}
+    with serve(sock, KUBELET):
+        d = start_sim(sim, tmp_path, "--scenario", "attribution", "--speed", "5", "--config", str(cfg))
+
+        def attributed(m: Samples) -> bool:
+            mem = labels_of(m, "gpuwatchd_gpu_process_memory_used_bytes")
+            errors = _errors(m)
+            return {x["pid"] for x in mem} == set(want) and errors.get("hpc_jobs", 0) >= 2
+
+        samples = metrics_when(d, attributed, "every process exported with its owner, the job directory read twice")
+        for lab in labels_of(samples, "gpuwatchd_gpu_process_memory_used_bytes"):
+            assert {k: v for k, v in lab.items() if k not in ("uuid", "pid", "process")} == want[lab["pid"]]
+        errors = _errors(samples)
+        assert errors["runtime"] == 1 and errors["cgroup"] == 0 and errors["kubernetes"] == 0
+        assert interrupt(d) == 0
+    log = d.log()
+    assert log.count("runtime file unusable") == 1 and log.count("job mapping directory") == 1, log
+    assert "Traceback" not in log, log
+
+
+def _errors(m: Samples) -> dict[str, float]:
+    return {dict(lab)["source"]: v for (n, lab), v in m.items() if n == "gpuwatchd_attribution_errors_total"}
