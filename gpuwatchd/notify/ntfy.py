@@ -21,6 +21,7 @@ from gpuwatchd.notify.integration import Integration, Request, dumps
 from gpuwatchd.notify.notification import Notification
 
 MESSAGE_LIMIT_BYTES = 4096  # ntfy's default message-size-limit
+HEADER_LIMIT = 1024  # characters of one header value (ntfy's own title limit is far below)
 TITLE_LIMIT = 250  # what ntfy's apps show on a line or two; a group's title is short anyway
 # severity -> ntfy priority: critical rings through do-not-disturb (5), a resolution stays quiet (2)
 PRIORITY = {"critical": 5, "warning": 4, "info": 3, "resolved": 2}
@@ -52,10 +53,22 @@ def render(n: Notification) -> str:
 
 
 def header_value(text: str) -> str:
-    """``text`` as an HTTP header value: as is when printable ASCII, else an RFC 2047 encoded word (ntfy decodes)."""
-    if text.isascii() and text.isprintable():
+    """``text`` as one HTTP header value: as is when printable ASCII, else an RFC 2047 encoded word (ntfy decodes).
+
+    The texts come from alert labels (process names, Xid text, dock names): control characters (CR, LF, ESC),
+    bidi and zero-width characters become spaces, white space runs become one space and the value is cut to
+    :data:`HEADER_LIMIT` characters, so the header is one line. A CR or LF used to reach the encoded word as a
+    folded line ("\\n "), which the HTTP client refuses: the notification was retried until it expired.
+    """
+    text = text[: 4 * HEADER_LIMIT]
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    if len(text) > HEADER_LIMIT:
+        text = text[: HEADER_LIMIT - 1] + "…"
+    if text.isascii():
         return text
-    return Header(text, "utf-8").encode(maxlinelen=10_000)
+    # Header folds a long value into several encoded words on several lines; on one line, separated by a space,
+    # they decode the same (RFC 2047 6.2: white space between adjacent encoded words is ignored).
+    return " ".join(Header(text, "utf-8").encode(maxlinelen=10_000).split())
 
 
 def cut_utf8(text: str, limit: int) -> bytes:

@@ -11,6 +11,7 @@ from gpuwatchd.notify.notification import Notification
 from gpuwatchd.runtime.clock import ManualClock
 
 from .conftest import HOST, Sink, make_dispatcher, mk_alert, notify_config, receiver, resolved, settle
+from .test_delivery import metric
 
 
 def _decoded(value: str) -> str:
@@ -63,3 +64,31 @@ def test_non_ascii_titles_are_encoded_words_and_long_texts_are_cut() -> None:
     assert len(req.body) <= ntfy.MESSAGE_LIMIT_BYTES and req.body.decode().endswith("…")
     assert "Click" not in req.headers  # no external URL configured: no link to a page nobody can reach
     assert ntfy.cut_utf8("é" * 3000, 4096).decode()  # never cut inside a character
+
+
+async def test_hostile_label_text_makes_one_line_headers_and_is_delivered_once(sink: Sink, tmp_path: Path) -> None:
+    """A process name (from /proc, NVML or the kernel log) with CR/LF, ESC, a bidi override and 5000 characters
+    reaches the Title header: it is delivered at the first attempt as one header line, nothing injected. Before,
+    the LF reached the encoded word as a folded line, aiohttp refused the request and the message was retried
+    until it expired."""
+    clock = ManualClock()
+    config = notify_config([receiver("phone", "ntfy", sink.url)], group_wait="0s", group_interval="1s")
+    d = await make_dispatcher(config, tmp_path, clock)
+    name = "evil\r\nX-Injected: 1\r\n\r\nbody\x1b[2J\u202egnp.exe" + "é" * 5000
+    leak = mk_alert("GpuMemoryLeak", severity="critical", t=clock.now(), summary="grows",
+                    extra={"pid": "4242", "process": name})
+    try:
+        d.update([leak])
+        (req,) = await settle(d, sink, 1)
+        assert "X-Injected" not in req.headers
+        raw = req.headers["Title"]
+        assert raw.isascii() and raw.isprintable() and len(raw) < 8 * ntfy.HEADER_LIMIT
+        title = _decoded(raw)
+        assert "pid 4242 (evil X-Injected: 1 body [2J gnp.exe" in title, title
+        assert not any(c in title for c in "\r\n\x1b\u202e")
+        assert metric(d, "gpuwatchd_notifications_total", receiver="phone", integration="ntfy",
+                      outcome="success") == 1
+        assert metric(d, "gpuwatchd_notifications_total", receiver="phone", integration="ntfy",
+                      outcome="retry") == 0
+    finally:
+        await d.stop()
