@@ -3,11 +3,10 @@ the dispatcher, the status line to systemd when it changed."""
 
 from __future__ import annotations
 
-import asyncio
-
 from gpuwatchd.daemon.health_view import update_health
 from gpuwatchd.daemon.status import StatusViews
 from gpuwatchd.model import Alert
+from gpuwatchd.runtime.waits import wait_event
 
 # Rules also run on this timer (clock seconds) when no snapshot arrives, so a hung worker still raises alerts.
 MIN_EVAL_INTERVAL = 1.0
@@ -18,13 +17,9 @@ class Evaluation(StatusViews):
         assert self._wakeup is not None
         while True:
             interval = max(MIN_EVAL_INTERVAL, self.config.nvml.poll_interval) / self.clock.speed
-            # asyncio.wait, not wait_for: on Python < 3.12 wait_for swallows a cancel that races with the event
-            # being set (cpython#86296), and snapshots set it ten times a second in tests.
-            waiter = asyncio.ensure_future(self._wakeup.wait())
-            try:
-                await asyncio.wait({waiter}, timeout=interval)
-            finally:
-                waiter.cancel()
+            # wait_event, not asyncio.wait_for: on Python < 3.12 wait_for swallows a cancel that races with the
+            # event being set (cpython#86296), and snapshots set it ten times a second in tests.
+            await wait_event(self._wakeup, interval)
             self._wakeup.clear()
             self.evaluate()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from until import until
 
 from gpuwatchd.cli.status import render_status
 from gpuwatchd.config.loader import config_from_dict
@@ -19,8 +20,6 @@ from gpuwatchd.probes.service import torch_cuda_build
 from gpuwatchd.runtime.status_client import fetch_status
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
-
-WAIT_S = 120.0  # liveness bound on a loaded machine; each wait returns as soon as its condition holds
 
 
 def _config(tmp_path: Path, libdir: Path, **probes: Any) -> dict[str, Any]:
@@ -32,16 +31,6 @@ def _config(tmp_path: Path, libdir: Path, **probes: Any) -> dict[str, Any]:
         "rules": {"xid": {"resolve_after": "4s"}, "xid_repeat": {"burst_gap": "1s"}},
         "probes": {"enabled": False, **probes},
     }
-
-
-async def _until(cond: Callable[[], Any], what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + WAIT_S
-    while not (result := cond()):
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-    return result
 
 
 def _health(daemon: Daemon, uuid: str) -> dict[str, Any]:
@@ -64,11 +53,11 @@ async def test_xid_makes_a_gpu_unhealthy_then_it_recovers(tmp_path: Path, standi
     await daemon.start()
     try:
         bad, good = state["devices"][0]["uuid"], state["devices"][1]["uuid"]
-        await _until(lambda: daemon.store.health.get(bad) and daemon.store.health[bad].state == "healthy",
+        await until(lambda: daemon.store.health.get(bad) and daemon.store.health[bad].state == "healthy",
                      "GPU 0 assessed healthy")
         state["events"] = [{"seq": 1, "uuid": bad, "type": "xid", "data": 48}]
         write_sim_state(state)
-        await _until(lambda: _health(daemon, bad)["state"] == "unhealthy", "GPU 0 unhealthy after Xid 48")
+        await until(lambda: _health(daemon, bad)["state"] == "unhealthy", "GPU 0 unhealthy after Xid 48")
         metrics, status = await _get(daemon.url)
         h = next(g["health"] for g in status["gpus"] if g["uuid"] == bad)
         assert h["action"] == "reset_gpu" and "Xid 48" in h["reason"] and h["evidence"] == ["GpuXidError"]
@@ -83,7 +72,7 @@ async def test_xid_makes_a_gpu_unhealthy_then_it_recovers(tmp_path: Path, standi
         assert any(line.startswith("GPU 0 unhealthy: ") and "Xid 48" in line and "action: reset the GPU" in line
                    for line in text.splitlines()), text
         # The Xid alert resolves after rules.xid.resolve_after without a repeat: the GPU is healthy again.
-        await _until(lambda: _health(daemon, bad)["state"] == "healthy", "GPU 0 healthy again")
+        await until(lambda: _health(daemon, bad)["state"] == "healthy", "GPU 0 healthy again")
     finally:
         await daemon.stop()
 
@@ -97,7 +86,7 @@ async def test_probe_availability_is_exported_from_the_start_without_gpus_or_dri
                         worker_env={STATE_ENV: str(path)})
         await daemon.start()
         try:
-            await _until(lambda d=daemon: d.store.latest is not None, f"{name}: the first NVML result")
+            await until(lambda d=daemon: d.store.latest is not None, f"{name}: the first NVML result")
             metrics, status = await _get(daemon.url)
             assert "gpuwatchd_probe_available 0.0" in metrics, name
             reason = status["probes"]["unavailable_reason"]
@@ -123,16 +112,16 @@ async def test_an_application_xid_repeating_across_jobs_escalates_to_the_gpu(
     await daemon.start()
     try:
         uuid = state["devices"][0]["uuid"]
-        await _until(lambda: daemon.store.health.get(uuid), "GPU 0 assessed")
+        await until(lambda: daemon.store.health.get(uuid), "GPU 0 assessed")
         for seq in (1, 2, 3):
             state["events"] = [{"seq": seq, "uuid": uuid, "type": "xid", "data": 31}]
             write_sim_state(state)
-            await _until(lambda s=seq: daemon.store.xid_counts.get((uuid, 31), 0) >= s, f"Xid 31 #{seq}")
+            await until(lambda s=seq: daemon.store.xid_counts.get((uuid, 31), 0) >= s, f"Xid 31 #{seq}")
             if seq == 1:
-                await _until(lambda: _health(daemon, uuid)["action"] == "restart_app", "restart the app after one")
+                await until(lambda: _health(daemon, uuid)["action"] == "restart_app", "restart the app after one")
                 assert not [a for a in daemon.alerts if a.name == "GpuXidRepeated"]
             await asyncio.sleep(1.5)  # past burst_gap: the next one is another job
-        await _until(lambda: [a for a in daemon.alerts if a.name == "GpuXidRepeated" and a.state == "firing"],
+        await until(lambda: [a for a in daemon.alerts if a.name == "GpuXidRepeated" and a.state == "firing"],
                      "GpuXidRepeated")
         h = _health(daemon, uuid)
         assert (h["state"], h["action"]) == ("degraded", "inspect_hardware")

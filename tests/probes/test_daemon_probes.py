@@ -3,20 +3,18 @@ probe (a skip, not a failure), and a daemon stopping mid-probe leaves no worker 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
+from until import until
 
 from gpuwatchd.config.loader import config_from_dict
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.sim.probes import SimProbes
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
-
-WAIT_S = 120.0  # liveness bound on a loaded machine; each wait returns as soon as its condition holds
 
 
 def _config(tmp_path: Path, libdir: Path) -> dict[str, Any]:
@@ -27,16 +25,6 @@ def _config(tmp_path: Path, libdir: Path) -> dict[str, Any]:
         "sysfs": {"root": str(tmp_path / "sysfs")},
         "probes": {"interval": "60s", "idle_for": "0s", "deadline": "600s", "duty_cycle": 1.0},
     }
-
-
-async def _until(cond: Callable[[], Any], what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + WAIT_S
-    while not (result := cond()):
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-    return result
 
 
 def _gone(pid: int) -> bool:
@@ -54,7 +42,7 @@ async def _hung_probe(tmp_path: Path, libdir: Path, write: Callable[[dict[str, A
                     probe_sim=SimProbes(path))
     await daemon.start()
     assert daemon.probes is not None
-    pids = await _until(lambda: set(daemon.probes.own_pids) if daemon.probes else None, "a probe worker")
+    pids = await until(lambda: set(daemon.probes.own_pids) if daemon.probes else None, "a probe worker")
     return daemon, next(iter(pids))
 
 
@@ -67,8 +55,8 @@ async def test_gpu_lost_mid_probe_cancels_it(tmp_path: Path, standin_libdir: Pat
         write_sim_state(state)
         uuid = state["devices"][0]["uuid"]
         led = daemon.store.probes
-        await _until(lambda: led.skipped.get((uuid, "gpu_lost")), "the probe cancelled for the lost GPU")
-        await _until(lambda: _gone(worker), "the worker killed")
+        await until(lambda: led.skipped.get((uuid, "gpu_lost")), "the probe cancelled for the lost GPU")
+        await until(lambda: _gone(worker), "the worker killed")
         assert {r for (_, _, r) in led.runs} == {"cancelled"}
         assert not [a for a in daemon.evaluate() if a.name == "GpuProbeFailed"]
     finally:
@@ -79,7 +67,7 @@ async def test_daemon_stopping_mid_probe_leaves_no_worker(tmp_path: Path, standi
                                                          write_sim_state: Callable[[dict[str, Any]], Path]) -> None:
     daemon, worker = await _hung_probe(tmp_path, standin_libdir, write_sim_state)
     await daemon.stop()
-    await _until(lambda: _gone(worker), "the worker killed with the daemon's stop")
+    await until(lambda: _gone(worker), "the worker killed with the daemon's stop")
 
 
 def _probe_config(tmp_path: Path, libdir: Path, **probes: Any) -> Any:
@@ -102,8 +90,8 @@ async def test_a_hung_gpu_does_not_hold_the_other_gpus_probes(tmp_path: Path, st
     try:
         assert daemon.probes is not None
         svc, led = daemon.probes, daemon.store.probes
-        await _until(lambda: hung in svc.running and svc.own_pids, "the hung GPU's worker")
-        await _until(lambda: (other, "gemm") in led.last, "the other GPU's probe verdict")
+        await until(lambda: hung in svc.running and svc.own_pids, "the hung GPU's worker")
+        await until(lambda: (other, "gemm") in led.last, "the other GPU's probe verdict")
         assert led.last[(other, "gemm")].result == "pass"
         assert hung in svc.running and not any(u == hung for (u, _) in led.last)  # still hung, no verdict yet
         assert svc.scheduler.gpus[hung].last_start is not None
@@ -127,10 +115,10 @@ async def test_no_probe_until_idle_for_after_a_job_ends(tmp_path: Path, standin_
     try:
         assert daemon.probes is not None
         led, sched = daemon.store.probes, daemon.probes.scheduler
-        await _until(lambda: led.skipped.get((uuid, "busy_process")), "a skip while the job runs")
+        await until(lambda: led.skipped.get((uuid, "busy_process")), "a skip while the job runs")
         state["devices"][0]["processes"] = {"compute": [], "graphics": []}
         write_sim_state(state)
-        await _until(lambda: sched.gpus.get(uuid) and sched.gpus[uuid].last_start is not None, "the first run")
+        await until(lambda: sched.gpus.get(uuid) and sched.gpus[uuid].last_start is not None, "the first run")
         last_job_poll = max(b.end for b in daemon.store.activity.since(uuid, 0.0) if 4242 in b.pids)
         start = sched.gpus[uuid].last_start
         assert start is not None and start >= last_job_poll + 3.0
