@@ -9,7 +9,6 @@ with the HTTP status and latency, or the error as the service sent it; exit 1 wh
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ def add_parser(sub: Any) -> None:
 
 def _via_daemon(args: argparse.Namespace) -> int:
     """``notify test --url``: the running daemon sends the test messages with its own receivers and reports back."""
+    import asyncio
     import os
     from urllib.parse import urlencode
 
@@ -106,6 +106,8 @@ def cmd_notify(args: argparse.Namespace) -> int:
             print(f"gpuwatchd notify: unknown receiver {unknown[0]!r} in {source}; receivers: {names}", file=sys.stderr)
             return EXIT_USAGE
         receivers = [r for r in receivers if r.name in args.receiver]
+    import asyncio
+
     from gpuwatchd.notify.receiver_test import send_tests
 
     results = asyncio.run(send_tests(cfg.notify, receivers, cfg.host))

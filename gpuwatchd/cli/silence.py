@@ -9,11 +9,8 @@ needs the token (``--token-file`` or ``$GPUWATCHD_WRITE_TOKEN``) to add or expir
 from __future__ import annotations
 
 import argparse
-import asyncio
-import getpass
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -141,6 +138,8 @@ def render_list(silences: list[dict[str, Any]], now: float, *, show_all: bool) -
 
 def cmd_silence(args: argparse.Namespace, default_url: str, env: Mapping[str, str] = os.environ) -> int:
     """Run ``silence add|list|expire``; exit 0 done, 1 refused by the daemon, 2 usage, 3 daemon unreachable."""
+    import asyncio  # here, not at the top: building the parser (``gpuwatchd --help``) must not load asyncio
+
     try:
         client = client_for(args, args.config)
         token = _token(args, env)
@@ -178,6 +177,9 @@ async def _run(args: argparse.Namespace, base: str, client: DaemonClient, token:
         except ValueError as e:
             _err(f"--for {args.duration!r}: {e}")
             return EXIT_USAGE
+        import getpass
+        import socket
+
         author = args.author or f"{getpass.getuser()}@{socket.gethostname()}"
         body = {"matchers": [_normalize(m) for m in args.matchers], "startsAt": _rfc3339(now),
                 "endsAt": _rfc3339(now + seconds), "createdBy": author, "comment": args.comment}

@@ -1,6 +1,6 @@
 """The command line's start-up stays light: loading the ``gpuwatchd`` command and printing its help import none of
-the heavy libraries (aiohttp, pydantic, prometheus_client, PyYAML, psutil) or the daemon; each command imports what
-it needs when it runs. Checked in fresh interpreters, as a user's shell starts them."""
+the heavy libraries (asyncio, aiohttp, pydantic, prometheus_client, PyYAML, psutil) or the daemon; each command
+imports what it needs when it runs. Checked in fresh interpreters, as a user's shell starts them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state, write_state
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY = ("aiohttp", "pydantic", "prometheus_client", "yaml", "psutil", "gpuwatchd.daemon", "gpuwatchd.config.loader")
+HEAVY = ("asyncio", "aiohttp", "pydantic", "prometheus_client", "yaml", "psutil", "gpuwatchd.daemon",
+         "gpuwatchd.config.loader")
 
 _REPORT = """
 import json, sys
