@@ -60,7 +60,7 @@ def test_names_the_configured_library_path(caplog: pytest.LogCaptureFixture) -> 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 WAIT_SECONDS = 30.0  # upper bound for a worker to start on a loaded 2-core box; tests end far sooner
-RULES = Path(__file__).resolve().parents[1] / "dashboards" / "gpuwatchd.rules.yml"
+RULES = Path(__file__).resolve().parents[2] / "dashboards" / "gpuwatchd.rules.yml"
 # Series a GPU exports whatever NVML says: its identity and presence (runtime_families.presence_families).
 # identity and presence, and how old the last readings are (they are not exported while NVML is down)
 IDENTITY_SERIES = {"gpuwatchd_gpu_info", "gpuwatchd_gpu_present", "gpuwatchd_gpu_lost",
