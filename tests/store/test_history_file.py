@@ -17,7 +17,7 @@ from gpuwatchd.daemon import Daemon
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
 from gpuwatchd.store import persist
-from tests.test_daemon import scrape, sim_config, value, wait_for
+from tests.daemon.test_daemon import scrape, sim_config, value, wait_for
 
 GIB = 1024**3
 
