@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.cli.terminal import safe_tree
 from gpuwatchd.runtime.daemon_client import ClientSetupError, DaemonClient, add_client_args, client_for, tls_problem
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
@@ -121,7 +122,9 @@ def _matchers_text(ms: list[dict[str, Any]]) -> str:
 
 
 def render_list(silences: list[dict[str, Any]], now: float, *, show_all: bool) -> str:
-    """One line per silence: id, state, time left, matchers, author and comment."""
+    """One line per silence: id, state, time left, matchers, author and comment (terminal-safe: any local user
+    can write a comment holding escape sequences)."""
+    silences = safe_tree(silences, 2000)
     rows = [s for s in silences if show_all or s.get("status", {}).get("state") != "expired"]
     if not rows:
         return "no silences" + ("" if show_all else " (pending or active; --all lists expired ones too)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuwatchd.cli.terminal import safe_tree
+
 GIB = 1024**3
 
 
@@ -50,7 +52,11 @@ def owner_text(owner: object) -> str:
 
 
 def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]) -> str:
-    """Three tables: GPUs, their processes, and the alerts, preceded by one line about NVML and the daemon."""
+    """Three tables: GPUs, their processes, and the alerts, preceded by one line about NVML and the daemon.
+
+    Every string from the daemon is made terminal-safe first (``terminal.safe_tree``): a process name holding
+    ``ESC [2J`` or a CR is printed with ``?`` in their place."""
+    status, alerts = safe_tree(status), safe_tree(alerts)
     out = [_header(status)]
     gpus = [g for g in status.get("gpus", []) if isinstance(g, dict)]
     rows = []

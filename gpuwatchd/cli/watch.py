@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from gpuwatchd.cli.status import alert_state, more_processes
+from gpuwatchd.cli.terminal import safe_tree, terminal_safe
 from gpuwatchd.runtime.daemon_client import DaemonClient
 from gpuwatchd.runtime.status_client import DaemonRefused, StatusUnavailable, fetch_status
 
@@ -109,10 +110,18 @@ def _health(g: Mapping[str, Any]) -> tuple[str, str | None, str | None]:
 
 def render_view(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]], *, interval: float,
                 now: float, problem: str | None = None, last_ok: float | None = None) -> RenderableType:
-    """One frame: header, GPUs, health notes, processes, docks, alerts (pure: data in, renderable out)."""
+    """One frame: header, GPUs, health notes, processes, docks, alerts (pure: data in, renderable out).
+
+    Every string from the daemon is made terminal-safe (``terminal.safe_tree``) and reaches rich as a ``Text``,
+    never as markup: a process name ``[/bold]`` raised MarkupError, ``[link=...]`` made a link, ESC sequences
+    reached the terminal."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
+
+    status, alerts = safe_tree(status), safe_tree(alerts)
+    if problem is not None:
+        problem = terminal_safe(problem)
 
     daemon = status.get("daemon") or {}
     nvml = status.get("nvml") or {}
@@ -149,19 +158,19 @@ def render_view(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]], 
         reasons = [x for x in r.get("clocks_event_reasons_active") or [] if x not in NOT_THROTTLE]
         probe = g.get("probe") or {}
         t.add_row(
-            str(g.get("index", "-")),
-            str(g.get("name") or "-"),
+            Text(str(g.get("index", "-"))),
+            Text(str(g.get("name") or "-")),
             Text(hstate if g.get("state") == "present" else f"{hstate} ({g.get('state')})",
                  style=HEALTH_STYLE.get(hstate, "")),
             f"{r['utilization_gpu_ratio'] * 100:.0f}%" if _num(r.get("utilization_gpu_ratio")) else "-",
             mem,
             f"{r['temperature_celsius']:.0f}C" if _num(r.get("temperature_celsius")) else "-",
             f"{r['power_watts']:.0f}W" if _num(r.get("power_watts")) else "-",
-            _clocks(r),
+            Text(_clocks(r)),
             f"P{r['pstate']}" if _num(r.get("pstate")) else "-",
-            _link(g, r),
-            Text(", ".join(reasons) or "none", style="yellow" if reasons else ""),
-            str(probe.get("verdict") or "-"),
+            Text(_link(g, r)),
+            Text(", ".join(map(str, reasons)) or "none", style="yellow" if reasons else ""),
+            Text(str(probe.get("verdict") or "-")),
         )
         if reason or action:
             note = Text(f"GPU {g.get('index')}: {hstate}: {reason or ''}", style=HEALTH_STYLE.get(hstate, ""))
@@ -184,8 +193,8 @@ def render_view(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]], 
             leak = trend.get("leak")
             leak_text = Text(f"{leak.get('state')}: full in {fmt_duration(leak.get('eta_seconds'))}",
                              style="bold red" if leak.get("state") == "firing" else "yellow") if leak else Text("")
-            p.add_row(str(g.get("index")), str(proc.get("pid")), str(proc.get("user") or "-"),
-                      str(proc.get("name") or "-"), fmt_bytes(proc.get("used_memory_bytes")),
+            p.add_row(Text(str(g.get("index"))), Text(str(proc.get("pid"))), Text(str(proc.get("user") or "-")),
+                      Text(str(proc.get("name") or "-")), fmt_bytes(proc.get("used_memory_bytes")),
                       fmt_rate(trend.get("rate_bytes_per_second")), leak_text)
         extra = more_processes(g)
         if extra:
@@ -211,9 +220,9 @@ def render_view(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]], 
     for al in shown:
         labels = al.get("labels") or {}
         state = alert_state(al)
-        a.add_row(str(labels.get("alertname") or "-"), Text(state, style=STATE_STYLE.get(state, "")),
-                  str(labels.get("gpu") or labels.get("dock") or "-"),
-                  str((al.get("annotations") or {}).get("summary") or ""))
+        a.add_row(Text(str(labels.get("alertname") or "-")), Text(state, style=STATE_STYLE.get(state, "")),
+                  Text(str(labels.get("gpu") or labels.get("dock") or "-")),
+                  Text(str((al.get("annotations") or {}).get("summary") or "")))
     parts.append(Text(""))
     parts.append(a if shown else Text("No alerts.", style="green"))
     return Group(*parts)

@@ -1,0 +1,36 @@
+"""Text from a daemon made safe to print to a terminal (``status``, ``status --watch``, ``silence list``).
+
+Process names, user names, Xid text, dock names and silence comments come from whoever started a process, wrote a
+kernel line or created a silence. Printed as they are, ``ESC [2J`` clears the screen, ``ESC ]0;...`` retitles the
+window, ``ESC ]8;;url`` makes a link, a CR rewrites the line and a bidi override reorders it. Every character that
+is not printable (C0 and C1 controls, DEL, format and bidi characters, unassigned code points) is shown as ``?``,
+and a string is cut to :data:`MAX_CHARS` (a 1 MB process name would widen every row of a table to 1 MB).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_CHARS = 200
+ELLIPSIS = "…"
+
+
+def terminal_safe(text: str, max_chars: int = MAX_CHARS) -> str:
+    """``text`` with every non-printable character as ``?``, at most ``max_chars`` characters."""
+    if len(text) > max_chars:
+        text = text[: max_chars - 1] + ELLIPSIS
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def safe_tree(value: Any, max_chars: int = MAX_CHARS) -> Any:
+    """A JSON document with every string (keys too) through :func:`terminal_safe`."""
+    if isinstance(value, str):
+        return terminal_safe(value, max_chars)
+    if isinstance(value, dict):
+        return {terminal_safe(k, max_chars) if isinstance(k, str) else k: safe_tree(v, max_chars)
+                for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [safe_tree(v, max_chars) for v in value]
+    return value
