@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 COMM_LEN = 15  # TASK_COMM_LEN - 1: the longest comm the kernel keeps
+MAX_NAME_CHARS = 255  # NAME_MAX: argv[0] can be 128 KiB; its base name becomes a label value
 
 
 class Stat(NamedTuple):
@@ -43,7 +44,7 @@ def read_stat(root: str, pid: int) -> Stat:
     close_at = data.rfind(b")")
     fields = data[close_at + 2:].split()
     # after comm: field 3 (state) is fields[0], so field n is fields[n - 3]: starttime 22, rss 24 (proc(5))
-    return Stat(os.fsdecode(data[open_at + 1:close_at]), fields[0].decode(), int(fields[19]),
+    return Stat(_text(data[open_at + 1:close_at]), fields[0].decode(), int(fields[19]),
                 int(fields[21]) * PAGE_SIZE)
 
 
@@ -63,7 +64,7 @@ def process_name(root: str, pid: int, comm: str) -> str:
     argv0 = data.rstrip(sep).split(sep)[0]
     if sep == b"\x00" and b"\x00" not in data.rstrip(sep) and b" " in argv0:
         argv0 = argv0.split(b" ")[0]
-    extended = os.path.basename(os.fsdecode(argv0))
+    extended = os.path.basename(_text(argv0))[:MAX_NAME_CHARS]
     return extended if extended.startswith(comm) else comm
 
 
@@ -80,6 +81,12 @@ def user_name(root: str, pid: int) -> str | None:
     except (OSError, ValueError, IndexError):
         return None
     try:
-        return pwd.getpwuid(uid).pw_name
+        return _text(os.fsencode(pwd.getpwuid(uid).pw_name))
     except KeyError:  # a uid without a passwd entry (containers)
         return str(uid)
+
+
+def _text(raw: bytes) -> str:
+    """Bytes any process can choose (its comm, argv[0]) as text: invalid UTF-8 as U+FFFD. ``os.fsdecode`` made
+    lone surrogates of it, which no encoder takes: one process named with a 0xff byte made /metrics fail."""
+    return raw.decode("utf-8", "replace")

@@ -293,3 +293,36 @@ def _has_passwd_entry(uid: int) -> bool:
     except KeyError:
         return False
     return True
+
+
+def test_names_with_invalid_utf8_are_text_any_encoder_takes(tmp_path: Path) -> None:
+    """A real process may name itself with any bytes (prctl PR_SET_NAME, an executable's file name): invalid UTF-8
+    became lone surrogates (os.fsdecode), which made /metrics fail to encode. Now U+FFFD, and a 255-byte argv[0]
+    base name is kept to 255 characters."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    setname = ("import ctypes, sys; ctypes.CDLL(None).prctl(15, b'gpu\\xff\\xfe\\x1b[2Jx', 0, 0, 0); "
+               "sys.stdin.read()")
+    renamed = subprocess.Popen([sys.executable, "-c", setname], stdin=subprocess.PIPE)
+    exe = os.path.join(os.fsencode(tmp_path), b"gpu\xff" + b"n" * 251)
+    os.symlink(sys.executable, exe)
+    long = subprocess.Popen([exe, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        for _ in range(200):  # until both have exec'd and the first has renamed itself
+            if b"\xff\xfe" in Path(f"/proc/{renamed.pid}/stat").read_bytes() and \
+                    b"gpu\xff" in Path(f"/proc/{long.pid}/stat").read_bytes():
+                break
+            time.sleep(0.05)
+        got = ProcResolver().resolve([renamed.pid, long.pid])
+        short_name, long_name = got[renamed.pid][0], got[long.pid][0]
+        assert short_name == "gpu\ufffd\ufffd\x1b[2Jx"
+        assert long_name == "gpu\ufffd" + "n" * 251
+        reg = CollectorRegistry()
+        g = Gauge("process_memory", "test", ["process"], registry=reg)
+        g.labels(short_name).set(1)
+        g.labels(long_name).set(2)
+        assert "gpu\ufffd" in generate_latest(reg).decode()
+    finally:
+        for child in (renamed, long):
+            child.kill()
+            child.communicate()
