@@ -322,3 +322,54 @@ def test_page_behind_tls_and_basic_auth(browser: Any, tmp_path: Path, tls_files:
     finally:
         d.proc.terminate()
         d.proc.wait(timeout=30)
+
+
+HOSTILE_NAME = ('<img src=x onerror="document.title=\'pwned\'"></td><script>document.title="pwned"</script>'
+                "\u202egnp.exe" + "W" * 300)
+HOSTILE_USER = "bob\u202e<b>x</b>"
+
+
+def test_hostile_names_render_as_text_under_the_csp(browser: Any, tmp_path: Path) -> None:
+    """A process and user name holding markup, a script, a bidi override and 300 characters without a space (the
+    leak scenario with those names): shown as text in the table, the leak note and the alert, no element made of
+    them, no CSP violation, the override isolated from the sentence around it, nothing wider than a phone."""
+    doc = yaml.safe_load((ROOT / "gpuwatchd/sim/scenarios/leak.yml").read_text())
+    doc["name"] = "hostile-names"
+    for step in doc["timeline"]:
+        if "add_process" in step:
+            step["add_process"].update(name=HOSTILE_NAME, user=HOSTILE_USER)
+    scenario = tmp_path / "hostile-names.yml"
+    scenario.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    d = _start(tmp_path / "sim", "--scenario", str(scenario), "--speed", "30")
+    try:
+        wait_until(lambda: serving(d), "gpuwatchd sim to serve")
+        check_csp(d)
+
+        def leak_seen() -> bool:
+            procs = [p for g in status(d)["gpus"] for p in g["processes"]]
+            return any((p.get("memory_trend") or {}).get("leak") for p in procs)
+
+        wait_until(leak_seen, "the leak rule to suspect pid 4242", timeout=120)
+        for viewport in (DESKTOP, PHONE):
+            ctx, page, log = open_page(browser, d.url, viewport)
+            row = page.locator("tr[data-pid='4242']")
+            row.wait_for()
+            assert row.locator("td").nth(1).text_content() == HOSTILE_NAME
+            note = page.locator(".leak-note[data-pid='4242']")
+            assert note.locator("strong").first.text_content() == HOSTILE_NAME + "[4242]"
+            assert note.locator("bdi").last.text_content() == HOSTILE_USER
+            for sel in ("strong", "bdi"):
+                assert note.locator(sel).first.evaluate("e => getComputedStyle(e).unicodeBidi") == "isolate"
+            assert page.locator("main img, main script, main b").count() == 0
+            assert "pwned" not in page.title()
+            if viewport is PHONE:
+                assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+            assert log.errors == []
+            ctx.close()
+    finally:
+        d.proc.terminate()
+        try:
+            d.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            d.proc.kill()
+            d.proc.wait()

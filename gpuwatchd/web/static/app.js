@@ -1,5 +1,7 @@
 // gpuwatchd status page: fills itself from /api/v1/status and /api/v1/alerts (docs/status-page.md).
-// No inline code, no eval, no innerHTML with daemon data: every text goes through textContent.
+// No inline code, no eval, no innerHTML with daemon data: every text goes through textContent. A name from the daemon
+// inside a sentence sits in its own isolating element (<strong>, <bdi>, ...: app.css), so a bidi override in a
+// process or user name cannot reorder the words after it ("full in 19 min").
 "use strict";
 
 (function () {
@@ -310,7 +312,7 @@
       const leak = p.memory_trend.leak;
       return h("p", { class: "leak-note " + leak.state, data: { pid: String(p.pid) } },
         h("strong", {}, (p.name || "?") + "[" + p.pid + "]"),
-        (ownerText(p.owner) ? " in " + ownerText(p.owner) : "") + " (" + (p.user || "?") + ") ",
+        ownerText(p.owner) ? [" in ", h("bdi", {}, ownerText(p.owner))] : null, " (", h("bdi", {}, p.user || "?"), ") ",
         leak.state === "firing" ? "is leaking " : "may be leaking ", rate(leak.rate_bytes_per_second),
         ": GPU memory full in ", h("strong", {}, duration(leak.eta_seconds)));
     });
