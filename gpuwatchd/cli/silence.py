@@ -64,13 +64,20 @@ def _rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
+MAX_TOKEN_FILE_BYTES = 64 << 10  # a token is a line; as the --auth-password-file limit
+
+
 def _token(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
     if args.token_file is not None:
-        try:
-            return str(args.token_file.read_text(encoding="utf-8").splitlines()[0].strip())
-        except (OSError, UnicodeDecodeError, IndexError) as e:
-            why = e or "empty file"
-            raise ClientSetupError(f"--token-file {args.token_file}: cannot read a token ({why})") from None
+        from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
+
+        try:  # the capped, non-blocking reader of every user-named file: a FIFO or /dev/zero here hung the command
+            lines = read_text_file(args.token_file, max_bytes=MAX_TOKEN_FILE_BYTES).splitlines()
+        except InputFileError as e:
+            raise ClientSetupError(f"--token-file {shown_path(args.token_file)}: {e}") from None
+        if not lines or not lines[0].strip():
+            raise ClientSetupError(f"--token-file {shown_path(args.token_file)}: cannot read a token (empty file)")
+        return lines[0].strip()
     return env.get(TOKEN_ENV) or None
 
 

@@ -37,7 +37,7 @@ from gpuwatchd.probes.runner import WorkerRun, run_worker, worker_env
 from gpuwatchd.probes.scheduler import Scheduler, foreign_process, present
 from gpuwatchd.probes.verdict import LINK_MEASURES, degraded_problem, judge_probe, ratio
 from gpuwatchd.runtime.clock import Clock
-from gpuwatchd.sources.sysfs.pcie import PCI_DEVICES
+from gpuwatchd.sources.sysfs.pcie import PCI_DEVICES, read_attr
 from gpuwatchd.store import Store
 
 log = logging.getLogger(__name__)
@@ -70,13 +70,9 @@ def behind_thunderbolt(sysfs_root: Path, bus_id: str | None) -> bool:
         d = (sysfs_root / PCI_DEVICES / sysfs_bus_id(bus_id)).resolve()
     except OSError:
         return False
-    for node in (d, *d.parents):
-        try:
-            if (node / "removable").read_text(encoding="ascii").strip() == "removable":
-                return True
-        except OSError:
-            continue
-    return False
+    # One page, non-blocking, regular files only: a FIFO in a fake tree blocked the loop here, and a byte outside
+    # ASCII raised UnicodeDecodeError out of the probe's verdict.
+    return any(read_attr(node / "removable") == "removable" for node in (d, *d.parents))
 
 
 def torch_cuda_build(locations: Iterable[str] | None) -> bool | None:

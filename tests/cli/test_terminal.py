@@ -128,3 +128,20 @@ def test_terminal_safe_keeps_printable_unicode_and_cuts() -> None:
     assert terminal_safe("a\u200bb\u2066c\x7fd\x85e") == "a?b?c?d?e"
     assert terminal_safe("n" * 500) == "n" * 199 + "…"
     assert json.dumps(terminal_safe(EVIL)).isascii()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "empty"])
+async def test_silence_token_file_is_read_capped_and_never_blocks(tmp_path: Path, kind: str) -> None:
+    """``--token-file`` goes through the reader of every user-named file: a FIFO blocked the command for good and
+    /dev/zero was read without end; each is now a one-line error, exit 2."""
+    token = tmp_path / "token"
+    if kind == "fifo":
+        os.mkfifo(token)
+    elif kind == "dev-zero":
+        token.symlink_to("/dev/zero")
+    else:
+        token.write_text("\n")
+    rc, _, err = await _run("silence", "list", "--token-file", str(token), "--url", "http://127.0.0.1:9",
+                              timeout=60)
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "--token-file" in err
