@@ -9,7 +9,8 @@ the condition holds now; the engine owns time (``for:``, ``keep_firing_for``, re
 - ``clear``: known to be clear; only supplies the message of the resolution (e.g. "reattached at index 1").
 An identity absent from the list is clear too.
 
-``hold_for`` and ``fire_on_hold`` let one condition tighten or relax its rule's ``for:`` (see the fields).
+``hold_for`` and ``fire_on_hold`` let one condition tighten or relax its rule's ``for:``, and ``evidence`` says
+which of a rule's kinds of evidence a verdict rests on, so each kind is timed on its own (see the fields).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ class Condition:
     # False: a pending alert completes its ``for:`` only at a ``raise``; ``hold`` keeps it pending but cannot
     # fire it (the leak rule's ``hold`` test is loose and would confirm a warm-up that already stopped).
     fire_on_hold: bool = True
+    # What the verdict rests on, when a rule judges one identity on several kinds of evidence (the leak rule: a
+    # short window, the rise since its onset, the long window). A pending alert fires once the firing condition's
+    # own ``for:`` has passed since a condition of the same evidence first raised it in this episode, not merely
+    # since the alert opened: a verdict of one kind that opened it and was then withdrawn lends its age to no
+    # other (issue 22: a stalling poller's saturating job). None: one kind, timed from the alert's ``active_at``.
+    evidence: str | None = None
 
 
 class RuleView(Protocol):

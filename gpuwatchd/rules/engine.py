@@ -1,7 +1,8 @@
 """The alert state machine: conditions from the rule families + ``now`` -> alerts, like Prometheus' alerting rules.
 
-inactive -> pending (condition raised; ``active_at``) -> firing (held at every evaluation for ``for:``;
-``fired_at``) -> resolved (not held for ``keep_firing_for``; ``resolved_at``) -> gone after ``resolved_retention``.
+inactive -> pending (condition raised; ``active_at``) -> firing (held at every evaluation for ``for:``, timed per
+kind of evidence when a rule names it, ``Condition.evidence``; ``fired_at``) -> resolved (not held for
+``keep_firing_for``; ``resolved_at``) -> gone after ``resolved_retention``.
 A pending alert whose condition clears vanishes silently (Prometheus semantics). An alert is identified by the
 fingerprint of its labels; ``active_at`` survives across evaluations. A condition returning after resolution
 starts a new alert (new ``active_at``).
@@ -99,6 +100,9 @@ class _Tracked:
     family: str
     alert: Alert
     last_held: float  # last evaluation at which the condition was raise/hold
+    # Per kind of evidence (Condition.evidence), the first evaluation of this episode at which a condition of
+    # that evidence could fire it (a raise, or a hold that may fire): its for: runs from there.
+    since: dict[str | None, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,15 +284,14 @@ class RulesEngine:
                     value=c.value,
                     annotations=dict(c.annotations),
                 )
-                self._tracked[fp] = _Tracked(family, alert, now)
+                self._tracked[fp] = _Tracked(family, alert, now, {c.evidence: now})
                 continue
             assert tracked is not None
             a = tracked.alert
-            fire = (
-                a.state == "pending"
-                and now - a.active_at >= hold_for
-                and (c.level == "raise" or c.fire_on_hold)
-            )
+            can_fire = c.level == "raise" or c.fire_on_hold
+            if can_fire:
+                tracked.since.setdefault(c.evidence, now)
+            fire = a.state == "pending" and can_fire and now - tracked.since[c.evidence] >= hold_for
             tracked.alert = replace(
                 a,
                 summary=c.summary,

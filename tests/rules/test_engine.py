@@ -258,3 +258,81 @@ def test_gpu_at_a_new_index_keeps_its_ongoing_alert() -> None:
     alerts = eng.evaluate(store, T0 + 30)
     fresh = [a for a in alerts if a.state == "firing"]
     assert len(fresh) == 1 and fresh[0].labels["gpu"] == "1" and fresh[0].active_at == T0 + 30
+
+
+class Verdicts:
+    """A family whose one GpuMemoryLeak condition a test sets level, hold, evidence and fire_on_hold of (the
+    leak rule's shape: a loose ``hold`` keeps a pending alert but cannot fire it)."""
+
+    def __init__(self) -> None:
+        self.level: Level | None = None
+        self.hold_for: float | None = None
+        self.evidence: str | None = None
+        self.fire_on_hold = False
+
+    def __call__(self, view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
+        if self.level is None:
+            return []
+        return [Condition("GpuMemoryLeak", "warning", {"uuid": UUID, "gpu": "0", "kind": "gpu"}, "grows", "fix it",
+                          level=self.level, hold_for=self.hold_for, fire_on_hold=self.fire_on_hold,
+                          evidence=self.evidence)]
+
+
+def verdicts() -> tuple[RulesEngine, Verdicts]:
+    fam = Verdicts()
+    spec = FamilySpec("verdicts", fam, {"GpuMemoryLeak": lambda c: c.leak})
+    return RulesEngine(RulesConfig(), host="node1", families=(spec,)), fam
+
+
+def states(eng: RulesEngine, fam: Verdicts, steps: list[tuple[float, Level | None, str | None, float]]) -> list[str]:
+    """Evaluate at T0 + each step's second with its (level, evidence, hold); the alert's state after each."""
+    out = []
+    for s, level, evidence, hold in steps:
+        fam.level, fam.evidence, fam.hold_for = level, evidence, hold
+        out.append("".join(a.state for a in eng.evaluate(Store(), T0 + s)) or "-")
+    return out
+
+
+def test_a_withdrawn_verdict_lends_its_age_to_no_other_evidence() -> None:
+    # The stalling poller's saturating job (bench/detect.py stalled-saturating-from5s-s4, issue 22): an onset
+    # verdict (hold 90 s) opened the alert once, was withdrawn; the long window only said "growing" for 5 min,
+    # then passed its tests at one evaluation. That raise (hold 300 s) fired at once on the onset's age. It is the
+    # window's first raise: its 300 s run from there, and the next raises before then do not fire.
+    eng, fam = verdicts()
+    steps: list[tuple[float, Level | None, str | None, float]] = [(0, "raise", "onset", 90.0)]
+    steps += [(15.0 * i, "hold", "window", 300.0) for i in range(1, 20)]
+    steps += [(300, "raise", "window", 300.0), (390, "raise", "window", 300.0), (405, "raise", "window", 300.0)]
+    steps += [(420, "hold", "window", 300.0), (590, "hold", "window", 300.0)]
+    assert set(states(eng, fam, steps)) == {"pending"}
+    assert only(eng.alerts()).active_at == T0  # the alert itself is the one the onset opened
+    # A raise of the window's evidence once its own hold has passed since its first raise fires (a stepwise
+    # leak's next step: hold levels in between do not reset a kind's clock).
+    assert states(eng, fam, [(600, "raise", "window", 300.0)]) == ["firing"]
+    assert only(eng.alerts()).fired_at == T0 + 600
+
+
+def test_the_evidence_that_opened_the_alert_fires_it_on_its_own_hold() -> None:
+    eng, fam = verdicts()
+    # a short-window verdict (hold 30 s) interrupted by a window verdict of another kind: it fires on its own clock
+    seq: list[tuple[float, Level | None, str | None, float]] = [
+        (0, "raise", "short window", 30.0), (15, "raise", "window", 300.0), (30, "raise", "short window", 30.0)]
+    assert states(eng, fam, seq) == ["pending", "pending", "firing"]
+    # the same kind through a stretch of "hold": its next raise past the hold fires (the stepwise leak's step)
+    eng, fam = verdicts()
+    seq = [(0, "raise", "window", 300.0), (100, "hold", "window", 300.0), (330, "raise", "window", 300.0)]
+    assert states(eng, fam, seq) == ["pending", "pending", "firing"]
+    # a verdict that vanishes ends the episode: a new one starts every kind's clock again
+    eng, fam = verdicts()
+    seq = [(0, "raise", "onset", 90.0), (15, None, None, 0.0), (30, "raise", "onset", 90.0),
+           (105, "raise", "onset", 90.0), (120, "raise", "onset", 90.0)]
+    assert states(eng, fam, seq) == ["pending", "-", "pending", "pending", "firing"]
+
+
+def test_rules_without_evidence_keep_the_for_from_the_alerts_start() -> None:
+    # evidence None (every rule but the leak rule): one kind, timed from active_at as in Prometheus; a hold that
+    # may fire (fire_on_hold) completes the for: too.
+    eng, fam = verdicts()
+    fam.fire_on_hold = True
+    seq: list[tuple[float, Level | None, str | None, float]] = [
+        (0, "raise", None, 60.0), (30, "hold", None, 60.0), (60, "hold", None, 60.0)]
+    assert states(eng, fam, seq) == ["pending", "pending", "firing"]

@@ -72,6 +72,11 @@ class Judged:
     urgent: bool = False  # judged on a short window (_urgent)
     onset: bool = False  # judged from its onset (_from_onset)
 
+    @property
+    def evidence(self) -> str:
+        """The condition's ``evidence``: the engine times each kind's hold from that kind's own first raise."""
+        return "short window" if self.urgent else "onset" if self.onset else "window"
+
 
 # Urgency: a leak projected to fill the GPU in T is judged on a short window as soon as the growth seen spans
 # ``urgent_evidence_share`` x T, instead of waiting for ``min_span`` of the long window. Short windows to try,
@@ -392,6 +397,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                         annotations=_annotations(t, v),
                         hold_for=judged.hold_for,
                         fire_on_hold=False,
+                        evidence=judged.evidence,
                     )
                 )
             elif judged is not None:  # a series that rose (a flat one never had an alert): how it ended
@@ -415,6 +421,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                             annotations=_annotations(t, v),
                             hold_for=max(cfg.for_, cfg.host_rss_for),
                             fire_on_hold=False,
+                            evidence=judged.evidence,
                         )
                     )
                 elif judged is not None:
@@ -466,5 +473,6 @@ def _unattributed(
             annotations=_annotations(t, v),
             hold_for=judged.hold_for,
             fire_on_hold=False,
+            evidence=judged.evidence,
         )
     ]
