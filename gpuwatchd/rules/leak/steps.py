@@ -38,6 +38,9 @@ MAX_STEP_READINGS = 2
 # Between two steps the series stays flat: what it creeps up by must stay under this share of a step. A smooth
 # rise broken into chunks by a loaded poller's stalls (flat, then a catch-up jump) creeps between its "steps".
 MAX_CREEP = 0.25
+# ... or it creeps by less at every step, each creep under this share of the one before (a warm-up's tail dying
+# out under a leak's steps: its exponential halves in well under a leak step's period of 20-60 s).
+CREEP_DECAY = 0.75
 # A run whose last step is under this share of its first is shrinking: a saturating job, not a leak.
 SHRINK = 0.8
 # The run is current only while the next step is due: no step for this many periods and it has stopped.
@@ -96,6 +99,17 @@ def _steps(points: Sequence[tuple[float, float]]) -> list[tuple[float, float, fl
     return steps
 
 
+def _flat_between(run: Sequence[tuple[float, float, float]], size: float) -> bool:
+    """Between the run's steps the series creeps by under ``MAX_CREEP`` of a step, or by less at every step down
+    to that (each creep under ``CREEP_DECAY`` of the one before): a leak stepping from the job's start under its
+    allocator warm-up, whose tail dies out between the steps. A smooth rise read through a stalling poller creeps
+    between its catch-up jumps by as much as its fresh stretch lasted, at random."""
+    creeps = [c for _, _, c in run[1:]]
+    if all(c <= MAX_CREEP * size for c in creeps):
+        return True
+    return creeps[-1] <= MAX_CREEP * size and all(b <= CREEP_DECAY * a for a, b in pairwise(creeps))
+
+
 def _near(x: float, mid: float, slack: float = 0.0) -> bool:
     return abs(x - mid) <= TOLERANCE * mid + slack
 
@@ -115,7 +129,7 @@ def staircase(points: Sequence[tuple[float, float]], now: float, *, sample: floa
         size, period = median(sizes), median(gaps)
         if min(sizes) <= 0 or not (all(_near(s, size) for s in sizes) and all(_near(g, period, sample) for g in gaps)):
             break
-        if any(c > MAX_CREEP * size for _, _, c in run[1:]) or sizes[-1] < SHRINK * sizes[0]:
+        if not _flat_between(run, size) or sizes[-1] < SHRINK * sizes[0]:
             break
         best = Staircase(len(run), size, period, run[-1][0])
     if best is None or now - best.last > LATE_PERIODS * best.period + sample:

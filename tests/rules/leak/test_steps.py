@@ -35,6 +35,24 @@ def test_staircase_starting_under_a_warm_up_is_found_once_enough_steps_stand_cle
     assert st is not None and st.period == 30.0 and abs(st.size - GIB) < 0.1 * GIB
 
 
+def test_steps_over_a_warm_up_tail_dying_out_count_as_soon_as_the_tail_shrinks_at_every_step() -> None:
+    # A 2 GiB/min leak in 1 GiB steps from a job's first second, under a 7 GiB warm-up (bench/detect.py
+    # leak-staircase-2048-s4): between its steps at 60, 90, 120 and 150 s the warm-up's tail adds ~0.74, 0.35 and
+    # 0.17 GiB, more than a quarter step at first. A tail that shrinks at every step down to under a quarter step
+    # is a warm-up dying out, not a smooth rise between catch-up jumps: the run counts at 150 s, not 210 s.
+    pts = series(lambda s: warm(s, 7 * GIB) + (s // 30) * GIB, 150)
+    st = staircase(pts, 150.0)
+    assert st is not None and st.steps == MIN_STEPS and st.period == 30.0 and st.last == 150.0
+    # A creep that does not shrink at every step is not that (a smooth rise between catch-up jumps): no run.
+    creeps = [0.6 * GIB, 0.3 * GIB, 0.35 * GIB, 0.2 * GIB, 0.2 * GIB, 0.2 * GIB]
+
+    def creeping(s: float) -> float:
+        k = int(s // 30)
+        return 4 * GIB + k * GIB + sum(creeps[:k]) + creeps[k] * (s % 30) / 30
+
+    assert staircase(series(creeping, 150), 150.0) is None
+
+
 def test_fewer_than_min_steps_is_no_staircase() -> None:
     pts = series(lambda s: 4 * GIB + min(MIN_STEPS - 1, s // 60) * GIB, 400)
     assert staircase(pts, 230.0) is None
