@@ -29,6 +29,13 @@ MIN_STEP = 8 * MIB
 # evidence for one hold, and the next step on schedule (MIN_STEPS + 1) must confirm it (rules/leak/__init__.py);
 # a warm-up of four steps at a steady pace by chance then never fires.
 MIN_STEPS = 4
+# A run stepping more often than every MIN_PERIOD_SAMPLES readings is a ramp, not a staircase: its intervals are
+# known to a reading either way, so "regular" means nothing (each within a reading of 10 s is anything from 5 to
+# 15 s), and at that pace a step is most of the readings' rises. An allocator warm-up meeting a new input shape
+# every 6-14 s (issue 22, bench/detect.py shape-warmup-regular-*-s7: ~230 MiB steps, levelling off ~5 GiB up
+# within 4 min) passed as a regular staircase and fired at 210 s; a ramp is judged by its line (straight, clean).
+# The corpus's fastest staircase leaks step every 20 s (1 GiB at 3 GiB/min).
+MIN_PERIOD_SAMPLES = 3
 # Each step's size and each interval must lie within this share of the run's median.
 TOLERANCE = 0.25
 # A step is a rise of at least this share of the typical big rise of the series ...
@@ -133,6 +140,8 @@ def staircase(points: Sequence[tuple[float, float]], now: float, *, sample: floa
             break
         best = Staircase(len(run), size, period, run[-1][0])
     if best is None or now - best.last > LATE_PERIODS * best.period + sample:
+        return None
+    if best.period < MIN_PERIOD_SAMPLES * sample:
         return None
     if decelerating(steps[-best.steps:], sample=sample):
         return None
