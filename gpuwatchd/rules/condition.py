@@ -46,9 +46,10 @@ class Condition:
     fire_on_hold: bool = True
     # What the verdict rests on, when a rule judges one identity on several kinds of evidence (the leak rule: a
     # short window, the rise since its onset, the long window). A pending alert fires once the firing condition's
-    # own ``for:`` has passed since a condition of the same evidence first raised it in this episode, not merely
-    # since the alert opened: a verdict of one kind that opened it and was then withdrawn lends its age to no
-    # other (issue 22: a stalling poller's saturating job). None: one kind, timed from the alert's ``active_at``.
+    # own ``for:`` has passed since a condition of the same evidence first raised it in this episode, or since
+    # the current unbroken run of raises (of any kinds) began; not merely since the alert opened: a verdict of
+    # one kind that opened it and was then withdrawn to a ``hold`` lends its age to no other (issue 22: a
+    # stalling poller's saturating job). None: one kind, timed from the alert's ``active_at`` as before.
     evidence: str | None = None
 
 

@@ -101,8 +101,11 @@ class _Tracked:
     alert: Alert
     last_held: float  # last evaluation at which the condition was raise/hold
     # Per kind of evidence (Condition.evidence), the first evaluation of this episode at which a condition of
-    # that evidence could fire it (a raise, or a hold that may fire): its for: runs from there.
+    # that evidence could fire it (a raise, or a hold that may fire): its for: runs from there ...
     since: dict[str | None, float]
+    # ... or from the start of the current unbroken run of such evaluations, of whatever kinds (a leak judged by
+    # turns on a short window and from its onset raises at every evaluation). None: the last could not fire.
+    run_since: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,14 +287,19 @@ class RulesEngine:
                     value=c.value,
                     annotations=dict(c.annotations),
                 )
-                self._tracked[fp] = _Tracked(family, alert, now, {c.evidence: now})
+                self._tracked[fp] = _Tracked(family, alert, now, {c.evidence: now}, now)
                 continue
             assert tracked is not None
             a = tracked.alert
             can_fire = c.level == "raise" or c.fire_on_hold
+            fire = False
             if can_fire:
-                tracked.since.setdefault(c.evidence, now)
-            fire = a.state == "pending" and can_fire and now - tracked.since[c.evidence] >= hold_for
+                start = tracked.since.setdefault(c.evidence, now)
+                if tracked.run_since is None:
+                    tracked.run_since = now
+                fire = a.state == "pending" and now - min(start, tracked.run_since) >= hold_for
+            else:
+                tracked.run_since = None
             tracked.alert = replace(
                 a,
                 summary=c.summary,

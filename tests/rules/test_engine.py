@@ -321,6 +321,12 @@ def test_the_evidence_that_opened_the_alert_fires_it_on_its_own_hold() -> None:
     eng, fam = verdicts()
     seq = [(0, "raise", "window", 300.0), (100, "hold", "window", 300.0), (330, "raise", "window", 300.0)]
     assert states(eng, fam, seq) == ["pending", "pending", "firing"]
+    # verdicts of two kinds by turns, a raise at every evaluation (the mig scenario's leak: short window, onset,
+    # short window, ...): the unbroken run of raises is the evidence, timed from its start
+    eng, fam = verdicts()
+    seq = [(10.0 * i, "raise", "short window", 200.0) if i % 2 == 0 else (10.0 * i, "raise", "onset", 90.0)
+           for i in range(10)]
+    assert states(eng, fam, seq) == ["pending"] * 9 + ["firing"]  # at 90 s: the onset's 90 s since the run began
     # a verdict that vanishes ends the episode: a new one starts every kind's clock again
     eng, fam = verdicts()
     seq = [(0, "raise", "onset", 90.0), (15, None, None, 0.0), (30, "raise", "onset", 90.0),
