@@ -171,6 +171,8 @@ def message_text(body: Any, service: str) -> str:
         return "\n".join([body["content"]] + [f"{e['title']}\n{e['description']}" for e in body["embeds"]])
     if service == "teams":
         return "\n".join(b["text"] for b in body["attachments"][0]["content"]["body"])
+    if service == "slack":  # mrkdwn entities (notify/slack.escape) as the reader sees them
+        return str(body["text"]).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
     return str(body["text"])
 
 
