@@ -212,7 +212,7 @@ class AttributionTask:
                             "container, gpuwatchd needs the host's PID namespace: hostPID)",
                             self.config.proc_root, pid, reason)
         elif owner is not None:
-            self._failing["cgroup"] = False
+            self._cgroup_failed.discard(pid)  # readable again (a re-read after CGROUP_RECHECK_SECONDS)
         self._cgroups[pid] = (now, owner)
         return owner
 
@@ -254,6 +254,8 @@ class AttributionTask:
         for gone in [pid for pid in self._cgroups if pid not in pids]:
             del self._cgroups[gone]
         self._cgroup_failed &= pids
+        if not self._cgroup_failed:  # the streak ends when no listed process' cgroup is unreadable
+            self._failing["cgroup"] = False
         live = {o.container_id for o in (c[1] for c in self._cgroups.values()) if o is not None and o.container_id}
         for cid in [cid for cid in self._pod_of if cid not in live]:
             del self._pod_of[cid]

@@ -65,12 +65,14 @@ def test_a_fifo_device_or_huge_cgroup_file_is_unreadable_counted_once_and_never_
     _cgroup(tmp_path, 11).symlink_to("/dev/zero")  # read_text() never ends
     _cgroup(tmp_path, 12, DOCKER + "1:name=x:/" + "a" * (100 << 10) + "\n")  # 100 KiB: over the bound
     _cgroup(tmp_path, 13, DOCKER)
+    loop = _cgroup(tmp_path, 14)
+    loop.symlink_to(loop)  # ELOOP
     task = _task(tmp_path)
-    a: Attribution = _within(lambda: task.resolve(_snap([10, 11, 12, 13])))
+    a: Attribution = _within(lambda: task.resolve(_snap([10, 11, 12, 13, 14])))
     assert set(a.owners) == {(G0, 13)} and a.owners[(G0, 13)].container_id == D[:12]
-    assert a.errors["cgroup"] == 3
-    a = _within(lambda: task.resolve(_snap([10, 11, 12, 13]), now=1e6))  # re-read: still counted once per pid
-    assert a.errors["cgroup"] == 3
+    assert a.errors["cgroup"] == 4
+    a = _within(lambda: task.resolve(_snap([10, 11, 12, 13, 14]), now=1e6))  # re-read: still once per pid
+    assert a.errors["cgroup"] == 4
     lines = [r.message for r in caplog.records if "cgroup of a GPU process" in r.message]
     assert len(lines) == 1 and "not a regular file (a FIFO)" in lines[0], lines
 
@@ -99,7 +101,7 @@ def _docker_files(tmp: Path, cid: str) -> Path:
     return d / "config.v2.json"
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "deep", "huge", "not-object"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "deep", "huge", "not-object", "symlink-loop", "not-utf8"])
 def test_an_unusable_runtime_file_is_not_known_counted_once_and_never_blocks(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str) -> None:
     f = _docker_files(tmp_path, D)
@@ -109,6 +111,10 @@ def test_an_unusable_runtime_file_is_not_known_counted_once_and_never_blocks(
         f.symlink_to("/dev/zero")
     elif kind == "deep":
         f.write_text("[" * 500_000 + "]" * 500_000)  # json.loads raised RecursionError out of the poll
+    elif kind == "symlink-loop":
+        f.symlink_to(f)
+    elif kind == "not-utf8":
+        f.write_bytes(b'{"Name": "/\xff\xfe"}')
     elif kind == "huge":
         f.write_text(json.dumps({"Name": "/x", "Config": {"Image": "i"}, "pad": "p" * (2 << 20)}))
     else:
