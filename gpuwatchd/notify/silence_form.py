@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import html
+import shlex
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from gpuwatchd.notify.format import SILENCE_FORM_PATH, SILENCE_KEYS
+from gpuwatchd.notify.matchers import Matcher
 from gpuwatchd.notify.peer import is_loopback
 from gpuwatchd.notify.silence_input import SilenceError, make_matcher, parse_time
 from gpuwatchd.notify.webhook import rfc3339
@@ -73,7 +75,9 @@ def form_routes(d: Dispatcher) -> list[web.RouteDef]:
             "<p><label>Write token (notify.api.write_token) <input type=password name=token required></label></p>"
             if d.config.api.write_token is not None else ""
         )
-        shell = html.escape(" ".join(f'{k}="{v}"' for k, v in labels))
+        # Quoted for a shell: the labels come from the link's query, and a value holding $(...) or a backquote
+        # would run when the reader pastes the command.
+        shell = html.escape(" ".join(shlex.quote(str(Matcher(k, "=", v))) for k, v in labels))
         duration = f"<p><label>For <select name=duration>{options}</select></label></p>"
         body = (
             f"<p>Silence the alerts matching all of:</p><ul>{rows}</ul>"

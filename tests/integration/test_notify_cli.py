@@ -221,3 +221,23 @@ def test_notify_test_of_the_running_daemon(tmp_path: Path) -> None:
 def test_notify_test_of_a_daemon_without_receivers(sim: DaemonProcess) -> None:
     r = gpuwatchd("notify", "test", "--url", sim.url)
     assert r.returncode == 2 and "the daemon has no receivers" in r.stderr
+
+
+def test_silence_form_shell_hint_is_quoted_for_a_shell(sim: DaemonProcess) -> None:
+    """The form's "from a shell on this host" command is built from the link's query: a value with ``$(...)``,
+    a backquote or a quote is quoted so that pasting the command runs nothing and silences exactly those labels."""
+    import html
+    import re
+    import shlex
+
+    evil = {"alertname": 'GpuLost"; $(touch /tmp/pwned) `id`', "uuid": "GPU-9' $(id)"}
+    status, page = sim.get("/silences/new?" + urllib.parse.urlencode(evil))
+    assert status == 200
+    m = re.search(r"<code>gpuwatchd silence add (.*?) --for 2h --comment \.\.\.</code>", page)
+    assert m is not None, page
+    argv = shlex.split(html.unescape(m.group(1)))
+    assert argv == ['alertname="GpuLost\\"; $(touch /tmp/pwned) `id`"', "uuid=\"GPU-9' $(id)\""]
+    r = gpuwatchd("silence", "add", *argv, "--for", "1h", "--author", "erin", "--url", sim.url)
+    assert r.returncode == 0, r.stderr
+    (s,) = [x for x in json.loads(sim.get("/api/v1/silences")[1]) if x["id"] == r.stdout.strip()]
+    assert {x["name"]: x["value"] for x in s["matchers"]} == evil
