@@ -47,12 +47,20 @@ def render_text(results: Sequence[Result]) -> str:
     """``[PASS] driver  kernel module: nvidia 550.54.14 loaded`` lines; ``      fix: ...`` under warn and fail."""
     lines: list[str] = []
     for r in results:
-        lines.append(f"[{r.status.upper()}] {r.group}: {r.check}: {r.detail}")
+        # Details quote what others wrote (the daemon's answer, sysfs names, version files): terminal-safe.
+        lines.append(_safe(f"[{r.status.upper()}] {r.group}: {r.check}: {r.detail}"))
         if r.fix:
-            lines.append(f"       fix: {r.fix}")
+            lines.append(_safe(f"       fix: {r.fix}"))
     counts = {s: sum(1 for r in results if r.status == s) for s in EXIT_BY_STATUS}
     lines.append(f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed")
     return "\n".join(lines)
+
+
+def _safe(text: str) -> str:
+    """Each line of ``text`` with escape sequences, CR and bidi controls shown as ``?`` (cli/terminal.py)."""
+    from gpuwatchd.cli.terminal import terminal_safe
+
+    return "\n".join(terminal_safe(line, 4000) for line in text.split("\n"))
 
 
 def render_json(results: Sequence[Result]) -> str:

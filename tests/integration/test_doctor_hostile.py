@@ -5,6 +5,7 @@ the capped, non-blocking reader of ``config/files.py``, as `run` reads its confi
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -173,3 +174,31 @@ def test_a_hostile_answer_at_url_is_a_warning_not_a_crash(doctor: Doctor, kind: 
     assert "Traceback" not in m.stdout + m.stderr, m.describe()
     assert m.max_rss_mib < MAX_RSS_MIB, m.describe()
     assert "[WARN] daemon: running:" in m.stdout and ("not JSON" in m.stdout or "larger than" in m.stdout), m.stdout
+
+
+class _Escapes(http.server.BaseHTTPRequestHandler):
+    """A daemon whose NVML error text holds terminal escape sequences (the text of a driver error or Xid)."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"daemon": {"version": "1", "host": "h"}, "nvml": {
+            "ok": False, "error": "x\x1b[2J\x1b]0;pwned\x07\rback\u202egnp"}, "gpus": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_text_from_the_daemon_reaches_the_terminal_without_escape_sequences(doctor: Doctor) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Escapes)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        [m] = doctor([("--url", f"http://127.0.0.1:{server.server_address[1]}", "--deadline", "10")])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "the daemon's NVML is down: x?[2J?]0;pwned??back?gnp" in m.stdout, m.describe()
+    assert not any(c in m.stdout for c in "\x1b\x07\r\u202e"), m.describe()
