@@ -15,6 +15,7 @@ which of a rule's kinds of evidence a verdict rests on, so each kind is timed on
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -117,8 +118,10 @@ def gpu_title(labels: Mapping[str, str]) -> str:
     return f"{head} ({model})" if model and model != "unknown" else head
 
 
+@functools.lru_cache(maxsize=4096)
 def fmt_bytes(n: float) -> str:
-    """Binary units with one decimal: ``38.2 MiB``, ``18.1 GiB``."""
+    """Binary units with one decimal: ``38.2 MiB``, ``18.1 GiB``. Memoized: the rules format every process'
+    memory at every evaluation, mostly the same amounts."""
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
