@@ -5,12 +5,18 @@ window, so they age into the oldest generation. CPython runs a full collection o
 quarter, and a full collection walks every tracked object the daemon holds: at 16 GPUs x 256 processes that was a
 56-179 ms pause every ~3 s, and most slow `/metrics` answers overlapped one (issue 20's measurements).
 
-What: after start-up (imports, config, the first snapshots) and then every ``interval`` seconds, the objects that
-survived a young collection are moved to the permanent generation (``gc.freeze()``), which the collector never
-scans. That is safe for what the daemon keeps: history rows are acyclic and are freed by reference counting when
-they leave their window, frozen or not (a frozen object is only exempt from the *cycle* search). What a freeze could
-keep alive is cyclic garbage that had already reached the oldest generation before the freeze; the young
-collection run just before each freeze clears the cycles made since the last one, and ``bench/footprint.py``'s soak
+What: after start-up (imports, config, the first snapshots) the objects that survived a young collection are moved
+to the permanent generation (``gc.freeze()``), which the collector never scans. That is safe for what the daemon
+keeps: history rows are acyclic and are freed by reference counting when they leave their window, frozen or not (a
+frozen object is only exempt from the *cycle* search).
+
+Freezing alone does not stop full collections: CPython starts one after every 10 young (generation-1) collections
+once the oldest generation has grown by a quarter of its size at the last full collection, and with the history
+frozen that size is small, so under scrapers a full collection still ran every few seconds (7-8 in 20 s at 16 x 256
+with 10 scrapers, bench/gc_tail.py). So from then on the automatic full collection is off
+(:func:`hold_full_collections`), and every ``interval`` seconds :func:`keep_frozen` runs the one full collection
+itself, over what is not frozen (what survived since the last freeze, not the history), then freezes the survivors.
+The cycles made since the last freeze are found there, before they are frozen; ``bench/footprint.py``'s soak
 measures what is left (``rss_growth_mb``).
 """
 
@@ -27,19 +33,32 @@ log = logging.getLogger(__name__)
 FREEZE_INTERVAL_SECONDS = 30.0
 
 
-def freeze_survivors() -> int:
-    """Collect the young generations, then move every surviving tracked object out of the collector's reach.
+# Generation-1 collections between automatic full collections once they are held: never, in practice.
+HELD_THRESHOLD = 1 << 30
+
+
+def freeze_survivors(generation: int = 1) -> int:
+    """Collect up to ``generation`` (1: the young ones; 2: all, the frozen excepted), then move every surviving
+    tracked object out of the collector's reach.
 
     Returns the number of objects now frozen in total.
     """
-    gc.collect(1)
+    gc.collect(generation)
     gc.freeze()
     return gc.get_freeze_count()
 
 
+def hold_full_collections() -> None:
+    """No automatic full collection from now on (young collections run as before): :func:`keep_frozen` runs them."""
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, HELD_THRESHOLD)
+
+
 async def keep_frozen(interval: float = FREEZE_INTERVAL_SECONDS) -> None:
-    """Run forever: freeze the long-lived survivors every ``interval`` seconds of real time."""
+    """Run forever: hold the automatic full collections, and every ``interval`` seconds of real time collect what
+    is not frozen and freeze the survivors."""
+    hold_full_collections()
     while True:
         await asyncio.sleep(interval)
-        frozen = freeze_survivors()
+        frozen = freeze_survivors(2)
         log.debug("gc: %d objects frozen", frozen)
