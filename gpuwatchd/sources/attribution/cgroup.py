@@ -21,6 +21,7 @@ A path that matches none of them is a host process: no container, never a guess.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,8 +121,10 @@ def parse_path(path: str) -> CgroupOwner:
     return CgroupOwner(container_id, runtime, pod_uid if kube else None, job)
 
 
+@functools.lru_cache(maxsize=1024)
 def parse(text: str) -> CgroupOwner:
-    """The owner of a process from its whole /proc/PID/cgroup text (first path that names one wins)."""
+    """The owner of a process from its whole /proc/PID/cgroup text (first path that names one wins). Memoized:
+    the processes of one container or session share the text, and each is re-read every 30 s."""
     for p in paths(text):
         owner = parse_path(p)
         if owner is not HOST:
