@@ -135,6 +135,7 @@ def _urgent(
         return None
     # A regular staircase (rules/leak/steps.py) is as good evidence as a clean straight rise, however rough its line.
     stair = staircase(latest, now)
+    bent: Judged | None = None
     for window in URGENT_WINDOWS:
         if window >= cfg.min_span:
             break
@@ -153,6 +154,12 @@ def _urgent(
             # A run of MIN_STEPS steps is evidence for one hold: its next step on schedule must confirm it.
             clean = True
         elif f is None or f.straightness < (cfg.onset_min_straightness if seen else cfg.unseen_min_straightness):
+            if bent is None and f is not None and cfg.urgent_evidence_share * v.eta_decision <= window:
+                # Passes every other test but bends on this short window (a noisy fast leak's quadratic fit bends
+                # by chance at one evaluation in a few): "still growing", which keeps a pending alert without
+                # firing it, instead of letting it vanish and start its hold again.
+                bent = Judged(trend, Verdict(False, True, v.eta_seconds, v.eta_decision),
+                              hold_for(cfg, v.eta_decision), urgent=True)
             continue
         else:
             clean = f.rate * f.span >= cfg.onset_min_snr * max(f.scatter, MIN_SCATTER)
@@ -160,7 +167,7 @@ def _urgent(
         if share * v.eta_decision <= window:
             hold = hold_for(cfg, v.eta_decision, share=None if clean else cfg.urgent_rough_share)
             return Judged(trend, v, hold, urgent=True)
-    return None
+    return bent
 
 
 def _straight(points: list[tuple[float, float]], since: float, cfg: LeakRule, seen: bool, *,
@@ -302,14 +309,17 @@ def _judge_series(
                           min_growth=min_growth, floor_growth=floor_growth, seen=seen)
     # A fast leak that started after a long plateau is diluted in the long window (its slope, hence its rate and
     # time to full, lag behind for many minutes): the short window's verdict, when there is one, is the truer.
+    urgent = None
     if cfg.urgent and free is not None:
         urgent = _urgent(points, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth, seen=seen)
-        if urgent is not None:
+        if urgent is not None and urgent.verdict.leak:
             return urgent
     if trend is None or verdict is None:
-        return None
+        return urgent  # a short window's "still growing" (bent), or nothing
     if verdict.leak and not _straight(points, now - trend.span, cfg, seen, long=True):
         verdict = Verdict(False, verdict.growing, verdict.eta_seconds, verdict.eta_decision)
+    if urgent is not None and not verdict.leak and not verdict.growing:
+        return urgent
     hold = hold_for(cfg, verdict.eta_decision, share=cfg.urgent_rough_share) if seen else cfg.for_
     return Judged(trend, verdict, hold)
 

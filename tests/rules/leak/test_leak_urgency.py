@@ -284,7 +284,8 @@ def test_pending_leak_vanishes_when_the_condition_is_gone() -> None:
 # -- staircases and leaks under a warm-up's tail -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("rate_mib_min", "base"), [(1024.0, 6 * GIB), (2048.0, 4 * GIB), (3072.0, 4 * GIB)])
+@pytest.mark.parametrize(("rate_mib_min", "base"),
+                         [(1024.0, 6 * GIB), (2048.0, 4 * GIB), (2048.0, 7 * GIB), (3072.0, 4 * GIB)])
 def test_fast_staircase_from_the_job_start_fires_with_most_of_its_time_left(rate_mib_min: float, base: float) -> None:
     # 1 GiB steps every 20-60 s from the job's first second, under its warm-up: a rough line, but a regular
     # staircase (rules/leak/steps.py), so judged like a clean rise instead of waiting for the long window.
@@ -299,6 +300,30 @@ def test_fast_staircase_from_the_job_start_fires_with_most_of_its_time_left(rate
     fired = first_firing(simulate(make, to_full / 60 + 1, every=15.0))  # the leak rule's default interval
     assert fired is not None
     assert to_full - fired[0] >= 0.6 * to_full, f"fired {fired[0]:.0f}s into a {to_full:.0f}s leak"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_noisy_fast_leak_from_the_job_start_fires_with_most_of_its_time_left(seed: int) -> None:
+    # 2 GiB/min from the job's first second under a 7 GiB warm-up, +-50 MiB of noise (bench/detect.py
+    # leak-noisy-2048-s4): the 1 min window's quadratic fit bends by chance at one evaluation in a few. That
+    # evaluation says "still growing" and keeps the pending alert, instead of dropping it to start over: the
+    # alert that fires is the one the first verdict opened. (With a bend right before its hold is done it
+    # fires 15 s later, ~0.58 of the time to full left: 0.6 is the bench's target over its corpus, not a bound.)
+    rng = random.Random(seed)
+    rate = 2048 * MIB / 60
+
+    def make(t: float) -> Snapshot:
+        s = t - T0
+        used = min(CAPACITY, warm(s, 7 * GIB) + rate * s + rng.gauss(0, 50 * MIB))
+        return snap(t, with_processes(gpu(), [proc(4242, used)]))
+
+    to_full = oom_after(2048.0, 0.0, 7 * GIB)
+    hist = simulate(make, to_full / 60 + 1, every=15.0)
+    fired = first_firing(hist)
+    assert fired is not None
+    opened = next(a.active_at for _, alerts in hist for a in alerts if a.name == "GpuMemoryLeak")
+    assert fired[1].active_at == opened
+    assert to_full - fired[0] >= 0.55 * to_full, f"fired {fired[0]:.0f}s into a {to_full:.0f}s leak"
 
 
 def test_regular_steps_that_shrink_are_a_saturating_warm_up_and_stay_silent() -> None:
