@@ -49,7 +49,7 @@ def _gpu(i: int, procs: int = 3) -> GpuSample:
                 ProcessSample(pid=1000 + p, kind="graphics" if p % 2 else "compute", used_memory_bytes=(p + 1) << 20,
                               name=f"proc{p}", user="alice", host_rss_bytes=(p + 7) << 20,
                               utilization_percent=[p % 100, (p + 1) % 100, 0, 1], host_state="gone",
-                              host_state_seconds=12.5 + p)
+                              host_state_seconds=12.5 + p, host_state_at=1700000000.0 + p)
                 for p in range(procs)
             )
         elif f.name == "errors":

@@ -69,6 +69,10 @@ class ProcessSample:
     # zombie/gone/hidden (an age, not a time: the worker's clock is not the daemon's under a scaled sim clock).
     host_state: str | None = None
     host_state_seconds: float | None = None
+    # The daemon's clock when ``host_state_seconds`` was that age (the snapshot's timestamp, set by the daemon's
+    # decoder; the worker does not send it): the process has been zombie/gone/hidden since ``host_state_at -
+    # host_state_seconds``. None: not known (then "now" stands for it).
+    host_state_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +356,7 @@ _new = object.__new__
 # The process field a dead process' ``[pid, age]`` entry carries (``protocol.AGE`` on the worker's side; the model is
 # a leaf and does not import it: a test keeps both the same).
 AGE = "host_state_seconds"
+AT = "host_state_at"  # set by the daemon's decoder, never sent by the worker
 
 
 class _ProcessMemo:
@@ -418,7 +423,7 @@ class SnapshotDecoder:
             raw_procs = g.get("processes")
             uuid = g.get("uuid")
             if raw_procs:
-                kept = _processes(raw_procs, memo.get(uuid) if isinstance(uuid, str) else None)
+                kept = _processes(raw_procs, memo.get(uuid) if isinstance(uuid, str) else None, data.get("timestamp"))
                 if isinstance(uuid, str):
                     fresh[uuid] = kept
                 g["processes"] = kept.samples
@@ -436,9 +441,15 @@ class SnapshotDecoder:
         return snap
 
 
-def _processes(raw: list[Any], prev: _ProcessMemo | None) -> _ProcessMemo:
+# A dead process whose age moved with the clock keeps its object while the time it died, as the daemon computes it
+# (snapshot time - age), moves by less than this: the worker's clock and the daemon's receipt of the line differ by
+# the pipe's and the event loop's delays, not by seconds. Its "since" then stays what it was first computed as.
+AGE_SLACK_SECONDS = 1.0
+
+
+def _processes(raw: list[Any], prev: _ProcessMemo | None, t: float | None) -> _ProcessMemo:
     """One GPU's processes from their wire form (dicts, or bare pids for the unchanged), reusing the previous
-    line's objects where a process is unchanged."""
+    line's objects where a process is unchanged. ``t``: the snapshot's timestamp (``host_state_at``)."""
     if prev is not None and raw in (prev.pids, prev.raw):  # all unchanged: bare pids, or equal dicts
         return prev
     if prev is not None:
@@ -463,7 +474,14 @@ def _processes(raw: list[Any], prev: _ProcessMemo | None) -> _ProcessMemo:
             if i is None:
                 raise ValueError(f"process {d[0]} sent as aged, but the last line did not list it once")
             full.append(prev_raw[i])
-            samples.append(_aged(prev_samples[i], d[1]))
+            old = prev_samples[i]
+            age = d[1]
+            if (t is not None and old.host_state_at is not None and old.host_state_seconds is not None
+                    and isinstance(age, (int, float))
+                    and abs((t - age) - (old.host_state_at - old.host_state_seconds)) < AGE_SLACK_SECONDS):
+                samples.append(old)  # dead since the same time: the same object
+            else:
+                samples.append(_aged(old, age, t))
             pids.append(d[0])
         else:
             pid = d.get("pid")
@@ -473,20 +491,23 @@ def _processes(raw: list[Any], prev: _ProcessMemo | None) -> _ProcessMemo:
                 samples.append(prev_samples[i])
             else:
                 full.append(d)
-                samples.append(build(d))
+                sample = build(d)
+                if t is not None and sample.host_state_seconds is not None and AT not in d:
+                    _set_at(sample, t)
+                samples.append(sample)
             pids.append(pid)
     return _ProcessMemo(full, tuple(samples), pids, index if prev is not None and pids == prev.pids else None)
 
 
 _set = {name: getattr(ProcessSample, name).__set__ for name in _PROCESS.names}
-_set_pid, _set_kind, _set_used, _set_name, _set_user, _set_rss, _set_util, _set_state, _set_age = (
+_set_pid, _set_kind, _set_used, _set_name, _set_user, _set_rss, _set_util, _set_state, _set_age, _set_at = (
     _set["pid"], _set["kind"], _set["used_memory_bytes"], _set["name"], _set["user"], _set["host_rss_bytes"],
-    _set["utilization_percent"], _set["host_state"], _set[AGE])
+    _set["utilization_percent"], _set["host_state"], _set[AGE], _set[AT])
 
 
-def _aged(old: ProcessSample, age: Any) -> ProcessSample:
-    """``replace(old, host_state_seconds=age)`` through the slots (one per dead process a poll; a test checks that
-    it equals the full decode, so a field added to ProcessSample and missed here fails it)."""
+def _aged(old: ProcessSample, age: Any, t: float | None) -> ProcessSample:
+    """``replace(old, host_state_seconds=age, host_state_at=t)`` through the slots (a test checks that it equals
+    the full decode, so a field added to ProcessSample and missed here fails it)."""
     obj = _new(ProcessSample)
     _set_pid(obj, old.pid)
     _set_kind(obj, old.kind)
@@ -497,6 +518,7 @@ def _aged(old: ProcessSample, age: Any) -> ProcessSample:
     _set_util(obj, old.utilization_percent)
     _set_state(obj, old.host_state)
     _set_age(obj, age)
+    _set_at(obj, t)
     return obj
 
 

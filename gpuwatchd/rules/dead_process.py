@@ -95,7 +95,9 @@ def _dead(view: RuleView, now: float, cfg: DeadProcessRule, g: GpuSample, base: 
                                  f"{title}: pid {p.pid} holds {fmt_bytes(used)} now{memory}", "", level="clear"))
             continue
         held = fmt_bytes(used) if used is not None else "memory (amount unknown)"
-        since = now - p.host_state_seconds if p.host_state_seconds is not None else None
+        age = p.host_state_seconds
+        # dead since the snapshot's time less the age the worker measured then (now, for a sample without it)
+        since = (p.host_state_at if p.host_state_at is not None else now) - age if age is not None else None
         summary = (f"{title}: {held} held by {_what(p)}{_since(now, since)}{memory}; "
                    f"find the holder with `fuser -v /dev/nvidia*`, reset the GPU if none")
         annotations = {"held_bytes": str(used)} if used is not None else {}

@@ -139,3 +139,15 @@ def test_no_process_needs_the_host_namespace_a_full_list_and_enough_memory() -> 
 def test_disabled() -> None:
     cfg = RulesConfig.model_validate({"dead_process": {"enabled": False}})
     assert alerts(play(killed_at(0), 600, cfg), "pending") == []
+
+
+def test_dead_since_is_counted_from_when_the_age_was_read_not_from_the_evaluation() -> None:
+    # The daemon's decoder stamps the age with the snapshot's time (host_state_at) and keeps the object while the
+    # death time holds: an evaluation later than the snapshot (a timer run, a late worker) names the same time.
+    def make(t: float) -> Snapshot:
+        s = t - T0
+        p = replace(dead(4242, 18 * GIB, "gone", 30.0), host_state_at=T0 + 90.0)  # read at T0+90: dead since +60
+        return snap(t, with_processes(gpu(), [p if s >= 60 else replace(proc(4242, 18 * GIB), host_state="live")]),
+                    host_pid_namespace=True)
+    fired = alerts(play(make, 600))
+    assert fired and all(float(a.annotations["dead_since"]) == T0 + 60 for _, a in fired)

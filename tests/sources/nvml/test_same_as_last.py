@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpuwatchd import model
-from gpuwatchd.model import ProcessSample, SnapshotDecoder, UnknownSnapshotKey, snapshot_from_dict
+from gpuwatchd.model import ProcessSample, Snapshot, SnapshotDecoder, UnknownSnapshotKey, snapshot_from_dict
 from gpuwatchd.sim.state import make_state
 from gpuwatchd.sources.nvml import protocol
 from gpuwatchd.sources.nvml.protocol import SAME_AS_LAST, SameAsLast, encode_line
@@ -61,14 +61,17 @@ def test_each_line_decodes_to_its_full_form_and_unchanged_processes_are_bare_pid
         sent_kinds.append({g["uuid"]: [p if isinstance(p, (int, list)) else "full" for p in g["processes"]]
                            for g in line["gpus"]})
         snap = dec.decode(line)
-        assert snap == snapshot_from_dict(json.loads(json.dumps(full)))
+        expected = snapshot_from_dict(json.loads(json.dumps(full)))
+        assert _without_ages(snap) == _without_ages(expected)
+        for a, b in zip(_since(snap), _since(expected), strict=True):  # dead since the same time, within the slack
+            assert (a is None) == (b is None) and (a is None or abs(a - b) < model.AGE_SLACK_SECONDS)
         if prev is not None:  # a process sent as a bare pid is the same object as in the previous snapshot
             old = {(g.uuid, p.pid): p for g in prev.gpus for p in g.processes}
             for raw, g in zip(line["gpus"], snap.gpus, strict=True):
                 for sent, p in zip(raw["processes"], g.processes, strict=True):
                     assert not isinstance(sent, int) or old[(g.uuid, sent)] is p
                     if isinstance(sent, list):
-                        assert p.host_state_seconds == sent[1] and p.host_state == "gone"
+                        assert p.host_state == "gone" and p.host_state_at is not None
         prev = snap
     assert sent_kinds == [
         {"A": ["full", "full"], "B": ["full"]},
@@ -85,6 +88,33 @@ def test_each_line_decodes_to_its_full_form_and_unchanged_processes_are_bare_pid
         {"A": [[1, 2.5], 2], "B": [3]},
         {"A": ["full", 2], "B": [3]},  # the age and the memory moved
     ]
+
+
+def _without_ages(snap: Snapshot) -> Snapshot:
+    return dataclasses.replace(snap, gpus=tuple(dataclasses.replace(g, processes=tuple(
+        dataclasses.replace(p, host_state_seconds=None, host_state_at=None) for p in g.processes)) for g in snap.gpus))
+
+
+def _since(snap: Snapshot) -> list[float | None]:
+    """When each process died, on the daemon's clock, as the dead-process rule computes it."""
+    return [p.host_state_at - p.host_state_seconds if p.host_state_seconds is not None and p.host_state_at is not None
+            else None for g in snap.gpus for p in g.processes]
+
+
+def test_a_dead_process_keeps_its_object_while_its_death_time_holds() -> None:
+    enc, dec = SameAsLast(), SnapshotDecoder()
+
+    def poll(t: float, age: float) -> ProcessSample:
+        line = json.loads(encode_line(enc.encode(_line(t, {"A": [_proc(1, 10, host_state="gone",
+                                                                          host_state_seconds=age)]}))))
+        return dec.decode(line).gpus[0].processes[0]
+
+    first = poll(100.0, 5.0)
+    assert (first.host_state_at, first.host_state_seconds) == (100.0, 5.0)  # dead since 95
+    assert poll(101.02, 5.99) is first  # the line came 30 ms late: still dead since 95 (95.03)
+    assert poll(102.0, 7.0) is first
+    again = poll(103.0, 0.5)  # died again (a reused pid): since 102.5
+    assert again is not first and (again.host_state_at, again.host_state_seconds) == (103.0, 0.5)
 
 
 def test_a_bare_pid_with_nothing_to_stand_for_is_an_unreadable_line() -> None:
