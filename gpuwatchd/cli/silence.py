@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.cli.terminal import safe_tree
 from gpuwatchd.runtime.daemon_client import ClientSetupError, DaemonClient, add_client_args, client_for, tls_problem
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from gpuwatchd.runtime.terminal import safe_tree
 
 TOKEN_ENV = "GPUWATCHD_WRITE_TOKEN"  # noqa: S105  (the variable's name, not a token)
 EXIT_REFUSED = 1  # the daemon answered with an error (bad matcher, too long, not allowed)

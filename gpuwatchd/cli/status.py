@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuwatchd.cli.terminal import safe_tree
+from gpuwatchd.runtime.terminal import safe_tree
 
 GIB = 1024**3
 

@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from gpuwatchd.cli.status import alert_state, more_processes
-from gpuwatchd.cli.terminal import safe_tree, terminal_safe
 from gpuwatchd.runtime.daemon_client import DaemonClient
 from gpuwatchd.runtime.status_client import DaemonRefused, StatusUnavailable, fetch_status
+from gpuwatchd.runtime.terminal import safe_tree, terminal_safe
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType

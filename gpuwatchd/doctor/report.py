@@ -57,8 +57,8 @@ def render_text(results: Sequence[Result]) -> str:
 
 
 def _safe(text: str) -> str:
-    """Each line of ``text`` with escape sequences, CR and bidi controls shown as ``?`` (cli/terminal.py)."""
-    from gpuwatchd.cli.terminal import terminal_safe
+    """Each line of ``text`` with escape sequences, CR and bidi controls shown as ``?`` (runtime/terminal.py)."""
+    from gpuwatchd.runtime.terminal import terminal_safe
 
     return "\n".join(terminal_safe(line, 4000) for line in text.split("\n"))
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gpuwatchd.cli.terminal import terminal_safe
+from gpuwatchd.runtime.terminal import terminal_safe
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "COLUMNS": "2000"}
