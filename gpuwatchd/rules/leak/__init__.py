@@ -71,10 +71,14 @@ class Judged:
     hold_for: float
     urgent: bool = False  # judged on a short window (_urgent)
     onset: bool = False  # judged from its onset (_from_onset)
+    onset_at: float | None = None  # that onset
 
     @property
     def evidence(self) -> str:
-        """The condition's ``evidence``: the engine times each kind's hold from that kind's own first raise."""
+        """The condition's ``evidence``: the engine times each kind's hold from that kind's own first raise. A
+        rise judged from another onset (to the minute) is other evidence."""
+        if self.onset and self.onset_at is not None:
+            return f"onset {self.onset_at // 60:.0f}"
         return "short window" if self.urgent else "onset" if self.onset else "window"
 
 
@@ -222,7 +226,7 @@ def _from_onset(
                 min_growth=min_growth, floor_growth=floor_growth)
     if not v.leak:
         return None
-    return Judged(trend, v, min(cfg.onset_hold, hold_for(cfg, v.eta_decision)), onset=True)
+    return Judged(trend, v, min(cfg.onset_hold, hold_for(cfg, v.eta_decision)), onset=True, onset_at=onset)
 
 
 def _judge(

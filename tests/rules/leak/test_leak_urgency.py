@@ -374,3 +374,23 @@ def test_saturating_job_under_a_stalling_poller_across_a_restart_is_silent(seed:
         store.apply(snap(T0 + s, with_processes(gpu(), [proc(4242, dyn(written))])))
         fired += [a for a in engine.evaluate(store, T0 + s) if a.name == "GpuMemoryLeak" and a.state == "firing"]
     assert not fired
+
+
+def test_a_leak_judged_from_its_onset_names_that_onset_as_its_evidence() -> None:
+    # The engine times a pending alert's hold per kind of evidence; a rise judged from another onset (to the
+    # minute) is other evidence, so a warm-up whose onset verdict comes back minutes later, measured from a later
+    # onset, does not fire on the first one's age (bench/detect.py shape-warmup-regular-restart325s-s8).
+    from gpuwatchd.rules import leak
+
+    store = Store(retention_seconds=3600.0, step_seconds=5.0)
+    make = leak_after_plateau(64.0, 600.0)
+    evidence = set()
+    for i in range(0, int(20 * 60 / 5) + 1):
+        t = T0 + 5 * i
+        store.apply(make(t))
+        if i % 3 == 0:
+            evidence |= {c.evidence for c in leak.conditions(store, t, RulesConfig()) if c.level == "raise"}
+    onsets = {e for e in evidence if e is not None and e.startswith("onset ")}
+    assert onsets, evidence
+    began = (T0 + 600.0) // 60  # the leak's start, in minutes since the epoch
+    assert all(abs(int(e.split()[1]) - began) <= 1 for e in onsets), onsets
