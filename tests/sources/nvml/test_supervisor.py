@@ -292,8 +292,12 @@ async def test_60_stopped_worker_kill_cycles_do_not_leak(standin_libdir: Path, w
         before = footprint()
         await cycles(60)
         after = footprint()
-    assert len(h.stale) >= 70 and set(h.stale) == {
-        "the NVML worker is stopped (SIGSTOP or a debugger): no snapshot for more than 0.1s; replaced"}
+    stopped = "the NVML worker is stopped (SIGSTOP or a debugger): no snapshot for more than 0.1s; replaced"
+    # On a loaded machine a fresh, running worker can also miss the 0.1 s deadline between two stops: that is the
+    # plain timeout, replaced the same way (more kill cycles, which is what this test is about).
+    slow = "timeout: no snapshot from the NVML worker within its deadline (outside GPU calls)"
+    assert len(h.stale) >= 70 and set(h.stale) <= {stopped, slow}, set(h.stale)
+    assert h.stale.count(stopped) >= 60, h.stale
     assert all(not s.lost for s in h.snaps)  # a stopped worker blames no GPU
     fds, children, threads, rss = before
     assert after[0] <= fds, f"fds {fds} -> {after[0]}"
