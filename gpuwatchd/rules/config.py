@@ -115,14 +115,9 @@ class LeakRule(RuleSection):
     # after it appeared is warm-up, not the start of a leak.
     settle: Duration = 300.0
     # A process seen starting less than young_age ago is young: its growth (a caching allocator meeting new input
-    # shapes, ever more rarely) is warm-up until it has gone on for young_hold_share of the process' age, held
-    # for at most young_max_hold_share of the projected time to full so a fast leak from the job's first second
-    # still fires with most of its time left (bench/detect.py: shape-warmup*, leak-*-3072).
+    # shapes, ever more rarely) is warm-up while it decelerates: a spreading staircase, or a rise that levels off
+    # with room left in free memory, keeps a pending alert but cannot fire it (bench/detect.py: shape-warmup*).
     young_age: Duration = 900.0
-    # A young process' leak is held at least this share of the process' age (a warm-up stops within that) ...
-    young_hold_share: float = Field(default=0.5, ge=0, le=1)
-    # ... but no longer than this share of its projected time to full.
-    young_max_hold_share: float = Field(default=0.2, ge=0, le=1)
     # The trend of the rate: a rise judged on the long window or from its onset whose quadratic fit flattens
     # (end slope under level_off_straightness of its start slope) is a saturating job, not a leak, when
     # level_off_margin times the growth left to the fit's peak still fits in the GPU's headroom (a quadratic
