@@ -1,7 +1,7 @@
 """Host facts of the stand-in's fictitious GPU processes, read from the sim state (the worker's resolver under sim).
 
 The NVML worker takes a process resolver (:class:`gpuwatchd.sources.nvml.worker.processes.Resolver`); in production
-it reads /proc (``ProcResolver``). Under the stand-in driver the pids do not exist on the host, so
+it is psutil (``ProcResolver``). Under the stand-in driver the pids do not exist on the host, so
 ``gpuwatchd.sim.worker`` hands the worker this one instead, which reads name, user and RSS from the same state file
 the stand-in serves.
 """

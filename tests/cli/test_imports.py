@@ -71,8 +71,8 @@ def test_the_help_of_every_command_still_names_its_defaults() -> None:
 
 
 # What `gpuwatchd run` with the default configuration must not load: each belongs to a configuration that asks for
-# it (basic auth, a kubelet socket, torch probes), to another process (pynvml: the NVML worker), or to nothing
-# the daemon does any more (psutil: the worker reads /proc). docs/performance.md has what each costs.
+# it (basic auth, a kubelet socket, torch probes) or to another process (pynvml and psutil: the NVML worker, which
+# reads host facts of GPU processes through psutil). docs/performance.md has what each costs.
 NOT_IN_A_DEFAULT_DAEMON = ("psutil", "pynvml", "torch", "bcrypt", "grpc", "cryptography", "numpy",
                            "gpuwatchd.sources.nvml.worker", "gpuwatchd.probes.worker", "gpuwatchd.config.doc",
                            "gpuwatchd.sim.runner", "gpuwatchd.sim.scenario")

@@ -27,8 +27,9 @@ def library_file(library_path: Path | None) -> Path | None:
     return library_path if library_path.name == LIBRARY_NAME else library_path / LIBRARY_NAME
 
 
-# Third-party modules the worker imports (gpuwatchd itself is found through its own directory).
-WORKER_IMPORTS = ("pynvml",)
+# Third-party modules the worker imports (gpuwatchd itself is found through its own directory): pynvml, and psutil
+# for the host facts of GPU processes (sources/nvml/worker/processes.py).
+WORKER_IMPORTS = ("pynvml", "psutil")
 
 
 def worker_argv(python: str, module: str) -> list[str]:

@@ -7,7 +7,7 @@ the ``Snapshot`` dict form (the supervisor reads it with ``snapshot_from_dict``)
 The first line is ``{"hello": <pid>}``, written before ``nvmlInit`` so the supervisor can time init as part of
 the first poll. Logs go to stderr as ``nvml_worker[<pid>] <LEVEL>: <message>`` lines.
 
-Host facts about GPU processes (name, user, RSS) come from /proc; ``main(resolver=...)`` takes another source
+Host facts about GPU processes (name, user, RSS) come from psutil; ``main(resolver=...)`` takes another source
 (``gpuwatchd.sim.worker`` passes the simulator's, whose pids are fictitious).
 
 Lines, exit codes and the progress word are defined in :mod:`gpuwatchd.sources.nvml.protocol`. A GPU lost or a

@@ -1,6 +1,6 @@
 """GPU processes: merge NVML's compute and graphics lists, keep the top N by GPU memory, add host facts.
 
-NVML knows pids and GPU memory only; name, user and host RSS come from ``/proc`` (:class:`ProcResolver`) or any
+NVML knows pids and GPU memory only; name, user and host RSS come from psutil (:class:`ProcResolver`) or any
 other :class:`Resolver` the worker is given (under the stand-in driver the pids are fictitious, so
 ``gpuwatchd.sim.resolver`` reads them from the sim state). It runs inside the NVML worker process, once per poll,
 for the kept processes only.
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from gpuwatchd.sources.nvml.worker import procfs
+import psutil
 
 # Fallback when /proc/sys/kernel/pid_max is unreadable: the kernel's PID_MAX_LIMIT on 64-bit (2^22).
 DEFAULT_PID_MAX = 4_194_304
@@ -24,6 +24,7 @@ UNKNOWN: ProcInfo = (None, None, None)
 # A pid NVML reports that is not in our /proc (another pid namespace, the stand-in's fictitious pids) is looked
 # up again only after this long: a failed lookup per process per poll was ~20 us each (bench/footprint.py).
 MISSING_RECHECK_SECONDS = 60.0
+MAX_NAME_CHARS = 255  # NAME_MAX: argv[0] can be 128 KiB; its base name becomes a label value
 
 
 # /proc paths are plain strings here: pathlib (with urllib.parse and ipaddress) is 0.5 MB the worker need not load.
@@ -149,53 +150,83 @@ def _dicts(top: Sequence[tuple[int, str, int | None]], infos: Mapping[int, ProcI
 
 
 class ProcResolver:
-    """Name, user and RSS of host processes, read from ``/proc`` (:mod:`gpuwatchd.sources.nvml.worker.procfs`);
-    cached per (pid, start time) so a reused pid is not mistaken for the process it replaced.
+    """Name, user and RSS of host processes, from psutil; cached per process (psutil's pid and start time), so a
+    reused pid is not mistaken for the process it replaced.
 
     A pid with no process here is remembered as missing (negative cache) and looked up again only after
-    ``recheck`` seconds; both caches are bounded by the pids of the last call. Each poll reads one
-    ``/proc/<pid>/stat`` per kept process (start time, state and RSS at once); a process seen for the first time
-    also has its ``status`` (uid) and, for a 15-character name, its ``cmdline`` read."""
+    ``recheck`` seconds; both caches are bounded by the pids of the last call. Each poll, per kept process:
+    psutil's pid-reuse check (:meth:`psutil.Process.is_running`: the start time read again and compared; the
+    cached ``create_time()`` cannot tell), a changed one being a new process whose name and user are read again;
+    then, in one ``oneshot()``, its status (zombie) and ``memory_info().rss``.
+
+    ``proc_root`` other than ``/proc`` (tests with a written tree) sets ``psutil.PROCFS_PATH``, which is
+    process-global: every psutil call of this process reads that tree from then on. The worker has one resolver
+    and reads the host's ``/proc``."""
 
     def __init__(self, recheck: float = MISSING_RECHECK_SECONDS,
                  clock: Callable[[], float] = time.monotonic, *, host_namespace: bool | None = None,
                  proc_root: ProcRoot = "/proc") -> None:
-        # pid -> [start time, name, user, state letter of the last read]
+        # pid -> [psutil.Process, name, user, zombie at the last read]
         self._cache: dict[int, list[Any]] = {}
         self._missing: dict[int, float] = {}  # pid -> when to look it up again
         self._recheck = recheck
         self._clock = clock
-        self._root = os.fspath(proc_root)
+        root = os.fspath(proc_root)
+        if os.path.normpath(root) != "/proc":
+            psutil.PROCFS_PATH = root
         # Decided once: a worker does not change pid namespace. None: look at /proc/self/ns/pid.
         self.host_namespace = in_host_pid_namespace(proc_root) if host_namespace is None else host_namespace
         self._since: dict[int, float] = {}  # pid -> clock() when first seen not live
-        self.lookups = 0  # first reads of a pid (tests check the negative cache)
+        self.lookups = 0  # psutil.Process constructions for a pid not cached (tests check the negative cache)
 
-    def _read(self, pid: int) -> tuple[list[Any], int | None] | None:
-        """The cache entry of ``pid`` refreshed from its stat line, and its RSS; None when unknown."""
+    def _entry(self, pid: int) -> list[Any] | None:
+        """The cache entry of ``pid`` (a new one when the pid is new or was reused); None when unknown."""
         cached = self._cache.get(pid)
+        if cached is not None and cached[0].is_running():  # compares start times: pid-reuse safe
+            return cached
         if cached is None:
             retry = self._missing.get(pid)
             if retry is not None and self._clock() < retry:
                 return None
             self.lookups += 1
         try:
-            st = procfs.read_stat(self._root, pid)
-        except FileNotFoundError:  # no such process (ProcessLookupError: ESRCH from a process that just ended)
+            proc = psutil.Process(pid)
+        except psutil.NoSuchProcess:
             self._cache.pop(pid, None)
             self._missing[pid] = self._clock() + self._recheck
             return None
-        except OSError:  # EACCES (hidepid), anything else: alive or not, we cannot say more
+        except psutil.AccessDenied:
             self._cache.pop(pid, None)
             return None
-        if cached is None or cached[0] != st.start_time:  # new, or the pid was reused since
-            self._missing.pop(pid, None)
-            name = procfs.process_name(self._root, pid, st.comm)
-            user = procfs.user_name(self._root, pid)
-            cached = self._cache[pid] = [st.start_time, name, user, st.state]
-        else:
-            cached[3] = st.state
-        return cached, st.rss_bytes
+        self._missing.pop(pid, None)
+        with proc.oneshot():
+            entry = self._cache[pid] = [proc, _name(proc), _user(proc), False]
+        return entry
+
+    def _read(self, pid: int) -> tuple[list[Any], int | None] | None:
+        """The cache entry of ``pid`` with its zombie flag refreshed, and its RSS; None when unknown."""
+        entry = self._entry(pid)
+        if entry is None:
+            return None
+        proc = entry[0]
+        rss: int | None
+        try:
+            with proc.oneshot():
+                entry[3] = proc.status() == psutil.STATUS_ZOMBIE
+                try:
+                    rss = proc.memory_info().rss
+                except psutil.ZombieProcess:
+                    rss = None
+        except psutil.ZombieProcess:
+            entry[3], rss = True, None
+        except psutil.NoSuchProcess:  # ended since the check: missing, as the next lookup would find it
+            del self._cache[pid]
+            self._missing[pid] = self._clock() + self._recheck
+            return None
+        except psutil.AccessDenied:  # alive, but we may not say more
+            del self._cache[pid]
+            return None
+        return entry, rss
 
     def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
         out: dict[int, ProcInfo] = {}
@@ -226,7 +257,7 @@ class ProcResolver:
                 if pid in self._missing:
                     state = GONE if self.host_namespace else HIDDEN
                 # else: it exists but we were denied access to it: alive
-            elif cached[3] == "Z":
+            elif cached[3]:
                 state = ZOMBIE
             if state == LIVE:
                 since.pop(pid, None)
@@ -237,3 +268,27 @@ class ProcResolver:
         for gone in [p for p in since if p not in wanted]:
             del since[gone]
         return out
+
+
+def _text(raw: str) -> str:
+    """psutil's text of bytes any process can choose (its comm, argv[0]) as text any encoder takes: psutil decodes
+    them with ``surrogateescape``, so invalid UTF-8 arrives as lone surrogates, which no encoder takes (one process
+    named with a 0xff byte made /metrics fail); back to the bytes, then U+FFFD for each invalid one."""
+    return raw.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _name(proc: psutil.Process) -> str | None:
+    """psutil's name (``comm``, or the base name of ``argv[0]`` when comm is its truncated start), as text, cut to
+    :data:`MAX_NAME_CHARS`."""
+    try:
+        return _text(proc.name())[:MAX_NAME_CHARS]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
+        return None
+
+
+def _user(proc: psutil.Process) -> str | None:
+    """The name of the real uid (the uid itself when the passwd database has none: psutil's rule)."""
+    try:
+        return _text(proc.username())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError):
+        return None

@@ -1,16 +1,18 @@
-"""Process merge / top-N / host enrichment, with real host processes for the /proc resolver (psutil as the
-reference its values must equal)."""
+"""Process merge / top-N / host enrichment, with real host processes for the psutil resolver (and a written /proc
+tree for its edge cases)."""
 
 from __future__ import annotations
 
 import getpass
 import os
+import pwd
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from gpuwatchd.sources.nvml.worker.processes import (
     HOST_PID_NAMESPACE,
@@ -109,7 +111,7 @@ def test_proc_resolver_real_process_and_gone_pid() -> None:
         resolver = ProcResolver()
         infos = resolver.resolve([child.pid, os.getpid()])
         name, user, rss = infos[child.pid]
-        assert name == psutil.Process(child.pid).name()
+        assert name == Path(f"/proc/{child.pid}/comm").read_text().strip()
         assert user == getpass.getuser()
         assert rss is not None and rss > 0
         own_rss = infos[os.getpid()][2]
@@ -145,7 +147,7 @@ def test_proc_resolver_negative_cache_rechecks_a_missing_pid_later() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         resolver._missing[child.pid] = now[0] - 1.0  # its recheck time has come
-        assert resolver.resolve([child.pid])[child.pid][0] == psutil.Process(child.pid).name()
+        assert resolver.resolve([child.pid])[child.pid][0] == Path(f"/proc/{child.pid}/comm").read_text().strip()
         assert child.pid not in resolver._missing
     finally:
         child.kill()
@@ -223,26 +225,34 @@ def test_a_missing_pid_is_hidden_outside_the_host_pid_namespace() -> None:
         assert out[0]["host_state"] == expected and out[0]["host_state_seconds"] is not None
 
 
-def test_proc_resolver_gives_what_psutil_gives(tmp_path: Path) -> None:
-    """Name (a 15-character comm extended from argv[0], as psutil does), user and RSS equal psutil's for real
-    processes: this one, a short-named child and one whose comm the kernel truncated."""
+def _statm_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_proc_resolver_names_users_and_rss_of_real_processes(tmp_path: Path) -> None:
+    """Name (a 15-character comm extended from argv[0]), real user and RSS of real processes: this one, a
+    short-named child and one whose comm the kernel truncated."""
     long_name = tmp_path / "gpuwatchd-long-process-name"
     long_name.symlink_to(sys.executable)
     short = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     long = subprocess.Popen([str(long_name), "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         pids = [os.getpid(), short.pid, long.pid]
-        for _ in range(100):  # the child's comm is its executable's once it has exec'd
-            if psutil.Process(long.pid).name() == long_name.name:
+        for _ in range(200):  # the children's comm is their executable's once they have exec'd
+            comms = [Path(f"/proc/{p}/comm").read_text().strip() for p in (short.pid, long.pid)]
+            if comms == [os.path.basename(sys.executable)[:15], long_name.name[:15]]:
                 break
             time.sleep(0.05)
         got = ProcResolver().resolve(pids)
+        me = pwd.getpwuid(os.getuid()).pw_name
         for pid in pids:
-            ref = psutil.Process(pid)
-            name, user, rss = got[pid]
-            assert (name, user) == (ref.name(), ref.username())
-            assert rss is not None and abs(rss - ref.memory_info().rss) < 8 << 20  # read moments apart
+            _, user, rss = got[pid]
+            assert user == me
+            assert rss is not None and abs(rss - _statm_rss(pid)) < 8 << 20  # read moments apart
+        assert got[short.pid][0] == os.path.basename(sys.executable)[:15]
         assert got[long.pid][0] == "gpuwatchd-long-process-name"  # comm alone: "gpuwatchd-long-"
+        assert got[os.getpid()][0].startswith(Path("/proc/self/comm").read_text().strip())
     finally:
         for child in (short, long):
             child.kill()
@@ -258,12 +268,16 @@ def _fake_proc(root: Path, pid: int, comm: str, *, state: str = "S", start: int 
     (d / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)}\n")
     (d / "status").write_text(f"Name:\t{comm[:15]}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t0\t0\t0\t0\n")
     (d / "cmdline").write_bytes(cmdline)
+    # what psutil reads for RSS: size, resident, shared, text, lib, data, dirty (pages)
+    (d / "statm").write_text(f"100 {rss_pages} 0 0 0 0 0\n")
 
 
-def test_proc_resolver_reads_a_proc_tree(tmp_path: Path) -> None:
+def test_proc_resolver_reads_a_proc_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Edge cases on a written /proc tree: a comm with spaces and parentheses, argv rewritten with spaces
     (setproctitle), a truncated comm argv[0] does not extend, a uid without a passwd entry, a zombie, and a pid
-    reused by another process (new start time: name and user read again)."""
+    reused by another process (new start time: name and user read again). psutil reads the tree through its
+    process-global ``PROCFS_PATH``, put back after the test."""
+    monkeypatch.setattr(psutil, "PROCFS_PATH", psutil.PROCFS_PATH)
     page = os.sysconf("SC_PAGE_SIZE")
     unknown_uid = next(u for u in range(60_000, 70_000) if not _has_passwd_entry(u))
     _fake_proc(tmp_path, 10, "my (odd) name", rss_pages=5)
@@ -283,6 +297,7 @@ def test_proc_resolver_reads_a_proc_tree(tmp_path: Path) -> None:
     _fake_proc(tmp_path, 10, "newcomer", start=2000, uid=unknown_uid, rss_pages=7)
     assert resolver.resolve([10])[10] == ("newcomer", str(unknown_uid), 7 * page)
     assert resolver.lookups == 6  # one first read per pid; the reused pid 10 was a cache entry, not a lookup
+    assert str(tmp_path) == psutil.PROCFS_PATH
 
 
 def _has_passwd_entry(uid: int) -> bool:
@@ -297,8 +312,8 @@ def _has_passwd_entry(uid: int) -> bool:
 
 def test_names_with_invalid_utf8_are_text_any_encoder_takes(tmp_path: Path) -> None:
     """A real process may name itself with any bytes (prctl PR_SET_NAME, an executable's file name): invalid UTF-8
-    became lone surrogates (os.fsdecode), which made /metrics fail to encode. Now U+FFFD, and a 255-byte argv[0]
-    base name is kept to 255 characters."""
+    arrives from psutil as lone surrogates (surrogateescape), which made /metrics fail to encode. Now U+FFFD, and
+    a 255-byte argv[0] base name is kept to 255 characters."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     setname = ("import ctypes, sys; ctypes.CDLL(None).prctl(15, b'gpu\\xff\\xfe\\x1b[2Jx', 0, 0, 0); "
