@@ -85,7 +85,8 @@ def test_restart_mid_job_keeps_onsets_leak_fires_saturating_job_does_not(
         return next((a for a in leak_alerts(second) if a["state"] == "firing"), None)
 
     alert = wait_until(fired, "the leak to fire", timeout=400)
-    assert alert["labels"]["pid"] == "4343" and alert["labels"]["kind"] == "gpu"
+    # the whole alert on failure: which process, the evidence it fired on and when (a run that cannot be repeated)
+    assert alert["labels"]["pid"] == "4343" and alert["labels"]["kind"] == "gpu", json.dumps(alert)
     fired_at = datetime.fromisoformat(alert["firedAt"].replace("Z", "+00:00")).timestamp() - start
     # Full when the leak has taken what the saturated job (10 GiB) and the driver leave: about 37 min in.
     full_at = LEAK_START + (CAPACITY - 10 * GIB - 3 * GIB - 0.5 * GIB) / LEAK_RATE

@@ -90,6 +90,9 @@ URGENT_WINDOWS = (60.0, 90.0, 120.0, 180.0, 240.0, 360.0, 480.0)
 # Buckets per short window: the long window's 30 buckets would hold one or two samples each at 2 min; 12 keep
 # two or more samples per bucket (store step 5 s) and still leave a recent half of ~5 envelope points.
 URGENT_BUCKETS = 12
+# Longer than this between two readings is a gap in the watch (a restart, a stopped daemon), not a slow poll: six
+# history steps, three times the longest stall of a loaded poller the corpus models (bench/detect.py, stalled-*).
+HISTORY_GAP = 30.0
 # The span of history a short window must hold (of its length): a series younger than that (a job that just
 # started) is not judged on it, so a cut-off warm-up is never half a window.
 URGENT_SPAN_SHARE = 0.9
@@ -122,6 +125,22 @@ def hold_for(cfg: LeakRule, eta: float | None, *, share: float | None = None) ->
     return min(cfg.for_, max(cfg.urgent_min_hold, (cfg.urgent_hold_share if share is None else share) * eta))
 
 
+def since_last_gap(points: list[tuple[float, float]], since: float) -> list[tuple[float, float]]:
+    """``points`` from the last gap of more than ``HISTORY_GAP`` seconds after ``since`` on (all of them without one).
+
+    A gap is a time nobody watched (the daemon restarted, was stopped, the host slept): what the series did in it
+    is unknown. A short window that spans one fits the readings on both sides as if they were joined by a straight
+    line, so the growth of a warm-up that went on meanwhile read as a fast straight rise (a saturating job fired
+    after a daemon restart of about a minute). The short windows judge only what was watched without a break."""
+    for i in range(len(points) - 1, 0, -1):
+        t = points[i - 1][0]
+        if t < since:
+            break
+        if points[i][0] - t > HISTORY_GAP:
+            return points[i:]
+    return points
+
+
 def _urgent(
     points: list[tuple[float, float]],
     now: float,
@@ -133,6 +152,7 @@ def _urgent(
     seen: bool,
 ) -> Judged | None:
     """The shortest short window on which the series is a leak fast enough for that window to be evidence."""
+    points = since_last_gap(points, now - URGENT_WINDOWS[-1])
     # No short window can show more growth than the raw values span; most series are flat, skip them cheaply.
     latest = [(t, v) for t, v in points if t >= now - URGENT_WINDOWS[-1]]
     if not latest or max(v for _, v in latest) - min(v for _, v in latest) < max(floor_growth, 1.0):
