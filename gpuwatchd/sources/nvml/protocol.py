@@ -23,9 +23,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 # The lost reasons the worker itself writes (model.py holds the same names for the daemon side; a test keeps them
 # equal). Spelled here so that the worker, a second interpreter, does not import the model's dataclasses: ~2 MB of

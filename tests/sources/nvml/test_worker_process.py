@@ -29,10 +29,13 @@ from gpuwatchd.sources.nvml.worker_process import child_env, import_path, worker
 
 REPO = Path(__file__).resolve().parents[3]
 # What the worker must not load: each is ~0.5-5 MB in a process whose whole budget is ~15 MB. psutil it loads: the
-# product's source of host process facts (processes.ProcResolver), ~1.5 MB with what it imports (socket, select,
-# datetime: docs/performance.md).
+# product's source of host process facts (processes.ProcResolver), ~2.6 MB with what it imports (subprocess, socket,
+# select, datetime: docs/performance.md). ``ctypes.util`` (with shutil, tempfile, bz2, lzma, random), which pynvml
+# imports and never calls, is a stand-in until used (worker/lazy_ctypes_util.py); ``typing`` only type checkers read
+# (TYPE_CHECKING blocks in the worker's modules).
 NOT_IN_THE_WORKER = ("site", "dataclasses", "inspect", "pathlib", "asyncio", "ssl", "pydantic",
-                     "yaml", "aiohttp", "prometheus_client", "gpuwatchd.model", "gpuwatchd.config")
+                     "yaml", "aiohttp", "prometheus_client", "gpuwatchd.model", "gpuwatchd.config",
+                     "ctypes.util", "shutil", "tempfile", "bz2", "lzma", "random", "typing")
 
 
 def _imported(stderr: str) -> set[str]:

@@ -19,11 +19,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import pynvml as N
 
 from gpuwatchd.sources.nvml.worker.errors import reason
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def _emit(obj: dict[str, Any]) -> None:

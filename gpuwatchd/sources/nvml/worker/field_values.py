@@ -12,9 +12,12 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import pynvml as N
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 # nvmlFieldValue_t (nvml.h): uint fieldId; uint scopeId; long long timestamp; long long latencyUsec;
 # nvmlValueType_t valueType; nvmlReturn_t nvmlReturn; nvmlValue_t value (an 8-byte union) -- 40 bytes.

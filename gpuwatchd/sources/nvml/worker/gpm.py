@@ -18,14 +18,17 @@ import ctypes
 import struct
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
 
 import pynvml as N
 
 from gpuwatchd.sources.nvml.worker.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
 
-Handle = Any
-Out = dict[str, Any]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any, ClassVar
+
+    Handle = Any
+    Out = dict[str, Any]
 
 # nvml.h GPM rates are MiB/s (NVML_GPM_METRIC_PCIE_TX_PER_SEC ...); activities are percent 0.0-100.0.
 MIB = 1024.0 * 1024.0

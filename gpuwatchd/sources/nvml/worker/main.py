@@ -42,7 +42,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pynvml as N
 
@@ -58,10 +57,16 @@ from gpuwatchd.sources.nvml.protocol import (
 )
 from gpuwatchd.sources.nvml.worker.errors import reason
 from gpuwatchd.sources.nvml.worker.gpm import GpmSampler
-from gpuwatchd.sources.nvml.worker.processes import ProcResolver, Resolver
+from gpuwatchd.sources.nvml.worker.processes import ProcResolver
 from gpuwatchd.sources.nvml.worker.readings import worker_log
 from gpuwatchd.sources.nvml.worker.session import DEFAULT_HANG_AFTER_SECONDS, Worker
 from gpuwatchd.sources.nvml.worker.stall_watch import Position, watch
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpuwatchd.sources.nvml.worker.processes import Resolver
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # When the supervisor does not say (tests, bench): a GPU whose call blocks this long (real seconds) is set aside.

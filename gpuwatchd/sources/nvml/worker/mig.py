@@ -25,15 +25,18 @@ and answered with the worker's re-enumeration (a fresh worker opens everything a
 
 from __future__ import annotations
 
-from typing import Any
-
 import pynvml as N
 
 from gpuwatchd.sources.nvml.worker.errors import LOST_CODES, NvmlGpuLost, reason
 from gpuwatchd.sources.nvml.worker.gpm import GpmReading
 from gpuwatchd.sources.nvml.worker.readings import DeviceReadings, worker_log
 
-Out = dict[str, Any]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+    Out = dict[str, Any]
+
 # The readings a MIG device has (nvml_readings.readings() names); the rest are the GPU's.
 MIG_READINGS = frozenset({"memory_used_bytes"})
 # A MIG handle the driver no longer accepts: its instance was destroyed (nvml.h nvmlDeviceGetMigDeviceHandleByIndex).

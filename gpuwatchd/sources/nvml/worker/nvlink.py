@@ -20,14 +20,17 @@ ids at all. The recovery action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, one de
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pynvml as N
 
-Handle = Any
-Out = dict[str, Any]
-# Writes one field value's number into the sample dict.
-Sink = Callable[[Out, int | float], None]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+    Handle = Any
+    Out = dict[str, Any]
+    # Writes one field value's number into the sample dict.
+    Sink = Callable[[Out, int | float], None]
 
 KIB = 1024  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_* count KiB (nvml.h)
 

@@ -18,13 +18,16 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Callable
-from typing import Any
 
 import pynvml as N
 
 from gpuwatchd.sources.nvml.worker.errors import ABSENT_CODES
 
-Handle = Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+    Handle = Any
 # pid -> [sm, memory, encoder, decoder] in percent, as NVML reports them
 Utilization = dict[int, list[int]]
 

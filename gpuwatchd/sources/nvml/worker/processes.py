@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
 
 import psutil
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any, Protocol
 
 # Fallback when /proc/sys/kernel/pid_max is unreadable: the kernel's PID_MAX_LIMIT on 64-bit (2^22).
 DEFAULT_PID_MAX = 4_194_304
@@ -40,10 +43,11 @@ def pid_max(proc_root: ProcRoot = "/proc") -> int:
         return DEFAULT_PID_MAX
 
 
-class Resolver(Protocol):
-    """Host facts for pids; unknown pids map to :data:`UNKNOWN` (e.g. a pid from another pid namespace)."""
+if TYPE_CHECKING:  # a type only: the worker is handed any object with this method
+    class Resolver(Protocol):
+        """Host facts for pids; unknown pids map to :data:`UNKNOWN` (e.g. a pid from another pid namespace)."""
 
-    def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]: ...
+        def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]: ...
 
 
 # Whether a pid NVML reports still has a process (docs/alerts.md, GpuMemoryHeldByDeadProcess):
@@ -68,10 +72,11 @@ def in_host_pid_namespace(proc_root: ProcRoot = "/proc") -> bool:
         return False
 
 
-class StateResolver(Protocol):
-    """A resolver that can also tell whether each pid still has a process (:data:`HostState` per pid)."""
+if TYPE_CHECKING:
+    class StateResolver(Protocol):
+        """A resolver that can also tell whether each pid still has a process (:data:`HostState` per pid)."""
 
-    def states(self, pids: Sequence[int]) -> dict[int, HostState]: ...
+        def states(self, pids: Sequence[int]) -> dict[int, HostState]: ...
 
 
 def merge_processes(

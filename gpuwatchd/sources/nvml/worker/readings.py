@@ -14,7 +14,6 @@ import os
 import struct
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import pynvml as N
 
@@ -22,13 +21,19 @@ from gpuwatchd.sources.nvml.protocol import log_line
 from gpuwatchd.sources.nvml.worker.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
 from gpuwatchd.sources.nvml.worker.field_values import FieldId, FieldValues
 from gpuwatchd.sources.nvml.worker.gpm import GpmReading
-from gpuwatchd.sources.nvml.worker.nvlink import NvLink, Sink
+from gpuwatchd.sources.nvml.worker.nvlink import NvLink
 from gpuwatchd.sources.nvml.worker.process_util import CALLS as PROCESS_UTIL_CALLS
 from gpuwatchd.sources.nvml.worker.process_util import ProcessUtilization
 
-Handle = Any
-Out = dict[str, Any]
-Reader = Callable[[Handle, Out], None]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpuwatchd.sources.nvml.worker.nvlink import Sink
+
+    Handle = Any
+    Out = dict[str, Any]
+    Reader = Callable[[Handle, Out], None]
 
 MHZ = 1_000_000.0
 # nvmlDeviceGetPcieThroughput reports KB/s (nvml.h); NVML's KB is 1024 bytes like the rest of its memory units.

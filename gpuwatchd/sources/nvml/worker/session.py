@@ -14,7 +14,6 @@ import ctypes
 import mmap
 import threading
 import time
-from typing import Any
 
 import pynvml as N
 
@@ -29,7 +28,6 @@ from gpuwatchd.sources.nvml.worker.errors import ABSENT_CODES, LOST_CODES, TIMEO
 from gpuwatchd.sources.nvml.worker.mig import MigDevice, MigSet
 from gpuwatchd.sources.nvml.worker.process_util import Utilization, attach
 from gpuwatchd.sources.nvml.worker.processes import (
-    Resolver,
     merge_processes,
     pid_max,
     process_dicts_per_gpu,
@@ -37,6 +35,12 @@ from gpuwatchd.sources.nvml.worker.processes import (
 )
 from gpuwatchd.sources.nvml.worker.readings import DeviceReadings, worker_log
 from gpuwatchd.sources.nvml.worker.stall_watch import Position, Stuck
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpuwatchd.sources.nvml.worker.processes import Resolver
 
 # When the supervisor does not say (tests, bench): a GPU whose call has blocked this long (real seconds of the
 # worker running) is reported hung rather than suspected; nvml.poll_timeout's default.
