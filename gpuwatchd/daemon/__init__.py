@@ -24,7 +24,6 @@ from gpuwatchd.daemon.http import HttpWiring
 from gpuwatchd.daemon.reload import Reload, ReloadResult
 from gpuwatchd.daemon.watchdog import watchdog_loop
 from gpuwatchd.exporter.collector import StoreCollector
-from gpuwatchd.exporter.dcgm_compat import DcgmCompatCollector
 from gpuwatchd.model import ConfigReload, DockChange, LinkChange, NvmlCounters
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.probes.service import ProbeService
@@ -70,6 +69,8 @@ class Daemon(DataPath, Evaluation, Reload, HttpWiring):
         self.probes = ProbeService(cfg, self.store, self.clock, self.state_dir, sim=self._probe_sim)
         self.registry.register(StoreCollector(self.store, now=self.clock.now))
         if cfg.exporter.compat == "dcgm":
+            from gpuwatchd.exporter.dcgm_compat import DcgmCompatCollector
+
             self.registry.register(DcgmCompatCollector(self.store, cfg.host))
         self._alerts_collector = AlertsCollector(self._engine)
         self.registry.register(self._alerts_collector)

@@ -13,10 +13,8 @@ from gpuwatchd.daemon.status import StatusViews
 from gpuwatchd.notify.api import build_routes
 from gpuwatchd.probes.api import probe_routes
 from gpuwatchd.runtime.startup import DaemonError, listen_error
-from gpuwatchd.web.auth import BasicAuth
 from gpuwatchd.web.http import make_app
 from gpuwatchd.web.server import start_server
-from gpuwatchd.web.webconfig import WebConfigError, load_web_config
 
 log = logging.getLogger("gpuwatchd.daemon")
 
@@ -33,6 +31,10 @@ class HttpWiring(StatusViews):
         )
         tls, middlewares = None, []
         if self._web_config_file is not None:
+            # Only with a web config: its models and the basic-auth stack are not loaded otherwise.
+            from gpuwatchd.web.auth import BasicAuth
+            from gpuwatchd.web.webconfig import WebConfigError, load_web_config
+
             try:
                 web_config = load_web_config(self._web_config_file)
                 tls = web_config.ssl_context()

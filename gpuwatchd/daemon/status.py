@@ -7,8 +7,6 @@ from typing import Any
 
 from gpuwatchd import __version__
 from gpuwatchd.daemon.parts import DaemonParts
-from gpuwatchd.web.detail import add_details
-from gpuwatchd.web.status import status_from_store
 
 
 class StatusViews(DaemonParts):
@@ -18,6 +16,10 @@ class StatusViews(DaemonParts):
 
     def status(self) -> dict[str, Any]:
         """/api/v1/status: the store's view plus the runtime's own facts."""
+        # Imported at the first request (``gpuwatchd status``, the status page), not on the way to the first /metrics.
+        from gpuwatchd.web.detail import add_details
+        from gpuwatchd.web.status import status_from_store
+
         out = dict(status_from_store(self.store))
         sup = self._supervisor
         out["daemon"] = {

@@ -24,12 +24,10 @@ from gpuwatchd.notify.retry import TokenBucket, Verdict, backoff, classify_statu
 from gpuwatchd.notify.store import Outbox, OutboxRow
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.runtime.http_body import read_capped
-from gpuwatchd.runtime.waits import wait_event
+from gpuwatchd.runtime.waits import nap
 
 log = logging.getLogger(__name__)
 
-# Longest real-time nap of a waiting worker: bounds how late it notices a clock that jumps (ManualClock, tests).
-MAX_NAP_SECONDS = 0.5
 # Error bodies are logged for diagnosis, but short: a 5xx page can be megabytes of HTML.
 ERROR_BODY_LOG_CHARS = 200
 # Most of a receiver's answer read (Retry-After in a 429 body, the error text); the rest is left unread.
@@ -47,17 +45,6 @@ def receiver_secrets(rc: ReceiverConfig) -> list[str]:
         out.append(rc.hmac_secret.get_secret_value())
     out.extend(v.get_secret_value() for v in rc.headers.values())
     return out
-
-
-async def nap(clock: Clock, until: float, wake: asyncio.Event) -> None:
-    """Sleep until clock time ``until`` (at most ``MAX_NAP_SECONDS`` real) or until ``wake`` is set."""
-    real = max(0.0, until - clock.now()) / clock.speed
-    if real <= 0:
-        await asyncio.sleep(0)
-        return
-    await wait_event(wake, min(real, MAX_NAP_SECONDS))
-    wake.clear()
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,18 +17,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from prometheus_client.registry import Collector
 
 from gpuwatchd.model import Alert
-from gpuwatchd.notify import alertmanager
 from gpuwatchd.notify.config import Member, NotifyConfig, ReceiverConfig
-from gpuwatchd.notify.delivery import Worker, nap
 from gpuwatchd.notify.fingerprints import alert_fp
 from gpuwatchd.notify.inhibition import Inhibitor
-from gpuwatchd.notify.integrations import integration
 from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
 from gpuwatchd.notify.nflog import needs_update
 from gpuwatchd.notify.notification import Notification, sort_alerts
@@ -37,8 +34,22 @@ from gpuwatchd.notify.silences import Silences
 from gpuwatchd.notify.store import OutboxRow, StateStore
 from gpuwatchd.notify.store.nflog import LogEntry
 from gpuwatchd.runtime.clock import Clock, wall_mapper
+from gpuwatchd.runtime.waits import nap
+
+if TYPE_CHECKING:
+    from gpuwatchd.notify.delivery import Worker
+    from gpuwatchd.notify.integration import Integration
 
 log = logging.getLogger(__name__)
+
+
+def _integration(kind: str) -> Integration:
+    """The integration of a receiver type. Imported at the first receiver: a daemon without receivers (the default)
+    loads none of the integrations nor the delivery workers (tests/cli/test_imports.py)."""
+    from gpuwatchd.notify.integrations import integration
+
+    return integration(kind)
+
 
 # stop(): how long an in-flight request may finish before it is cancelled (its row stays pending, re-sent later).
 STOP_GRACE_SECONDS = 2.0
@@ -169,6 +180,8 @@ class Dispatcher:
         self._abandon_orphans()
 
     def _start_worker(self, rc: ReceiverConfig, member: Member) -> None:
+        from gpuwatchd.notify.delivery import Worker
+
         assert self._session is not None
         w = Worker(
             rc,
@@ -242,7 +255,7 @@ class Dispatcher:
     def _grouped(self, name: str) -> bool:
         for rc in self.config.receivers:
             if rc.name == name:
-                return integration(rc.type).grouped
+                return _integration(rc.type).grouped
         return True
 
     def _place(self, a: Alert, route: Route, now: float) -> None:
@@ -281,7 +294,7 @@ class Dispatcher:
                 if not g.alerts:
                     del self._groups[gid]
         for rc in self.config.receivers:
-            if not integration(rc.type).grouped:
+            if not _integration(rc.type).grouped:
                 self._push_alertmanager(rc, now)
         if now >= self._next_gc:
             self._next_gc = now + GC_INTERVAL_SECONDS
@@ -339,7 +352,7 @@ class Dispatcher:
                     reason=reason,
                     external_url=self.config.external_url,
                 )
-                payload = integration(rc.type).render(n)
+                payload = _integration(rc.type).render(n)
                 self.outbox.enqueue(rc.name, g.key, payload, firing=firing, resolved=resolved, now=now)
                 self._depths[rc.name] = self._depths.get(rc.name, 0) + 1
                 log.info("%s: queued %s for %s (%s)", rc.endpoint, n.status, g.key, reason)
@@ -351,6 +364,8 @@ class Dispatcher:
             del g.alerts[fp]
 
     def _push_alertmanager(self, rc: ReceiverConfig, now: float) -> None:
+        from gpuwatchd.notify import alertmanager
+
         alerts = []
         for a in self._alerts.values():
             if self.muting(a, now).muted or rc.name not in {r.receiver for r in routes_for(a.labels, self.config)}:

@@ -8,6 +8,13 @@ not have that race, so timed event waits go through here.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuwatchd.runtime.clock import Clock
+
+# Longest real-time nap of a waiting worker: bounds how late it notices a clock that jumps (ManualClock, tests).
+MAX_NAP_SECONDS = 0.5
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> bool:
@@ -20,3 +27,13 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     finally:
         waiter.cancel()
     return event.is_set()
+
+
+async def nap(clock: Clock, until: float, wake: asyncio.Event) -> None:
+    """Sleep until clock time ``until`` (at most ``MAX_NAP_SECONDS`` real) or until ``wake`` is set."""
+    real = max(0.0, until - clock.now()) / clock.speed
+    if real <= 0:
+        await asyncio.sleep(0)
+        return
+    await wait_event(wake, min(real, MAX_NAP_SECONDS))
+    wake.clear()

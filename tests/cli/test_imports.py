@@ -72,10 +72,19 @@ def test_the_help_of_every_command_still_names_its_defaults() -> None:
 
 # What `gpuwatchd run` with the default configuration must not load: each belongs to a configuration that asks for
 # it (basic auth, a kubelet socket, torch probes) or to another process (pynvml and psutil: the NVML worker, which
-# reads host facts of GPU processes through psutil). docs/performance.md has what each costs.
+# reads host facts of GPU processes through psutil). Deferred to where they are used (docs/performance.md,
+# "Start-up"): the web config's models and basic auth (a web config file), the DCGM-compatible names
+# (exporter.compat: dcgm), the notification integrations and delivery workers (a receiver; the default has none),
+# and the status views (the first /api/v1/status request). docs/performance.md has what each costs.
 NOT_IN_A_DEFAULT_DAEMON = ("psutil", "pynvml", "torch", "bcrypt", "grpc", "cryptography", "numpy",
                            "gpuwatchd.sources.nvml.worker", "gpuwatchd.probes.worker", "gpuwatchd.config.doc",
-                           "gpuwatchd.sim.runner", "gpuwatchd.sim.scenario")
+                           "gpuwatchd.sim.runner", "gpuwatchd.sim.scenario",
+                           "gpuwatchd.web.webconfig", "gpuwatchd.web.auth", "gpuwatchd.exporter.dcgm_compat",
+                           "gpuwatchd.notify.delivery", "gpuwatchd.notify.integrations",
+                           "gpuwatchd.notify.alertmanager", "gpuwatchd.notify.slack", "gpuwatchd.notify.discord",
+                           "gpuwatchd.notify.teams", "gpuwatchd.notify.mattermost", "gpuwatchd.notify.ntfy",
+                           "gpuwatchd.notify.retry",
+                           "gpuwatchd.notify.redaction", "gpuwatchd.web.status", "gpuwatchd.web.detail")
 
 
 def test_a_default_daemon_loads_no_optional_stack(standin_libdir: Path, tmp_path: Path) -> None:
