@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import tempfile
 import time
@@ -40,15 +41,68 @@ _SIM = (
     "    elif info['generation'] == 2: sys.stderr.write(f'gc2 {time.monotonic():.3f} "
     "{(time.monotonic() - started[0]) * 1000:.1f}\\n')\n"
     "gc.callbacks.append(_gen2)\n"
+    "{blocks}"
+    "{dead}"
     "import asyncio, sys; from pathlib import Path; from gpuwatchd.sim.runner import run_sim; "
     "sys.exit(asyncio.run(run_sim(scenario=sys.argv[1], from_xml=None, gpus=None, speed=1.0, listen=sys.argv[3], "
     "config_path=Path(sys.argv[2]), state_dir=None, freeze_gc={freeze})))"
 )
 
 
+# --blocks: bench/loop_blocks.py loaded into the daemon (whatever tree it runs) before it starts.
+_BLOCKS = (
+    f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import loop_blocks; "
+    "loop_blocks.BLOCK_MS = {block_ms}; loop_blocks.install()\n"
+)
+# --dead: the production NVML worker (psutil on the host's /proc) instead of the sim's: the stand-in's pids are
+# fictitious, so every process is gone and GpuMemoryHeldByDeadProcess fires for each, as under bench/footprint.py.
+_DEAD = (
+    "import gpuwatchd.sim.runner as _r; from gpuwatchd.sources.nvml.protocol import WORKER_MODULE as _W; "
+    "_r.SIM_WORKER_MODULE = _W\n"
+)
+OPTIONS: dict[str, float | bool] = {"blocks": 0.0, "dead": False}
+
+
+def _steps(log: str, t0: float, t1: float) -> dict[str, list[float]]:
+    """loop_blocks lines in [t0, t1]: durations (ms) per step, per collection generation, and of the loop blocks
+    (``blk``: all, and ``blk:<what>`` per callback; ``blk.cpu``: the loop thread's CPU time in them)."""
+    out: dict[str, list[float]] = {}
+    for line in log.splitlines():
+        parts = line.split(maxsplit=3)
+        try:
+            if parts[0] == "tm" and t0 <= float(parts[1]) <= t1:
+                step, wall, *cpu = line.split()[2:]
+                out.setdefault(step, []).append(float(wall))
+                if cpu:
+                    out.setdefault(f"{step}.cpu", []).append(float(cpu[0]))
+            elif parts[0] in ("gc0", "gc1", "gc2") and len(parts) == 3 and t0 <= float(parts[1]) <= t1:
+                out.setdefault(parts[0], []).append(float(parts[2]))
+            elif parts[0] == "blk" and t0 <= float(parts[1]) <= t1:
+                wall, cpu, what = line.split(maxsplit=4)[2:]
+                out.setdefault("blk", []).append(float(wall))
+                out.setdefault("blk.cpu", []).append(float(cpu))
+                out.setdefault(f"blk:{what}", []).append(float(wall))
+                out.setdefault(f"blk.cpu:{what}", []).append(float(cpu))
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def _step_table(steps: dict[str, list[float]], seconds: float) -> str:
+    rows = []
+    for name in sorted(steps, key=lambda k: (k.startswith(("blk:", "blk.cpu:")), k.replace(".cpu", ""), ".cpu" in k)):
+        v = sorted(steps[name])
+        rows.append(f"  {name:<48} n={len(v):>6} ({len(v) / seconds:7.1f}/s) p50 {v[len(v) // 2]:7.2f} "
+                    f"p99 {v[min(len(v) - 1, round(0.99 * (len(v) - 1)))]:7.2f} max {v[-1]:7.2f} ms"
+                    f"  >=10ms: {sum(x >= 10 for x in v)}")
+    return "\n".join(rows)
+
+
 async def _round(tmp: Path, freeze: bool, seconds: float, scrapers: int) -> tuple[list[float], list[float]]:
     """Latencies of the requests, and the pauses (ms) of the full collections the daemon ran while they ran."""
-    scrape._SIM = _SIM.replace("{freeze}", str(freeze))
+    scrape._SIM = _SIM.replace("{freeze}", str(freeze)).replace(
+        "{blocks}", _BLOCKS.replace("{block_ms}", str(OPTIONS["blocks"])) if OPTIONS["blocks"] else "").replace(
+        "{dead}", _DEAD if OPTIONS["dead"] else "")
     sim = scrape.Sim(tmp, hung=False)
     try:
         async with scrape.aiohttp.ClientSession() as session:
@@ -61,7 +115,11 @@ async def _round(tmp: Path, freeze: bool, seconds: float, scrapers: int) -> tupl
     finally:
         sim.stop()
     pauses = []
-    for line in Path(sim.log.name).read_text(errors="replace").splitlines():
+    log = Path(sim.log.name).read_text(errors="replace")
+    if OPTIONS["blocks"]:
+        print(f"freeze_gc={freeze}: event-loop blocks >= {OPTIONS['blocks']} ms and per-step durations while "
+              f"scraped\n{_step_table(_steps(log, t0, t1), t1 - t0)}", flush=True)
+    for line in log.splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[0] == "gc2" and t0 <= float(parts[1]) <= t1:
             pauses.append(float(parts[2]))
@@ -76,7 +134,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--scrapers", type=int, default=10)
     ap.add_argument("--tree", type=Path, help="the gpuwatchd checkout to run (default: this one)")
+    ap.add_argument("--blocks", type=float, default=0.0, metavar="MS",
+                    help="print how long each per-poll step and every event-loop callback of at least MS ms took "
+                         "while scraped (bench/loop_blocks.py; adds its own small overhead)")
+    ap.add_argument("--dead", action="store_true",
+                    help="every process gone (the production worker over fictitious pids, as bench/footprint.py)")
+    ap.add_argument("--frozen-only", action="store_true", help="skip the rounds with the default collector")
     a = ap.parse_args()
+    OPTIONS["blocks"], OPTIONS["dead"] = a.blocks, a.dead
     if a.tree is not None:
         scrape.ROOT = a.tree.resolve()
     scrape.GPUS, scrape.PROCESSES = a.gpus, a.procs
@@ -85,14 +150,14 @@ def main() -> None:
     gen2: dict[bool, list[float]] = {True: [], False: []}
     with tempfile.TemporaryDirectory(prefix="gpuwatchd-gc-") as d:
         for r in range(a.rounds):
-            for freeze in (True, False) if r % 2 == 0 else (False, True):
+            for freeze in (True,) if a.frozen_only else (True, False) if r % 2 == 0 else (False, True):
                 lat, pauses = asyncio.run(_round(Path(d), freeze, a.seconds, a.scrapers))
                 got[freeze] += lat
                 gen2[freeze] += pauses
                 print(f"round {r} freeze_gc={freeze}: {len(lat)} requests, p99 {scrape._pct(lat, 0.99):.1f} ms, "
                       f"max {max(lat) * 1000:.1f} ms, {len(pauses)} full collections "
                       f"(longest {max(pauses, default=0.0):.1f} ms)", flush=True)
-    mx = {k: max(v) * 1000 for k, v in got.items()}
+    mx = {k: max(v, default=math.nan) * 1000 for k, v in got.items()}
     p99 = {k: scrape._pct(v, 0.99) for k, v in got.items()}
     print(f"{a.gpus} GPUs x {a.procs} processes (top_n {a.procs}), {a.scrapers} scrapers, {a.rounds} rounds")
     print(f"max_ms={mx[True]:.1f} p99_ms={p99[True]:.1f} max_nofreeze_ms={mx[False]:.1f} "

@@ -29,7 +29,7 @@ from gpuwatchd.exporter import probe_families as pf
 from gpuwatchd.exporter import runtime_families as rf
 from gpuwatchd.exporter.encode import freeze
 from gpuwatchd.exporter.families import Spec, spec
-from gpuwatchd.model import GpuSample
+from gpuwatchd.model import GpuSample, ProcessSample
 from gpuwatchd.store import Store
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,15 @@ def present_gpus(store: Store) -> list[GpuSample]:
 
 def _same(a: list[GpuSample], b: list[GpuSample]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+# What the per-process families of one GPU are built from: its uuid, process count and process tuple.
+_ProcessInputs = tuple[str, int | None, tuple[ProcessSample, ...]]
+
+
+def _same_processes(a: list[_ProcessInputs], b: list[_ProcessInputs]) -> bool:
+    return len(a) == len(b) and all(
+        x[0] == y[0] and x[1] == y[1] and x[2] is y[2] for x, y in zip(a, b, strict=True))
 
 
 class StoreCollector(Collector):
@@ -103,7 +112,8 @@ class StoreCollector(Collector):
         self.errors: dict[str, int] = dict.fromkeys(self.groups, 0)
         # group -> (the GPU samples its families were built from, the families, frozen)
         self._built: dict[str, tuple[list[GpuSample], list[Metric]]] = {}
-        self._built_attribution: object = None
+        self._built_processes: tuple[list[_ProcessInputs], list[Metric]] | None = None
+        self._built_owners: object = None
         self._driver: str | None = None
         self._last_logged: dict[str, float] = {}
 
@@ -129,17 +139,25 @@ class StoreCollector(Collector):
         return group
 
     def _processes(self, store: Store) -> list[Metric]:
-        """Per-process families with owner labels: rebuilt when the samples or the attribution change (the
-        daemon attributes every snapshot, so in practice once per snapshot, like the other per-GPU groups)."""
+        """Per-process families with owner labels: rebuilt when a present GPU's process list or the owners change.
+
+        They depend only on each present GPU's uuid, process count and process tuple, and on the owners map. The
+        snapshot decoder hands over the previous poll's tuple for a GPU whose processes are unchanged, and
+        attribution the previous owners map while nobody's owner changed, so on a steady host these families (and
+        their encoded text, ``encode.freeze``) are built once and reused across polls: at 16 GPUs x 256 processes
+        building and encoding them was the longest stretch a render held the event loop (issue 20).
+        """
         gpus = present_gpus(store)
         attribution = store.attribution
-        built = self._built.get("processes")
-        if built is not None and _same(built[0], gpus) and self._built_attribution is attribution:
-            return built[1]
         owners = attribution.owners if attribution is not None else None
+        inputs = [(g.uuid, g.processes_total, g.processes) for g in gpus]
+        built = self._built_processes
+        if built is not None and self._built_owners is owners and _same_processes(built[0], inputs):
+            return built[1]
         metrics = [freeze(m) for m in gf.process_families(gpus, owners)]
-        self._built["processes"] = (gpus, metrics)
-        self._built_attribution = attribution
+        # Kept with the inputs: holding the tuples and the owners map keeps the identity checks above sound.
+        self._built_processes = (inputs, metrics)
+        self._built_owners = owners
         return metrics
 
     def _presence(self, store: Store) -> list[Metric]:

@@ -92,47 +92,58 @@ def _plain_name(name: str) -> bool:
     return True
 
 
-def _samples(metric: Metric, out: list[str], text: bool) -> bool:
-    """Append the family's sample lines to ``out``; False (``out`` untouched) when the library must encode it."""
-    moved = tuple(metric.name + s for s in _TEXT_MOVED_SUFFIXES) if text else ()
-    lines: list[str] = []
-    # Within a family every sample has the same label names in the same order, so the unsorted items identify the
-    # label string; per-GPU families repeat label sets (uuid, reason...), so each is formatted once.
-    labelstrs: dict[tuple[tuple[str, str], ...], str] = {}
-    values: dict[Any, str] = {}
-    for s in metric.samples:
-        name = s.name
-        if s.exemplar is not None or s.native_histogram is not None or not _plain_name(name) or name in moved:
-            return False
-        labels = s.labels
-        if labels:
-            key = tuple(labels.items())
-            labelstr = labelstrs.get(key)
-            if labelstr is None:
-                if not all(_plain_name(k) for k in labels):
-                    return False
-                labelstr = labelstrs[key] = "{" + ",".join([f'{k}="{_escape_value(v)}"' for k, v in sorted(key)]) + "}"
-        else:
-            labelstr = ""
-        v = s.value
-        if v is None and not text:
-            value = ""
-        else:
-            # Memoised per family for floats only; not 0.0, which would stand for -0.0 too ("-0.0" vs "0.0").
-            memo = type(v) is float and v != 0.0
-            value = values.get(v) if memo else None
-            if value is None:
-                value = go_float(v)
-                if memo:
-                    values[v] = value
-        if s.timestamp is None:
-            lines.append(f"{name}{labelstr} {value}\n")
-        elif text:
-            lines.append(f"{name}{labelstr} {value} {int(float(s.timestamp) * 1000):d}\n")
-        else:
-            lines.append(f"{name}{labelstr} {value} {s.timestamp}\n")
-    out += lines
-    return True
+class _Lines:
+    """The sample lines of one family, possibly written a slice of samples at a time (same text either way)."""
+
+    __slots__ = ("labelstrs", "moved", "text", "values")
+
+    def __init__(self, metric: Metric, text: bool) -> None:
+        self.text = text
+        self.moved = tuple(metric.name + s for s in _TEXT_MOVED_SUFFIXES) if text else ()
+        # Within a family every sample has the same label names in the same order, so the unsorted items identify
+        # the label string; per-GPU families repeat label sets (uuid, reason...), so each is formatted once.
+        self.labelstrs: dict[tuple[tuple[str, str], ...], str] = {}
+        self.values: dict[Any, str] = {}
+
+    def lines(self, samples: Iterable[Any]) -> list[str] | None:
+        """The lines of ``samples``; None when one of them needs the library's encoder (then the whole family
+        does)."""
+        text, moved, labelstrs, values = self.text, self.moved, self.labelstrs, self.values
+        lines: list[str] = []
+        for s in samples:
+            name = s.name
+            if s.exemplar is not None or s.native_histogram is not None or not _plain_name(name) or name in moved:
+                return None
+            labels = s.labels
+            if labels:
+                key = tuple(labels.items())
+                labelstr = labelstrs.get(key)
+                if labelstr is None:
+                    if not all(_plain_name(k) for k in labels):
+                        return None
+                    labelstr = labelstrs[key] = (
+                        "{" + ",".join([f'{k}="{_escape_value(v)}"' for k, v in sorted(key)]) + "}")
+            else:
+                labelstr = ""
+            v = s.value
+            value: str | None
+            if v is None and not text:
+                value = ""
+            else:
+                # Memoised per family for floats only; not 0.0, which would stand for -0.0 too ("-0.0" vs "0.0").
+                memo = type(v) is float and v != 0.0
+                value = values.get(v) if memo else None
+                if value is None:
+                    value = go_float(v)
+                    if memo:
+                        values[v] = value
+            if s.timestamp is None:
+                lines.append(f"{name}{labelstr} {value}\n")
+            elif text:
+                lines.append(f"{name}{labelstr} {value} {int(float(s.timestamp) * 1000):d}\n")
+            else:
+                lines.append(f"{name}{labelstr} {value} {s.timestamp}\n")
+        return lines
 
 
 # Set on a family by ``freeze``: its encoded text per format, filled on first use.
@@ -149,33 +160,58 @@ def freeze(metric: Metric) -> Metric:
     return metric
 
 
-def _om_family(metric: Metric) -> str:
+def _om_head(metric: Metric) -> str | None:
+    """The family's HELP, TYPE and UNIT lines in OpenMetrics; None when the library must encode it."""
     name = metric.name
-    if _plain_name(name):
-        doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-        out = [f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n"]
-        if metric.unit:
-            out.append(f"# UNIT {name} {metric.unit}\n")
-        if _samples(metric, out, text=False):
-            return "".join(out)
+    if not _plain_name(name):
+        return None
+    doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    head = f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n"
+    if metric.unit:
+        head += f"# UNIT {name} {metric.unit}\n"
+    return head
+
+
+def _om_library(metric: Metric) -> str:
     library: Callable[[_One], bytes] = om.generate_latest
     return library(_One(metric)).decode("utf-8").removesuffix("# EOF\n")
 
 
-def _text_family(metric: Metric) -> str:
-    if _plain_name(metric.name):
-        mtype = metric.type
-        name = metric.name
-        if mtype == "counter":
-            name += "_total"
-        elif mtype == "info":
-            name += "_info"
-        mtype = _TEXT_TYPES.get(mtype, mtype)
-        doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
-        out = [f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n"]
-        if _samples(metric, out, text=True):
-            return "".join(out)
+def _om_family(metric: Metric) -> str:
+    head = _om_head(metric)
+    if head is not None:
+        lines = _Lines(metric, text=False).lines(metric.samples)
+        if lines is not None:
+            return "".join([head, *lines])
+    return _om_library(metric)
+
+
+def _text_head(metric: Metric) -> str | None:
+    """The family's HELP and TYPE lines in the text format; None when the library must encode it."""
+    if not _plain_name(metric.name):
+        return None
+    mtype = metric.type
+    name = metric.name
+    if mtype == "counter":
+        name += "_total"
+    elif mtype == "info":
+        name += "_info"
+    mtype = _TEXT_TYPES.get(mtype, mtype)
+    doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+    return f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n"
+
+
+def _text_library(metric: Metric) -> str:
     return exposition.generate_latest(_One(metric)).decode("utf-8")
+
+
+def _text_family(metric: Metric) -> str:
+    head = _text_head(metric)
+    if head is not None:
+        lines = _Lines(metric, text=True).lines(metric.samples)
+        if lines is not None:
+            return "".join([head, *lines])
+    return _text_library(metric)
 
 
 def _family_text(metric: Metric, family: Callable[[Metric], str], fmt: str) -> str:
@@ -203,24 +239,67 @@ def text_latest(registry: Collector) -> bytes:
 # How long encoding runs before letting the event loop serve others: a scrape arriving during a render waits
 # about this long at most (it is answered from the previous body, see http.MetricsRenderer).
 SLICE_SECONDS = 0.001
+# Samples of one family encoded between two looks at the clock: a per-process family at 16 GPUs x 256 processes
+# holds 4,096 samples (tens of ms), so a family is itself cut into slices (~0.3 ms each).
+SLICE_SAMPLES = 256
+
+
+class _Slices:
+    """The clock of a yielding encode: ``tick`` lets the event loop run once ``SLICE_SECONDS`` of work are done."""
+
+    __slots__ = ("deadline",)
+
+    def __init__(self) -> None:
+        self.deadline = time.perf_counter() + SLICE_SECONDS
+
+    async def tick(self) -> None:
+        if time.perf_counter() >= self.deadline:
+            await asyncio.sleep(0)
+            self.deadline = time.perf_counter() + SLICE_SECONDS
+
+
+async def _family_sliced(metric: Metric, text: bool, slices: _Slices) -> str:
+    """``_om_family`` / ``_text_family`` of ``metric``, same text, a slice of samples at a time."""
+    head = _text_head(metric) if text else _om_head(metric)
+    samples = metric.samples
+    if head is not None:
+        writer = _Lines(metric, text)
+        parts = [head]
+        for i in range(0, len(samples), SLICE_SAMPLES):
+            lines = writer.lines(samples[i:i + SLICE_SAMPLES])
+            if lines is None:
+                break
+            parts += lines
+            await slices.tick()
+        else:
+            return "".join(parts)
+    return _text_library(metric) if text else _om_library(metric)
 
 
 async def encode_yielding(metrics: Iterable[Metric], encoder: Encoder) -> bytes:
     """What ``encoder`` (``openmetrics_latest`` or ``text_latest``) writes for ``metrics``, same bytes, yielding to
-    the event loop every ``SLICE_SECONDS`` of work so that a render never holds the loop for long."""
+    the event loop every ``SLICE_SECONDS`` of work (within a family too) so that a render never holds the loop for
+    long. The families must not change while this runs (they are the render's own, or frozen)."""
     if encoder is openmetrics_latest:
-        family, fmt, tail = _om_family, "openmetrics", "# EOF\n"
+        family, fmt, tail, text = _om_family, "openmetrics", "# EOF\n", False
     elif encoder is text_latest:
-        family, fmt, tail = _text_family, "text", ""
+        family, fmt, tail, text = _text_family, "text", "", True
     else:
         raise ValueError(f"not one of this module's encoders: {encoder!r}")
     out: list[str] = []
-    deadline = time.perf_counter() + SLICE_SECONDS
+    slices = _Slices()
     for m in metrics:
-        out.append(_family_text(m, family, fmt))
-        if time.perf_counter() >= deadline:
-            await asyncio.sleep(0)
-            deadline = time.perf_counter() + SLICE_SECONDS
+        if len(m.samples) <= SLICE_SAMPLES:
+            out.append(_family_text(m, family, fmt))
+        else:
+            encoded: dict[str, str] | None = getattr(m, _ENCODED, None)
+            done = encoded.get(fmt) if encoded is not None else None
+            if done is None:
+                done = await _family_sliced(m, text, slices)
+                if encoded is not None:
+                    encoded[fmt] = done
+            out.append(done)
+        await slices.tick()
     out.append(tail)
     return "".join(out).encode("utf-8")
 

@@ -4,8 +4,9 @@ Every handler runs on the daemon's event loop and reads only in-memory state, so
 stall a scrape. ``/metrics`` renders the registry on the loop (CPU only) with the encoders of ``encode`` (same bytes
 as prometheus_client's, about 4x cheaper). With ``cache_key`` given, the rendered body is reused until the key
 changes (the store's version: a new poll, a stale mark, new links...); the families are still built from the store
-for every distinct store state. The encoding yields to the loop in short slices, and scrapes that arrive during a
-render get the previous body, so a render never makes the other scrapers wait (``bench/scrape.py``).
+for every distinct store state. The encoding yields to the loop in short slices (gzip runs in a thread), and scrapes
+that arrive during a render get the previous body, so a render never makes the other scrapers wait
+(``bench/scrape.py``; ``bench/gc_tail.py --blocks`` shows how long each step holds the loop).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def store_cache_key(store: Store) -> Hashable:
 
 
 # gzip level 1: on the 8 GPU x 32 process page (125 kB) it costs 0.3 ms against level 6's 0.8 ms, for 11.0 kB
-# against 9.9 kB; the compression is paid on the event loop in every re-render, the bytes are loopback or LAN.
+# against 9.9 kB; the compression is paid (in a thread) in every re-render, the bytes are loopback or LAN.
 GZIP_LEVEL = 1
 # Distinct Accept headers whose negotiated encoder is remembered; real scrapers send one or two, the cap only
 # bounds what an odd client can make us keep.
@@ -135,7 +136,9 @@ class MetricsRenderer:
         metrics = list(registry.collect())
         body = await encode_yielding(metrics, encoder)
         if slot[2]:
-            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+            # In a thread: zlib lets go of the GIL while it compresses, so the loop serves on meanwhile (the page
+            # at 16 GPUs x 256 processes is ~3 MB, 5-15 ms to compress).
+            body = await asyncio.to_thread(gzip.compress, body, compresslevel=GZIP_LEVEL)
         if len(self._previous) >= PREVIOUS_BODIES:
             self._previous.clear()
         self._previous[slot] = body

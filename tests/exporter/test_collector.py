@@ -302,6 +302,43 @@ def test_per_gpu_families_are_built_once_per_set_of_samples(mixed_store: Store) 
     assert {s.labels["uuid"]: s.value for s in used.samples}[UUID_A] == 123.0
 
 
+def test_process_families_are_reused_while_the_process_lists_and_owners_are(mixed_store: Store) -> None:
+    # The decoder hands over the previous poll's process tuple for an unchanged GPU, and attribution its previous
+    # owners map: new GpuSample objects around the same tuples reuse the per-process families.
+    from gpuwatchd.model import Attribution, ProcessOwner
+
+    collector = StoreCollector(mixed_store, build=BUILD)
+    latest = mixed_store.latest
+    assert latest is not None
+    first = _family(list(collector.collect()), "gpuwatchd_gpu_process_memory_used_bytes")
+    moved = tuple(replace(g, memory_used_bytes=(g.memory_used_bytes or 0) + 1) for g in latest.gpus)
+    mixed_store.apply(replace(latest, timestamp=latest.timestamp + 1, gpus=moved))
+    second = _family(list(collector.collect()), "gpuwatchd_gpu_process_memory_used_bytes")
+    assert second is first
+    # An equal but new process tuple is a change (identity, not equality, is what the decoder promises) ...
+    copied = tuple(replace(g, processes=tuple(replace(p) for p in g.processes)) for g in moved)
+    mixed_store.apply(replace(latest, timestamp=latest.timestamp + 2, gpus=copied))
+    third = _family(list(collector.collect()), "gpuwatchd_gpu_process_memory_used_bytes")
+    assert third is not first and third.samples == first.samples
+    # ... and so are a new process count, a new owners map and a GPU that drops out.
+    counted = tuple(replace(g, processes_total=(g.processes_total or 0) + 5) for g in copied)
+    mixed_store.apply(replace(latest, timestamp=latest.timestamp + 3, gpus=counted))
+    text = exposition(mixed_store)
+    assert value(text, "gpuwatchd_gpu_processes", uuid=UUID_A) == (copied[0].processes_total or 0) + 5
+    fourth = _family(list(collector.collect()), "gpuwatchd_gpu_processes")
+    assert {s.labels["uuid"]: s.value for s in fourth.samples}[UUID_A] == (copied[0].processes_total or 0) + 5
+    pid = counted[0].processes[0].pid
+    owners = {(counted[0].uuid, pid): ProcessOwner(hpc_job="77")}
+    mixed_store.set_attribution(Attribution(timestamp=latest.timestamp + 3, owners=owners))
+    owned = _family(list(collector.collect()), "gpuwatchd_gpu_process_memory_used_bytes")
+    assert any(s.labels.get("hpc_job") == "77" for s in owned.samples)
+    mixed_store.set_attribution(Attribution(timestamp=latest.timestamp + 4, owners=owners))
+    assert _family(list(collector.collect()), "gpuwatchd_gpu_process_memory_used_bytes") is owned
+    mixed_store.apply(replace(latest, timestamp=latest.timestamp + 5, gpus=counted[:1]))
+    alone = _family(list(collector.collect()), "gpuwatchd_gpu_process_memory_used_bytes")
+    assert {s.labels["uuid"] for s in alone.samples} == {UUID_A}
+
+
 def test_reused_families_follow_presence(mixed_store: Store) -> None:
     # The reuse is keyed on the present GPUs' samples: a GPU that drops out changes the key, not only the snapshot.
     collector = StoreCollector(mixed_store, build=BUILD)

@@ -7,6 +7,7 @@ exemplars, names outside the legacy character set, every metric type.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import struct
@@ -32,7 +33,15 @@ from prometheus_client.samples import Exemplar, Timestamp
 from prometheus_client.utils import floatToGoString
 
 from gpuwatchd.exporter.collector import StoreCollector
-from gpuwatchd.exporter.encode import fast_encoder, freeze, go_float, openmetrics_latest, text_latest
+from gpuwatchd.exporter.encode import (
+    SLICE_SAMPLES,
+    encode_yielding,
+    fast_encoder,
+    freeze,
+    go_float,
+    openmetrics_latest,
+    text_latest,
+)
 from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.engine import RulesEngine
@@ -242,3 +251,28 @@ def test_owner_labels_on_some_process_samples_encode_identically() -> None:
     assert 'gpuwatchd_gpu_pod_info{container="trainer"' in body
     assert 'gpuwatchd_attribution_errors_total{source="cgroup"} 1.0' in body
     assert_same(reg)
+
+
+@pytest.mark.parametrize("library_at", [None, 0, SLICE_SAMPLES + 7])
+def test_a_large_family_encoded_in_slices_is_the_same_text(library_at: int | None) -> None:
+    # A family of several slices (a per-process family at 16 x 256 holds 4,096 samples) is written a slice at a
+    # time between yields; the text is the one-go text, and a sample that needs the library's encoder anywhere in
+    # it sends the whole family there, as in one go.
+    big = CounterMetricFamily("big_family", "Many samples.", labels=["gpu", "pid"])
+    for i in range(3 * SLICE_SAMPLES + 5):
+        big.add_metric([str(i % 16), str(i)], float(i % 7) * 1.5)
+    if library_at is not None:
+        s = big.samples[library_at]
+        big.samples[library_at] = s._replace(exemplar=Exemplar({"trace_id": "abc"}, 1.0, 12.0))
+    small = CounterMetricFamily("small_total", "Few.", labels=["x"])
+    small.add_metric(["a"], 3)
+    frozen = freeze(GaugeMetricFamily("frozen_big", "Frozen and large.", labels=["i"]))
+    for i in range(SLICE_SAMPLES + 1):
+        frozen.add_metric([str(i)], i)
+    reg = registry(Fixed([small, big, frozen]))
+    for encoder, library in ((openmetrics_latest, library_openmetrics), (text_latest, exposition.generate_latest)):
+        metrics = list(reg.collect())
+        sliced = asyncio.run(encode_yielding(metrics, encoder))
+        assert sliced == encoder(reg) == library(reg)
+        # The frozen family's text was kept: a second encode reuses it.
+        assert asyncio.run(encode_yielding(metrics, encoder)) == sliced
