@@ -1,9 +1,9 @@
 """What runs in the NVML child process (``python -m gpuwatchd.sources.nvml.worker.main``): the only pynvml importer.
 
-Importing this package, which happens before any of its modules imports pynvml, puts a stand-in for
-``ctypes.util`` in place (:mod:`gpuwatchd.sources.nvml.worker.lazy_ctypes_util`: pynvml imports ``find_library``
-and never calls it; the real module is loaded on first use)."""
+Importing this package, which happens before any of its modules imports pynvml or psutil, puts stand-ins in place
+for the standard-library modules those import at start and the worker never uses (``ctypes.util``, ``subprocess``,
+``datetime``): :mod:`gpuwatchd.sources.nvml.worker.stand_ins`, which loads the real module on first use."""
 
-from gpuwatchd.sources.nvml.worker import lazy_ctypes_util
+from gpuwatchd.sources.nvml.worker import stand_ins
 
-lazy_ctypes_util.install()
+stand_ins.install_all()
