@@ -31,12 +31,13 @@ REPO = Path(__file__).resolve().parents[3]
 # What the worker must not load: each is ~0.5-5 MB in a process whose whole budget is ~15 MB. psutil it loads: the
 # product's source of host process facts (processes.ProcResolver), ~1.7 MB with what it imports (socket, select:
 # docs/performance.md). ``ctypes.util`` (with shutil, tempfile, bz2, lzma, random), which pynvml imports and never
-# calls, and ``subprocess`` and ``datetime`` (with locale), which psutil imports for calls the worker does not make,
-# are stand-ins until used (worker/stand_ins.py); ``typing`` only type checkers read (TYPE_CHECKING blocks).
+# calls, and ``subprocess``, ``datetime`` (with locale), ``base64`` and ``glob``, which psutil imports for calls the
+# worker does not make, are stand-ins until used (worker/stand_ins.py); ``typing`` only type checkers read
+# (TYPE_CHECKING blocks).
 NOT_IN_THE_WORKER = ("site", "dataclasses", "inspect", "pathlib", "asyncio", "ssl", "pydantic",
                      "yaml", "aiohttp", "prometheus_client", "gpuwatchd.model", "gpuwatchd.config",
                      "ctypes.util", "shutil", "tempfile", "bz2", "lzma", "random", "subprocess", "datetime", "locale",
-                     "typing")
+                     "base64", "binascii", "glob", "fnmatch", "typing")
 
 
 def _imported(stderr: str) -> set[str]:

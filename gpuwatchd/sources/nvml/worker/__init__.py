@@ -2,7 +2,8 @@
 
 Importing this package, which happens before any of its modules imports pynvml or psutil, puts stand-ins in place
 for the standard-library modules those import at start and the worker never uses (``ctypes.util``, ``subprocess``,
-``datetime``): :mod:`gpuwatchd.sources.nvml.worker.stand_ins`, which loads the real module on first use."""
+``datetime``, ``base64``, ``glob``): :mod:`gpuwatchd.sources.nvml.worker.stand_ins`, which loads the
+real module on first use."""
 
 from gpuwatchd.sources.nvml.worker import stand_ins
 

@@ -11,10 +11,13 @@ themselves are the unmodified packages. Measured in the spawned worker at 8x32 (
   loader, ``_LoadNvmlLibrary``, opens ``CDLL("libnvidia-ml.so.1")`` on Linux (``# assume linux``) and
   ``CDLL(<WINDIR or ProgramFiles>/.../nvml.dll)`` on Windows, by path in both cases. Because pynvml takes the name
   at import, the stand-in holds a ``find_library`` that loads the real module when called and calls its own.
-- ``subprocess`` and ``datetime`` (0.9 MB with selectors, locale and _datetime): psutil 7.2 imports both at
-  start and uses them only in calls the worker never makes: ``subprocess`` in ``psutil.Popen`` (``__init__``,
-  ``__dir__``, ``wait``), ``datetime`` in ``_pprint_secs`` (a ``Process``'s repr). The worker's own calls
-  (``Process``, ``oneshot``, ``is_running``, ``status``, ``memory_info``, ``name``, ``username``) touch neither.
+- ``subprocess`` and ``datetime`` (0.9 MB with locale, fcntl and _datetime), ``base64`` and ``glob`` (0.2 MB with
+  binascii and fnmatch): psutil 7.2 imports them at start and uses them only in calls the worker never makes:
+  ``subprocess`` in ``psutil.Popen`` (``__init__``, ``__dir__``, ``wait``), ``datetime`` in ``_pprint_secs`` (a
+  ``Process``'s repr), ``base64`` in ``net_connections``' address parsing, ``glob`` in the sensors, CPU frequency
+  and disk functions. The worker's own calls (``Process``, ``oneshot``, ``is_running``, ``status``,
+  ``memory_info``, ``name``, ``username``) touch none of them. (``resource`` is not among them: psutil asks
+  ``hasattr(resource, "prlimit")`` while defining its ``Process`` class.)
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 # What the worker stands in for, and why: the module docstring.
-WORKER_STAND_INS = ("ctypes.util", "subprocess", "datetime")
+WORKER_STAND_INS = ("ctypes.util", "subprocess", "datetime", "base64", "glob")
 
 _lock = threading.Lock()
 

@@ -1,7 +1,7 @@
-"""The worker's stand-ins (issue 20): ``ctypes.util``, which pynvml imports and never calls, and ``subprocess`` and
-``datetime``, which psutil imports and uses only in calls the worker does not make, are loaded only if something
-uses them, and then answer as the real modules. Each case runs in a fresh ``python -S`` like the worker's: the test
-process has long loaded the real modules."""
+"""The worker's stand-ins (issue 20): ``ctypes.util``, which pynvml imports and never calls, and ``subprocess``,
+``datetime``, ``base64`` and ``glob``, which psutil imports and uses only in calls the worker does not make, are
+loaded only if something uses them, and then answer as the real modules. Each case runs in a fresh ``python -S``
+like the worker's: the test process has long loaded the real modules."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import gpuwatchd.sources.nvml.worker
 from gpuwatchd.sources.nvml.worker import stand_ins
 import pynvml, psutil
 def loaded():
-    return sorted(m for m in ("ctypes.util", "subprocess", "datetime", "shutil", "tempfile", "bz2", "lzma", "locale")
-                  if m in sys.modules and not isinstance(sys.modules[m], stand_ins.StandIn))
+    return sorted(m for m in (*stand_ins.WORKER_STAND_INS, "shutil", "tempfile", "bz2", "lzma", "locale", "binascii",
+                              "fnmatch") if m in sys.modules and not isinstance(sys.modules[m], stand_ins.StandIn))
 out = {"after_import": loaded()}
 """
 
@@ -80,6 +80,16 @@ out["real"] = subprocess.Popen.__module__ == "subprocess" and not isinstance(sub
 """)
     assert (out["code"], out["repr"], out["real"]) == (3, True, True)
     assert out["after"] == ["datetime", "locale", "subprocess"]
+
+
+def test_psutil_calls_that_need_base64_and_glob_load_them() -> None:
+    out = _run("""
+out["conns"] = isinstance(psutil.net_connections("tcp4"), list)  # addresses decoded with base64.b16decode
+out["temps"] = isinstance(psutil.sensors_temperatures(), dict)  # /sys/class/hwmon found with glob.glob
+out["after"] = loaded()
+""")
+    assert (out["conns"], out["temps"]) == (True, True)
+    assert {"base64", "binascii", "glob", "fnmatch"} <= set(out["after"])  # type: ignore[call-overload]
 
 
 def test_other_attributes_come_from_the_real_module_and_path_does_not_load_it() -> None:
