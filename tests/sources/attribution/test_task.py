@@ -152,6 +152,32 @@ async def test_unreadable_job_directory_is_an_error(tree: Path) -> None:
     assert task.errors["hpc_jobs"] == 1 and task.jobs == {}
 
 
+def test_due_cgroup_rereads_are_spread_over_polls(tree: Path) -> None:
+    # Pids listed together fall due together: a resolve re-reads at most CGROUP_REREADS_MIN (or a tenth of the
+    # cached pids) of them, later polls the rest, so a 16 x 256 host no longer re-reads 4,096 files in one poll.
+    from gpuwatchd.sources.attribution import task as task_module
+
+    pids = list(range(1000, 1000 + 2 * task_module.CGROUP_REREADS_MIN + 10))
+    for pid in pids:
+        _proc(tree / "proc", pid, (FIXTURES / "docker-v2-systemd.cgroup").read_text())
+    snap = _snap((G2, 2, pids))
+    task = AttributionTask(_cfg(tree))
+    first = task.resolve(snap, now=0.0)  # new pids: all read at once
+    assert all(first.owners[(G2, pid)].labels() == {"container_id": D[:12]} for pid in pids)
+    for pid in pids:  # every one moved (as reused pids would be)
+        _proc(tree / "proc", pid, (FIXTURES / "host-session-v2.cgroup").read_text())
+    assert task.resolve(snap, now=10.0).owners is first.owners  # nothing due, nothing read: the same owners
+    moved = []
+    for poll in range(3):
+        owners = task.resolve(snap, now=31.0 + poll).owners
+        moved.append(sum((G2, pid) not in owners for pid in pids))
+    assert moved == [task_module.CGROUP_REREADS_MIN, 2 * task_module.CGROUP_REREADS_MIN, len(pids)]
+    settled = task.resolve(snap, now=40.0).owners
+    assert settled == {}
+    # re-reads that find what was there keep the owners map itself (the per-process families are reused with it)
+    assert task.resolve(snap, now=80.0).owners is settled
+
+
 def test_same_pids_reuse_the_owners_until_a_recheck_or_new_answers_are_due(tree: Path) -> None:
     # The per-poll path at 16 x 256: no /proc read while the same pids are listed and no re-read is due.
     task = AttributionTask(_cfg(tree))
