@@ -16,8 +16,14 @@ The checkout's modules are byte-compiled first (:func:`compile_tree`), as ``pip 
 ``PYTHONDONTWRITEBYTECODE`` set (developer shells, CI images) every start would otherwise compile all of gpuwatchd
 from source, which an installed daemon never does (it cost the worker ~1.7 MB of RSS and the start ~0.1 s).
 
+The fleet's processes are real ones by default (``--pids live``: one ``sleep`` per GPU process, so the worker reads
+them through psutil as on a user's host); ``--pids dead`` lists fictitious pids instead, so every process is gone
+and GpuMemoryHeldByDeadProcess fires for each: the daemon's worst case (figures before issue 20's 8x32 step were
+measured so).
+
 Last line: ``rss_mb=… cpu_pct=… rss_growth_mb=…`` (targets <= 80, <= 1, <= 1) and the split:
-``daemon_rss_mb daemon_uss_mb daemon_pss_mb worker_rss_mb worker_uss_mb worker_pss_mb uss_mb pss_mb``.
+``daemon_rss_mb daemon_uss_mb daemon_pss_mb worker_rss_mb worker_uss_mb worker_pss_mb uss_mb pss_mb
+daemon_cpu_pct worker_cpu_pct pids``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +68,9 @@ def compile_tree(tree: Path) -> None:
                    stdout=subprocess.DEVNULL)
 
 
-def fleet_state(gpus: int, procs: int) -> dict[str, Any]:
+def fleet_state(gpus: int, procs: int, pids: list[int] | None = None) -> dict[str, Any]:
+    """The stand-in fleet: ``gpus`` GPUs with ``procs`` compute processes each. Their pids are ``pids`` (one per
+    process, GPU by GPU: :func:`live_pids`) or, without, fictitious ones (no such process on this host)."""
     state = make_state(gpus)
     for i, dev in enumerate(state["devices"]):
         dev["utilization"] = {"gpu": 70, "memory": 40}
@@ -69,10 +78,29 @@ def fleet_state(gpus: int, procs: int) -> dict[str, Any]:
         each = min(256 * MB, (dev["memory"]["total"] // 2 // max(procs, 1)) // MB * MB)
         dev["memory"]["used"] = procs * each
         dev["processes"]["compute"] = [
-            {"pid": 10000 + i * 1000 + p, "used_memory": each, "name": f"worker{p}", "user": "bench"}
+            {"pid": pids[i * procs + p] if pids is not None else 10000 + i * 1000 + p, "used_memory": each,
+             "name": f"worker{p}", "user": "bench"}
             for p in range(procs)
         ]
     return state
+
+
+@contextlib.contextmanager
+def live_pids(n: int) -> Iterator[list[int]]:
+    """``n`` real processes (``sleep``), ended on exit: the fleet's GPU processes as a user's host has them.
+
+    ``gpuwatchd run``'s worker reads the host's /proc (psutil): with fictitious pids every process is gone, so
+    GpuMemoryHeldByDeadProcess fires for each and the worker never reads a process (its negative cache) -- the
+    worst case of the daemon's per-process path and the best of the worker's, not a healthy host. One ``sleep``
+    holds ~0.15 MB of its own (USS): 256 of them at 8x32."""
+    procs = [subprocess.Popen(["sleep", "100000"], stdin=subprocess.DEVNULL) for _ in range(n)]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
 
 
 class Daemon:
@@ -136,16 +164,20 @@ class Daemon:
         return out
 
     def cpu_seconds(self) -> float:
-        # Children that ended (replaced workers) count through children_user/system of the daemon.
+        return sum(self.cpu_split())
+
+    def cpu_split(self) -> tuple[float, float]:
+        """CPU seconds of the daemon and of its children (the NVML worker; replaced workers count through
+        children_user/system of the daemon)."""
         t = self.ps.cpu_times()
-        total = t.user + t.system + t.children_user + t.children_system
+        children = t.children_user + t.children_system
         for p in self.ps.children(recursive=True):
             try:
                 c = p.cpu_times()
-                total += c.user + c.system
+                children += c.user + c.system
             except psutil.NoSuchProcess:
                 pass
-        return total
+        return t.user + t.system, children
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -175,16 +207,22 @@ def main() -> int:
     ap.add_argument("--soak-seconds", type=float, default=60.0)
     ap.add_argument("--warmup-seconds", type=float, default=10.0)
     ap.add_argument("--top-n", type=int, help="processes.top_n (default: the config's; 256: every process at 16x256)")
+    ap.add_argument("--pids", choices=("live", "dead"), default="live",
+                    help="live: the fleet's processes are real (sleep) processes, as on a user's host; dead: "
+                         "fictitious pids, so every process is gone and GpuMemoryHeldByDeadProcess fires for each "
+                         "(the daemon's worst case, the figure measured before issue 20's 8x32 step)")
     ap.add_argument("--tree", type=Path, default=ROOT,
                     help="the gpuwatchd checkout to run (default: this one; another for a before/after)")
     args = ap.parse_args()
 
     libdir = build_standin()
     compile_tree(args.tree.resolve())
-    with tempfile.TemporaryDirectory(prefix="gpuwatchd-bench-") as tmp_name:
-        tmp = Path(tmp_name)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwatchd-bench-")))
+        pids = stack.enter_context(live_pids(args.gpus * args.procs)) if args.pids == "live" else None
         state_path = tmp / "sim-state"
-        write_state(state_path, fleet_state(args.gpus, args.procs))
+        write_state(state_path, fleet_state(args.gpus, args.procs, pids))
+        print(f"fleet: {args.gpus} GPUs x {args.procs} processes, pids {args.pids}", flush=True)
         base: dict[str, Any] = {"nvml": {"library_path": str(libdir)}, "sysfs": {"root": str(tmp / "sysfs")}}
         if args.top_n is not None:
             base["processes"] = {"top_n": args.top_n}
@@ -195,12 +233,16 @@ def main() -> int:
         try:
             d.wait_for_gpus(args.gpus)
             run_for(d, args.warmup_seconds, 15.0)
-            t0, c0 = time.monotonic(), d.cpu_seconds()
+            t0, (dc0, wc0) = time.monotonic(), d.cpu_split()
             run_for(d, args.cpu_seconds, 15.0)
-            cpu_pct = 100.0 * (d.cpu_seconds() - c0) / (time.monotonic() - t0)
+            dc1, wc1 = d.cpu_split()
+            span = time.monotonic() - t0
+            daemon_cpu, worker_cpu = 100.0 * (dc1 - dc0) / span, 100.0 * (wc1 - wc0) / span
+            cpu_pct = daemon_cpu + worker_cpu
             rss = d.rss()
             mem = d.memory()
-            print(f"steady: {len(d.processes())} processes, rss {rss / MB:.1f} MB, cpu {cpu_pct:.2f}% of one core")
+            print(f"steady: {len(d.processes())} processes, rss {rss / MB:.1f} MB, cpu {cpu_pct:.2f}% of one core"
+                  f" (daemon {daemon_cpu:.2f}, worker {worker_cpu:.2f})")
             for role, m in mem.items():
                 print(f"  {role}: rss {m['rss']:.1f} MB, uss {m['uss']:.1f} MB, pss {m['pss']:.1f} MB")
         finally:
@@ -234,7 +276,7 @@ def main() -> int:
     uss = sum(m["uss"] for m in mem.values())
     pss = sum(m["pss"] for m in mem.values())
     print(f"rss_mb={rss / MB:.1f} cpu_pct={cpu_pct:.2f} rss_growth_mb={growth:.2f} {split} uss_mb={uss:.1f}"
-          f" pss_mb={pss:.1f}")
+          f" pss_mb={pss:.1f} daemon_cpu_pct={daemon_cpu:.2f} worker_cpu_pct={worker_cpu:.2f} pids={args.pids}")
     return 0
 
 
