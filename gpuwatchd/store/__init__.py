@@ -139,6 +139,25 @@ class _Ring:
         while pts and pts[0].t < horizon:
             pts.popleft()
 
+    def after(self, anchor: object) -> tuple[list[GpuPoint], bool, int]:
+        """``_after`` on this ring; its last point may still be replaced while it is within ``step`` of the one
+        before (once there are two)."""
+        out, found = _after(self.points, anchor)
+        return out, found, 1 if len(self.points) >= 2 else 0
+
+
+def _after(pts: deque[Any], anchor: object) -> tuple[list[Any], bool]:
+    """The points after ``anchor`` (the same object), oldest first, read from the newest end; all of them, and
+    False, when ``anchor`` is None or no longer in the ring."""
+    if anchor is not None:
+        out: list[Any] = []
+        for p in reversed(pts):
+            if p is anchor:
+                out.reverse()
+                return out, True
+            out.append(p)
+    return list(pts), False
+
 
 class _ProcRing:
     """A process' history: ``_Ring``'s rule (points ``step`` apart, the newest replacing the last while it is within
@@ -176,6 +195,17 @@ class _ProcRing:
         if newest is None:
             newest = self.newest = _proc_point(self.t, self.used, self.rss)
         return (*self.points, newest)
+
+    def after(self, anchor: object) -> tuple[list[ProcessPoint], bool, int]:
+        """``_after`` on this ring; the newest point (the one not yet settled) may still change."""
+        out, found = _after(self.points, anchor)
+        if self.t is None:
+            return out, found, 0
+        newest = self.newest
+        if newest is None:
+            newest = self.newest = _proc_point(self.t, self.used, self.rss)
+        out.append(newest)
+        return out, found, 1
 
 
 def _proc_point(t: float, used: int | None, rss: int | None) -> ProcessPoint:
@@ -603,6 +633,19 @@ class Store:
 
     def gpu_keys(self) -> Sequence[str]:
         return tuple(self._gpu_hist)
+
+    def gpu_history_after(self, uuid: str, anchor: object) -> tuple[list[GpuPoint], bool, int]:
+        """What an incremental save of the history needs (``store/journal.py``): the GPU's points after
+        ``anchor`` (a point object of its history, or None), oldest first, and whether ``anchor`` was found (if
+        not, the whole history); then how many of the newest points may still change (the others never do: a ring
+        only appends and drops its oldest)."""
+        ring = self._gpu_hist.get(uuid)
+        return ring.after(anchor) if ring is not None else ([], False, 0)
+
+    def process_history_after(self, uuid: str, pid: int, anchor: object) -> tuple[list[ProcessPoint], bool, int]:
+        """``gpu_history_after`` for a process."""
+        ring = self._proc_hist.get((uuid, pid))
+        return ring.after(anchor) if ring is not None else ([], False, 0)
 
     def restore_history(
         self, gpus: Mapping[str, Sequence[GpuPoint]], procs: Mapping[tuple[str, int], Sequence[ProcessPoint]]

@@ -1,11 +1,20 @@
 """The daemon's side of rule-history persistence (format and checks in ``gpuwatchd.store.persist``): load once at
-start, prune at the first snapshot, save every ``SAVE_INTERVAL`` and at stop, with its self-metrics."""
+start, prune at the first snapshot, save every ``SAVE_INTERVAL`` and at stop, with its self-metrics.
+
+A save appends what changed since the last one (``store/journal.py``) as one block, fsynced; the first save of a
+run (and the one after a failed write, or when the file is not the one this run wrote) writes the file afresh,
+atomically. Blocks whose points have all aged out are cut off by copying the rest to a new file (atomically, no
+re-encoding) once they are a third of the file: the file holds the retention and at most half as much again.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -16,13 +25,60 @@ from gpuwatchd.model import Snapshot
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.state_files import StateFileError, read_bytes, set_aside
 from gpuwatchd.store import Store, persist
+from gpuwatchd.store.journal import Journal
 
 MAX_FILE_BYTES = 64 * 1024 * 1024  # compressed; what it decompresses to is bounded by persist.MAX_BYTES
+# A file written afresh cuts the history into this many blocks by time, so it ages out a block at a time.
+SLICES = 12
 
 log = logging.getLogger(__name__)
 
 # A minute of history lost at a crash is two leak evaluations: the onset (minutes to hours back) survives.
 SAVE_INTERVAL = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Extent:
+    """A block of the file as written: its size in bytes and when all its points are past the retention."""
+
+    size: int
+    expires: float
+
+
+def _write_fresh(path: Path, blocks: Sequence[persist.Block]) -> None:
+    persist.write_atomic(path, [persist.MAGIC, *(part for b in blocks for part in (b.header, b.payload))])
+
+
+def _append(path: Path, block: persist.Block, size: int) -> None:
+    """Append ``block`` to the file this run wrote, ``size`` bytes long, and fsync it: a crash in between leaves a
+    block cut short at the end, which loading drops."""
+    with path.open("r+b") as f:
+        if f.seek(0, os.SEEK_END) != size:
+            raise OSError(f"{path} is not the file this daemon wrote ({size} bytes expected)")
+        f.write(block.header)
+        f.write(block.payload)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _cut(path: Path, extents: list[_Extent], horizon: float) -> list[_Extent]:
+    """Cut off the oldest blocks whose points are all older than ``horizon`` once they are a third of the file
+    (copied, not re-encoded; temporary file, fsync, rename, as ``write_atomic``). At least one block stays."""
+    n = 0
+    while n < len(extents) - 1 and extents[n].expires < horizon:
+        n += 1
+    old = sum(e.size for e in extents[:n])
+    if not n or old * 3 < sum(e.size for e in extents):
+        return extents
+    tmp = path.with_name(path.name + ".tmp")
+    with path.open("rb") as src, tmp.open("wb") as dst:
+        src.seek(len(persist.MAGIC) + old)
+        dst.write(persist.MAGIC)
+        shutil.copyfileobj(src, dst, 1024 * 1024)
+        dst.flush()
+        os.fsync(dst.fileno())
+    persist.rename_synced(tmp, path)
+    return extents[n:]
 
 
 class HistoryFile:
@@ -35,6 +91,8 @@ class HistoryFile:
         self._interval = interval
         self._pending_prune = False
         self._lock = asyncio.Lock()
+        self._journal = Journal()
+        self._extents: list[_Extent] | None = None  # the blocks of the file this run wrote; None: write afresh
         self.load_errors = 0
         self.save_errors = 0
         self.restored = 0
@@ -54,6 +112,9 @@ class HistoryFile:
         except persist.HistoryError as e:
             self._load_failed(str(e))
             return
+        if hist.torn is not None:
+            log.warning("rule history %s: %s dropped (a save cut short); the blocks before it are loaded",
+                        self.path, hist.torn)
         self.restored = persist.restore(self._store, hist, self._clock.now())
         self._pending_prune = True
         log.info("rule history: %d series restored from %s", self.restored, self.path)
@@ -76,22 +137,45 @@ class HistoryFile:
                 log.info("rule history: %d restored series no longer exist, dropped", dropped)
 
     async def save(self) -> None:
-        """Copy the rings on the loop, encode and write them atomically in a thread."""
+        """Read what changed on the loop; encode and append it (or write the file afresh) in a thread."""
         async with self._lock:
-            rings = persist.copy_rings(self._store)
             now = self._clock.now()
+            extents = self._extents
+            if extents is not None and self._size_on_disk() != sum(e.size for e in extents) + len(persist.MAGIC):
+                extents = None  # moved, removed or written by someone else: start it again
+            delta = self._journal.collect(self._store, full=extents is None)
+            if extents is not None and delta.empty:
+                return
+            horizon = now - self._store.retention_seconds
+            width = max(self._store.retention_seconds / SLICES, self._store.step_seconds)
 
-            def write() -> int:
-                data = persist.encode_rings(rings, now)
-                persist.write_atomic(self.path, data)
-                return len(data)
+            def write() -> list[_Extent]:
+                if extents is None:
+                    blocks = persist.encode_full(delta, now, width)
+                    _write_fresh(self.path, blocks)
+                    return [_Extent(b.size, b.expires) for b in blocks]
+                block = persist.encode_delta(delta, now)
+                _append(self.path, block, sum(e.size for e in extents) + len(persist.MAGIC))
+                return _cut(self.path, [*extents, _Extent(block.size, block.expires)], horizon)
 
             try:
-                self.saved_bytes = await asyncio.to_thread(write)
+                written = await asyncio.to_thread(write)
             except OSError as e:
                 self.save_errors += 1
+                self._extents = None
+                self._journal.reset()
                 log.warning("rule history: cannot write %s (%s); kept in memory, retried in %.0fs",
                             self.path, e.strerror or e, self._interval)
+                return
+            self._journal.commit(delta)
+            self._extents = written
+            self.saved_bytes = sum(e.size for e in written) + len(persist.MAGIC)
+
+    def _size_on_disk(self) -> int | None:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return None
 
     async def run(self) -> None:
         while True:

@@ -4,6 +4,7 @@ the gone pid dropped; a corrupt file starts empty with one log line and the load
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -14,10 +15,14 @@ import yaml
 
 from gpuwatchd.config.loader import load_config
 from gpuwatchd.daemon import Daemon
+from gpuwatchd.runtime.clock import ManualClock
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
-from gpuwatchd.store import persist
+from gpuwatchd.store import Store, history_file, persist
+from gpuwatchd.store.history_file import HistoryFile
+from gpuwatchd.store.journal import Journal
 from tests.daemon.test_daemon import scrape, sim_config, value, wait_for
+from tests.rules.conftest import T0, UUID, gpu, proc, snap, with_processes
 
 GIB = 1024**3
 
@@ -116,3 +121,144 @@ async def test_a_failed_save_is_counted_and_retried(
         assert target.is_file()
     finally:
         await asyncio.shield(d.stop())
+
+
+# -- the incremental file, without a daemon (a manual clock, the real store) --------------------------------------
+
+RETENTION = 600.0
+
+
+def polled(store: Store, clock: ManualClock, seconds: int, pids: list[int]) -> None:
+    for _ in range(seconds):
+        clock.t += 1.0
+        store.apply(snap(clock.t, with_processes(gpu(), [proc(p, GIB + int(clock.t) % 600 * 1024**2, rss=GIB)
+                                                          for p in pids])))
+
+
+def restarted(state_dir: Path, clock: ManualClock) -> tuple[Store, HistoryFile]:
+    store = Store(retention_seconds=RETENTION, step_seconds=5.0)
+    hf = HistoryFile(state_dir, store, clock)
+    hf.load()
+    return store, hf
+
+
+def held(store: Store) -> dict[tuple[str, int], list[tuple[float, int | None, int | None]]]:
+    return {k: [(p.t, p.used_memory_bytes, p.host_rss_bytes) for p in store.process_history(*k)]
+            for k in store.process_keys()}
+
+
+async def test_saves_append_cut_what_aged_out_and_a_restart_loads_what_the_store_held(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    store = Store(retention_seconds=RETENTION, step_seconds=5.0)
+    hf = HistoryFile(tmp_path, store, clock)
+    pids = [1, 2, 3]
+    before = b""
+    appended = cut = 0
+    for minute in range(40):
+        if minute % 7 == 6:
+            pids = [*pids[1:], 100 + minute]  # a job ends, another starts
+        polled(store, clock, 60, pids)
+        await hf.save()
+        data = hf.path.read_bytes()
+        assert data.startswith(persist.MAGIC) and hf.saved_bytes == len(data) and hf.save_errors == 0
+        if before and data.startswith(before):
+            appended += 1
+        elif before:
+            cut += 1
+            assert len(data) < len(before)
+        before = data
+        if minute >= 10:  # the retention turned over: the file holds it and at most half as much again
+            fresh = persist.encode_full(Journal().collect(store, full=True), clock.t, 50.0)
+            assert len(data) <= 1.5 * (len(persist.MAGIC) + sum(b.size for b in fresh)) + 4096
+    assert appended > 25 and cut >= 3
+
+    again, hf2 = restarted(tmp_path, clock)
+    live = {k for k, pts in held(store).items() if pts[-1][0] == clock.t}
+    assert live and {k: held(again)[k] for k in live} == {k: held(store)[k] for k in live}
+    assert [p.t for p in again.gpu_history(UUID)] == [p.t for p in store.gpu_history(UUID)]
+    assert hf2.restored == len(held(again)) + 1 and hf2.load_errors == 0
+
+
+async def test_a_crash_while_appending_loses_that_save_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock(T0)
+    store = Store(retention_seconds=RETENTION, step_seconds=5.0)
+    hf = HistoryFile(tmp_path, store, clock)
+    for _ in range(3):
+        polled(store, clock, 60, [1, 2])
+        await hf.save()
+    saved = hf.path.read_bytes()
+    then = clock.t
+    polled(store, clock, 60, [1, 2])
+    await hf.save()
+    whole = hf.path.read_bytes()
+    assert whole.startswith(saved) and len(whole) > len(saved) + 16
+    hf.path.write_bytes(whole[:len(saved) + (len(whole) - len(saved)) // 2])  # the power went mid-append
+
+    clock.t = then
+    reference = Store(retention_seconds=RETENTION, step_seconds=5.0)
+    persist.restore(reference, persist.decode(saved), then)
+    with caplog.at_level(logging.WARNING, logger="gpuwatchd.store.history_file"):
+        again, hf2 = restarted(tmp_path, clock)
+    assert held(again) == held(reference) and hf2.load_errors == 0
+    (line,) = [r.getMessage() for r in caplog.records if "rule history" in r.getMessage()]
+    assert "dropped" in line and "starting with empty history" not in line
+    await hf2.save()  # the first save of a run writes the file afresh: the torn end is gone
+    assert persist.decode(hf2.path.read_bytes()).torn is None
+
+
+async def test_a_failed_append_is_counted_and_the_next_save_writes_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock(T0)
+    store = Store(retention_seconds=RETENTION, step_seconds=5.0)
+    hf = HistoryFile(tmp_path, store, clock)
+    polled(store, clock, 60, [1])
+    await hf.save()
+    real = history_file._append
+
+    def disk_full(path: Path, block: persist.Block, size: int) -> None:
+        with path.open("ab") as f:
+            f.write((block.header + block.payload)[:10])  # part of it reached the disk
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(history_file, "_append", disk_full)
+    polled(store, clock, 60, [1])
+    await hf.save()
+    assert hf.save_errors == 1 and persist.decode(hf.path.read_bytes()).torn is not None
+    monkeypatch.setattr(history_file, "_append", real)
+    polled(store, clock, 60, [1])
+    await hf.save()
+    data = hf.path.read_bytes()
+    assert hf.save_errors == 1 and persist.decode(data).torn is None
+    again, _ = restarted(tmp_path, clock)
+    assert held(again) == held(store)
+
+
+async def test_a_file_changed_behind_its_back_is_written_afresh(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    store = Store(retention_seconds=RETENTION, step_seconds=5.0)
+    hf = HistoryFile(tmp_path, store, clock)
+    polled(store, clock, 60, [1])
+    await hf.save()
+    hf.path.write_bytes(b"someone else's")
+    polled(store, clock, 60, [1])
+    await hf.save()
+    assert hf.save_errors == 0
+    again, _ = restarted(tmp_path, clock)
+    assert held(again) == held(store)
+
+
+async def test_a_version_1_file_is_restored_and_rewritten_as_version_2(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    old = Store(retention_seconds=RETENTION, step_seconds=5.0)
+    polled(old, clock, 300, [1, 2])
+    (tmp_path / persist.FILE_NAME).write_bytes(persist.encode(old, clock.t))  # written before the upgrade
+    store, hf = restarted(tmp_path, clock)
+    assert hf.restored == 3 and held(store) == held(old)
+    await hf.save()
+    data = hf.path.read_bytes()
+    assert data.startswith(persist.MAGIC)
+    again, _ = restarted(tmp_path, clock)
+    assert held(again) == held(old)
