@@ -3,7 +3,8 @@
 Everything the page needs is in the package (``web/static``: the page's script and style, and uPlot, vendored), so
 it works on a host without internet. The page is a shell that fills itself from ``/api/v1/status`` and
 ``/api/v1/alerts``; it has no inline script or style, so its Content-Security-Policy allows scripts, styles and
-requests from the daemon alone. The assets are read once at start and served from memory, gzip-compressed when the
+requests from the daemon alone. The assets are read once, at the first request for the page or one of them (not on
+the way to the first /metrics: docs/performance.md, "Start-up"), and served from memory, gzip-compressed when the
 client accepts it; the same TLS and basic auth as ``/metrics`` apply (the middlewares guard every route).
 """
 
@@ -92,18 +93,23 @@ def _respond(request: web.Request, body: bytes, gzipped: bytes, content_type: st
     return web.Response(body=body, headers=headers)
 
 
+@functools.cache
+def _page() -> tuple[bytes, bytes]:
+    """The HTML shell with the assets' versioned names, plain and gzip-compressed, built once per process."""
+    template = (resources.files("gpuwatchd.web") / "static" / "index.html").read_text(encoding="utf-8")
+    page = render_page(template, load_assets()).encode()
+    return page, gzip.compress(page, 9)
+
+
 def page_routes() -> list[web.RouteDef]:
     """``GET /`` and ``GET /static/{name}``."""
-    assets = load_assets()
-    template = (resources.files("gpuwatchd.web") / "static" / "index.html").read_text(encoding="utf-8")
-    page = render_page(template, assets).encode()
-    page_gz = gzip.compress(page, 9)
 
     async def index(request: web.Request) -> web.Response:
+        page, page_gz = _page()
         return _respond(request, page, page_gz, CONTENT_TYPES[".html"], "no-cache")
 
     async def static(request: web.Request) -> web.Response:
-        a = assets.get(request.match_info["name"])
+        a = load_assets().get(request.match_info["name"])
         if a is None:
             raise web.HTTPNotFound(text="no such asset\n", headers=SECURITY_HEADERS)
         return _respond(request, a.body, a.gzipped, a.content_type, f"private, max-age={ASSET_MAX_AGE}")

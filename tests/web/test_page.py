@@ -58,3 +58,17 @@ def test_vendored_uplot_has_its_licence_and_version() -> None:
     assert b"uPlot 1.6.32" in assets["uplot/VERSION"].body
     for name in ASSETS:  # no eval-like construct the CSP would refuse
         assert b"new Function(" not in assets[name].body and b"eval(" not in assets[name].body
+
+
+async def test_the_assets_are_read_at_the_first_request_not_when_the_routes_are_made() -> None:
+    """The daemon makes its routes on the way to its first /metrics; the page's files are read (and gzipped) only
+    when a browser first asks for the page or one of them, and the same bytes are served from then on."""
+    load_assets.cache_clear()
+    app = web.Application()
+    app.add_routes(page_routes())
+    assert load_assets.cache_info().misses == 0
+    async with TestClient(TestServer(app)) as c:
+        first = await (await c.get("/static/app.css")).read()
+        assert load_assets.cache_info().misses == 1
+        assert await (await c.get("/static/app.css")).read() == first == load_assets()["app.css"].body
+        assert load_assets.cache_info().misses == 1
