@@ -150,6 +150,13 @@ class RulesEngine:
         return self._host
 
     @property
+    def changes(self) -> int:
+        """A count bumped whenever an alert is added, removed or changes state: while it stays the same, the
+        pending and firing alerts are the same alerts with the same names, labels, severities and states (only
+        their words and values may have moved)."""
+        return self._changes
+
+    @property
     def stats(self) -> dict[str, FamilyStats]:
         """Per family: last evaluation duration, failures so far, last error."""
         return dict(self._stats)

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
 
 from gpuwatchd.model import Alert
 from gpuwatchd.rules.condition import Condition, Level, RuleView
@@ -191,6 +192,33 @@ def test_alerts_collector_exports_pending_and_firing_only(store: Store) -> None:
     assert len(lines) == 1  # GPU 0 pending again; the resolved ones are not series
     assert 'alertstate="pending"' in lines[0] and 'alertname="GpuTemperatureHigh"' in lines[0]
     assert f'uuid="{UUID}"' in lines[0] and 'host="node1"' in lines[0] and lines[0].endswith(" 1.0")
+
+
+def test_alerts_series_are_rebuilt_only_when_an_alert_comes_goes_or_changes_state(store: Store) -> None:
+    # With 4,096 alerts (16 x 256, every process gone) building gpuwatchd_alerts on every render held the event
+    # loop for tens of ms; it is rebuilt when the engine's ``changes`` moves, and shows the same series as fresh.
+    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": "1m"}}), host="node1")
+    collector = AlertsCollector(eng)
+
+    def family() -> Metric:
+        return next(m for m in collector.collect() if m.name == "gpuwatchd_alerts")
+
+    def states() -> list[str]:
+        return [s.labels["alertstate"] for s in family().samples]
+
+    store.apply(snap(T0, gpu(temperature_celsius=93.0)))
+    eng.evaluate(store, T0)
+    first = family()
+    assert states() == ["pending"]
+    store.apply(snap(T0 + 5, gpu(temperature_celsius=94.0)))  # new words and value, same state
+    eng.evaluate(store, T0 + 5)
+    assert family() is first
+    store.apply(snap(T0 + 60, gpu(temperature_celsius=94.0)))
+    eng.evaluate(store, T0 + 60)
+    assert family() is not first and states() == ["firing"]
+    store.apply(snap(T0 + 65, gpu(temperature_celsius=50.0)))
+    eng.evaluate(store, T0 + 65)
+    assert states() == []
 
 
 def test_two_gpus_are_two_identities(store: Store) -> None:
