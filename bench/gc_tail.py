@@ -1,6 +1,7 @@
 """/metrics tail latency on a large host, with the daemon's garbage-collector tuning and without it, side by side.
 
-    python bench/gc_tail.py [--gpus 16] [--procs 256] [--seconds 20] [--rounds 2] [--scrapers 10]
+    python bench/gc_tail.py [--gpus 16] [--procs 256] [--seconds 20] [--rounds 2] [--scrapers 10] [--tree DIR]
+                            [--frozen-only] [--blocks MS] [--player-apart] [--dead]
 
 ``gpuwatchd sim`` (its runner, as bench/scrape.py starts it) on the ``fleet`` scenario cut to 16 GPUs x 256
 processes with ``processes.top_n: 256`` (every process exported: 4,096 per-process series per family), polling every
@@ -14,6 +15,14 @@ The daemon counts its own full collections (a ``gc.callbacks`` hook the bench ad
 per generation-2 collection with its pause): ``gen2`` is how many ran while the scrapers ran, ``gen2_max_ms`` the
 longest (target: none during steady polling). ``--tree OTHER_CHECKOUT`` runs another checkout's daemon (a
 before/after).
+
+``--blocks MS`` loads ``bench/loop_blocks.py`` into the daemon and prints, per round, how long every event-loop
+callback of at least MS ms ran (wall, and the loop thread's CPU) and every per-poll step (decoding, ``Store.apply``,
+attribution, the rules, collecting, gzip...): what a scrape arriving at that moment waits for, less sensitive to
+the machine's load than the latencies. ``--player-apart`` runs the sim's scenario player in a child process (under
+``gpuwatchd sim`` it is a thread of the daemon holding the GIL ~30 ms twice a second at 16 x 256, which the daemon
+under ``gpuwatchd run`` does not have); ``--dead`` runs the production NVML worker, so every (fictitious) process is
+gone and GpuMemoryHeldByDeadProcess fires for each, as under ``bench/footprint.py``.
 
 Last line: ``max_ms=… p99_ms=… max_nofreeze_ms=… p99_nofreeze_ms=… max_ratio=… gen2=… gen2_max_ms=…
 gen2_nofreeze=…`` (targets: max <= 100 ms, p99 <= 10 ms, gen2 = 0; ``max_ratio`` = frozen / default, below 1 is
@@ -43,6 +52,7 @@ _SIM = (
     "gc.callbacks.append(_gen2)\n"
     "{blocks}"
     "{dead}"
+    "{apart}"
     "import asyncio, sys; from pathlib import Path; from gpuwatchd.sim.runner import run_sim; "
     "sys.exit(asyncio.run(run_sim(scenario=sys.argv[1], from_xml=None, gpus=None, speed=1.0, listen=sys.argv[3], "
     "config_path=Path(sys.argv[2]), state_dir=None, freeze_gc={freeze})))"
@@ -60,7 +70,32 @@ _DEAD = (
     "import gpuwatchd.sim.runner as _r; from gpuwatchd.sources.nvml.protocol import WORKER_MODULE as _W; "
     "_r.SIM_WORKER_MODULE = _W\n"
 )
-OPTIONS: dict[str, float | bool] = {"blocks": 0.0, "dead": False}
+# --player-apart: the scenario player steps in a forked child instead of a thread of the daemon. At 16 x 256 a step
+# (the state of 4,096 processes built, compared and written) is ~30 ms of CPU twice a second, holding the daemon's
+# GIL: the event loop then waits for it (up to the 5 ms switch interval at every hand-over), which a daemon under
+# `gpuwatchd run` (the driver in the kernel) never does. The child leaves the daemon's signal wake-up fd and
+# collector hooks alone and ends with it.
+_APART = (
+    "import os as _os, signal as _sg, time as _tm, gc as _gc, gpuwatchd.sim.player as _pl\n"
+    "async def _run_apart(self):\n"
+    "    tick = max(self.tick, _pl.MIN_WALL_TICK_S * self.clock.speed) / self.clock.speed\n"
+    "    parent = _os.getpid()\n"
+    "    child = _os.fork()\n"
+    "    if child == 0:\n"
+    "        try:\n"
+    "            _sg.set_wakeup_fd(-1); _sg.signal(_sg.SIGTERM, _sg.SIG_DFL); _sg.signal(_sg.SIGINT, _sg.SIG_DFL)\n"
+    "            _gc.callbacks.clear(); sys.stderr = open(_os.devnull, 'w')\n"
+    "            while _os.getppid() == parent:\n"
+    "                self.step(); _tm.sleep(tick)\n"
+    "        finally:\n"
+    "            _os._exit(0)\n"
+    "    try:\n"
+    "        await asyncio.Event().wait()\n"
+    "    finally:\n"
+    "        _os.kill(child, _sg.SIGKILL); _os.waitpid(child, 0)\n"
+    "_pl.Player.run = _run_apart\n"
+)
+OPTIONS: dict[str, float | bool] = {"blocks": 0.0, "dead": False, "apart": False}
 
 
 def _steps(log: str, t0: float, t1: float) -> dict[str, list[float]]:
@@ -75,8 +110,11 @@ def _steps(log: str, t0: float, t1: float) -> dict[str, list[float]]:
                 out.setdefault(step, []).append(float(wall))
                 if cpu:
                     out.setdefault(f"{step}.cpu", []).append(float(cpu[0]))
-            elif parts[0] in ("gc0", "gc1", "gc2") and len(parts) == 3 and t0 <= float(parts[1]) <= t1:
-                out.setdefault(parts[0], []).append(float(parts[2]))
+            elif parts[0] in ("collect0", "collect1", "collect2") and t0 <= float(parts[1]) <= t1:
+                gen, _, ms, *found = line.split()
+                out.setdefault(gen, []).append(float(ms))
+                if found:
+                    out.setdefault(f"{gen}.found", []).append(float(found[0]))
             elif parts[0] == "blk" and t0 <= float(parts[1]) <= t1:
                 wall, cpu, what = line.split(maxsplit=4)[2:]
                 out.setdefault("blk", []).append(float(wall))
@@ -102,7 +140,7 @@ async def _round(tmp: Path, freeze: bool, seconds: float, scrapers: int) -> tupl
     """Latencies of the requests, and the pauses (ms) of the full collections the daemon ran while they ran."""
     scrape._SIM = _SIM.replace("{freeze}", str(freeze)).replace(
         "{blocks}", _BLOCKS.replace("{block_ms}", str(OPTIONS["blocks"])) if OPTIONS["blocks"] else "").replace(
-        "{dead}", _DEAD if OPTIONS["dead"] else "")
+        "{dead}", _DEAD if OPTIONS["dead"] else "").replace("{apart}", _APART if OPTIONS["apart"] else "")
     sim = scrape.Sim(tmp, hung=False)
     try:
         async with scrape.aiohttp.ClientSession() as session:
@@ -140,8 +178,10 @@ def main() -> None:
     ap.add_argument("--dead", action="store_true",
                     help="every process gone (the production worker over fictitious pids, as bench/footprint.py)")
     ap.add_argument("--frozen-only", action="store_true", help="skip the rounds with the default collector")
+    ap.add_argument("--player-apart", action="store_true",
+                    help="the sim's scenario player in a child process, not a thread holding the daemon's GIL")
     a = ap.parse_args()
-    OPTIONS["blocks"], OPTIONS["dead"] = a.blocks, a.dead
+    OPTIONS["blocks"], OPTIONS["dead"], OPTIONS["apart"] = a.blocks, a.dead, a.player_apart
     if a.tree is not None:
         scrape.ROOT = a.tree.resolve()
     scrape.GPUS, scrape.PROCESSES = a.gpus, a.procs

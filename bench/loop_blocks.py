@@ -10,10 +10,11 @@ one stderr line per measurement, which the bench reads back for the measuring wi
 - ``tm <monotonic> <step> <ms> <cpu ms>``: one call of a per-poll step (decoding the worker's line, ``Store.apply``, the
   rules, attribution, the cache key, collecting the families, gzip...), every call. Steps nest (``on_snapshot``
   holds ``store.apply``), and ``collect.*`` steps run inside a render; the CPU time is the calling thread's.
-- ``gc<gen> <monotonic> <ms>``: a collection of that generation.
+- ``collect<gen> <monotonic> <ms> <found>``: a collection of that generation and the unreachable objects it
+  freed (the bench counts full ones from its own ``gc2`` lines).
 
-Only wall time is measured, so figures carry the machine's load; the loop blocks of one tree against another on
-the same machine at the same time are what to compare.
+Wall times carry the machine's load (and other threads holding the GIL); the CPU times much less. Compare one tree
+against another on the same machine at the same time.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _gc_hook() -> None:
         if phase == "start":
             started[gen] = _perf()
         else:
-            _emit(f"gc{gen} {_now():.3f} {(_perf() - started[gen]) * 1000:.2f}\n")
+            _emit(f"collect{gen} {_now():.3f} {(_perf() - started[gen]) * 1000:.2f} {info.get('collected', 0)}\n")
 
     gc.callbacks.append(hook)
 
