@@ -71,7 +71,13 @@ _ProcessInputs = tuple[str, int | None, tuple[ProcessSample, ...]]
 
 def _same_processes(a: list[_ProcessInputs], b: list[_ProcessInputs]) -> bool:
     return len(a) == len(b) and all(
-        x[0] == y[0] and x[1] == y[1] and x[2] is y[2] for x, y in zip(a, b, strict=True))
+        x[0] == y[0] and x[1] == y[1] and _same_objects(x[2], y[2]) for x, y in zip(a, b, strict=True))
+
+
+def _same_objects(a: tuple[ProcessSample, ...], b: tuple[ProcessSample, ...]) -> bool:
+    # The decoder keeps an unchanged process' object, and the tuple too when the whole list is unchanged; a list
+    # with a dead process (its age moves every poll) is a new tuple of the same objects.
+    return a is b or (len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True)))
 
 
 class StoreCollector(Collector):
@@ -141,9 +147,9 @@ class StoreCollector(Collector):
     def _processes(self, store: Store) -> list[Metric]:
         """Per-process families with owner labels: rebuilt when a present GPU's process list or the owners change.
 
-        They depend only on each present GPU's uuid, process count and process tuple, and on the owners map. The
-        snapshot decoder hands over the previous poll's tuple for a GPU whose processes are unchanged, and
-        attribution the previous owners map while nobody's owner changed, so on a steady host these families (and
+        They depend only on each present GPU's uuid, process count and process objects, and on the owners map. The
+        snapshot decoder hands over the previous poll's objects for unchanged processes, and attribution the
+        previous owners map while nobody's owner changed, so on a steady host these families (and
         their encoded text, ``encode.freeze``) are built once and reused across polls: at 16 GPUs x 256 processes
         building and encoding them was the longest stretch a render held the event loop (issue 20).
         """

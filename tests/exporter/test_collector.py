@@ -315,7 +315,11 @@ def test_process_families_are_reused_while_the_process_lists_and_owners_are(mixe
     mixed_store.apply(replace(latest, timestamp=latest.timestamp + 1, gpus=moved))
     second = _family(list(collector.collect()), "gpuwatchd_gpu_process_memory_used_bytes")
     assert second is first
-    # An equal but new process tuple is a change (identity, not equality, is what the decoder promises) ...
+    # A new tuple of the same process objects is no change ...
+    regrouped = tuple(replace(g, processes=tuple(list(g.processes))) for g in moved)
+    mixed_store.apply(replace(latest, timestamp=latest.timestamp + 1.5, gpus=regrouped))
+    assert _family(list(collector.collect()), "gpuwatchd_gpu_process_memory_used_bytes") is first
+    # ... equal but new process objects are (identity, not equality, is what the decoder promises) ...
     copied = tuple(replace(g, processes=tuple(replace(p) for p in g.processes)) for g in moved)
     mixed_store.apply(replace(latest, timestamp=latest.timestamp + 2, gpus=copied))
     third = _family(list(collector.collect()), "gpuwatchd_gpu_process_memory_used_bytes")
