@@ -240,7 +240,9 @@ def main() -> int:
         made = subprocess.run([sys.executable, "-c", _SHAPE, str(shape)], env={**os.environ, "PYTHONPATH": str(ROOT)},
                               cwd=ROOT, capture_output=True, text=True, check=True)
         models, fields = made.stdout.split()
-        kinds: dict[str, tuple[str, ...]] = {"floor": (_LIBRARIES + _FLOOR,), "pydantic": (_LIBRARIES + _PYDANTIC,), "tls": (_TLS,)}
+        kinds: dict[str, tuple[str, ...]] = {
+            "floor": (_LIBRARIES + _FLOOR,), "pydantic": (_LIBRARIES + _PYDANTIC,), "tls": (_TLS,),
+        }
         if have_msgspec:
             kinds["msgspec"] = (_LIBRARIES + _MSGSPEC, str(shape))
         runs: dict[str, list[dict[str, object]]] = {k: [] for k in kinds}
