@@ -1,11 +1,12 @@
 """Memory of the NVML worker alone: spawned as the supervisor spawns it, and its imports step by step.
 
-    python bench/worker_memory.py [--tree OTHER_CHECKOUT] [--gpus 8] [--procs 32] [--polls 6] [--runs 3]
+    python bench/worker_memory.py [--tree OTHER_CHECKOUT] [--gpus 8] [--procs 32] [--pids live] [--polls 6] [--runs 3]
 
 1. The production worker (``python -S -m gpuwatchd.sources.nvml.worker.main``, with the argv and environment of
    ``worker_process.worker_argv`` / ``child_env``) over the stand-in driver at ``--gpus`` x ``--procs``, 1 s
    polling: RSS, USS and PSS (psutil ``memory_full_info``) after ``--polls`` lines, median of ``--runs`` workers.
-   The stand-in's pids are fictitious, so psutil finds none of them (as for pids of another pid namespace).
+   The GPU processes are real ones by default (``--pids live``: one ``sleep`` each, bench/footprint.py's
+   ``live_pids``), so the worker reads them through psutil as on a user's host; ``--pids dead``: fictitious pids.
 2. Its imports step by step, each step a fresh ``python -S`` with the worker's import path (median RSS of
    ``--runs``): the bare interpreter; + the standard library the worker itself uses (runpy for ``-m``, ctypes, json,
    re, threading, signal, mmap ...) and the worker package (which puts the stand-ins of
@@ -18,6 +19,7 @@ worker_pss_mb`` and the steps ``bare_mb stdlib_mb pynvml_mb psutil_mb modules_mb
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -81,12 +83,14 @@ def main() -> int:
     ap.add_argument("--tree", type=Path, default=ROOT, help="the gpuwatchd checkout whose worker runs")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--procs", type=int, default=32, help="processes per GPU")
+    ap.add_argument("--pids", choices=("live", "dead"), default="live",
+                    help="live: the GPU processes are real (sleep) processes; dead: fictitious pids")
     ap.add_argument("--polls", type=int, default=6)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     tree = args.tree.resolve()
     sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
-    from footprint import compile_tree, fleet_state
+    from footprint import compile_tree, fleet_state, live_pids
 
     from gpuwatchd.sim.build import build_standin
     from gpuwatchd.sim.standin_abi import STATE_ENV
@@ -94,14 +98,16 @@ def main() -> int:
 
     compile_tree(tree)
     libdir = build_standin()
-    with tempfile.TemporaryDirectory(prefix="gpuwatchd-worker-mem-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwatchd-worker-mem-"))
+        pids = stack.enter_context(live_pids(args.gpus * args.procs)) if args.pids == "live" else None
         state_path = Path(tmp) / "sim-state"
-        write_state(state_path, fleet_state(args.gpus, args.procs))
+        write_state(state_path, fleet_state(args.gpus, args.procs, pids))
         env = {**worker_env(tree, libdir), STATE_ENV: str(state_path)}
         runs = [spawned(tree, env, libdir, args.polls) for _ in range(args.runs)]
         rss, uss, pss = (statistics.median(r[i] for r in runs) for i in range(3))
-        print(f"worker spawned as the supervisor does, {args.gpus}x{args.procs}, after {args.polls} polls "
-              f"(median of {args.runs}): RSS {rss:.2f} MB, USS {uss:.2f} MB, PSS {pss:.2f} MB")
+        print(f"worker spawned as the supervisor does, {args.gpus}x{args.procs} (pids {args.pids}), "
+              f"after {args.polls} polls (median of {args.runs}): RSS {rss:.2f} MB, USS {uss:.2f} MB, PSS {pss:.2f} MB")
         figures = {"worker_rss_mb": rss, "worker_uss_mb": uss, "worker_pss_mb": pss}
         modules: tuple[str, ...] = ()
         prev = 0.0
