@@ -2,7 +2,7 @@
 ``persist.encode_rings``, what every save did before) against the incremental save (``HistoryFile.save``), in the
 same run on the same rings.
 
-    python bench/history_save.py [--rounds 30] [--old-every 5] [--quick]
+    python bench/history_save.py [--rounds 60] [--old-every 10] [--quick]
 
 Per size (16 GPUs x 256 processes with ``top_n: 256``: 4096 process rings; 8 x 32 with the default ``top_n`` of 10:
 80), a real ``Store`` (default 5 s step, 1 h retention) is filled with a full hour of history (720 points a ring;
@@ -11,8 +11,8 @@ afresh once (its first save of a run, reported apart). Each round then advances 
 ``Store.apply`` (one minute at the 5 s step) and saves incrementally; every ``--old-every`` rounds the full encode
 is timed too (copy of the rings, encode, atomic write: the old save). Times are CPU seconds of the whole process
 (``time.process_time``: the loop's read and the writer thread), so a loaded machine inflates them less than wall
-time. The incremental figure is the mean over all rounds, so it includes the blocks cut off as they age out (the
-file's copy, every ~20 rounds once the hour has turned over); ``--rounds 30`` covers the first cut.
+time. The incremental figure is the mean over all rounds, so it includes the saves that cut off the blocks that aged
+out (a copy of the file, ``cuts`` and ``cut_save_cpu_s``; the first comes ~35 rounds in).
 ``steady_pct_core`` is that mean per ``SAVE_INTERVAL`` (60 s) in percent of one core. The last line holds the
 figures as name=value pairs.
 """
@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from gpuwatchd.model import GpuSample, ProcessSample, Snapshot  # noqa: E402
 from gpuwatchd.runtime.clock import ManualClock  # noqa: E402
+from gpuwatchd.runtime.gc_tuning import freeze_survivors, hold_full_collections  # noqa: E402
 from gpuwatchd.store import GpuPoint, ProcessPoint, Store, persist  # noqa: E402
 from gpuwatchd.store.history_file import SAVE_INTERVAL, HistoryFile  # noqa: E402
 from gpuwatchd.store.journal import Delta, Journal  # noqa: E402
@@ -114,6 +115,11 @@ async def run(name: str, gpus: int, procs: int, rounds: int, old_every: int) -> 
     fleet = Fleet(gpus, procs)
     store = Store(step_seconds=STEP)
     store.restore_history(*fleet.history())
+    # The daemon's collector tuning (runtime/gc_tuning.py): the history frozen, no automatic full collection (one
+    # over the unfrozen objects every 30 s, here between rounds). Without it a full collection walking the ~3 M
+    # points falls into some timed saves, old or new, at random.
+    freeze_survivors(2)
+    hold_full_collections()
     i = POINTS
     clock = ManualClock(fleet.t(i - 1))
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,15 +135,19 @@ async def run(name: str, gpus: int, procs: int, rounds: int, old_every: int) -> 
         old: list[float] = []
         loop_old: list[float] = []
         sizes_new: list[int] = []
+        cuts: list[float] = []  # the saves that cut off aged-out blocks (a copy of the file)
         old_bytes = 0
         for r in range(rounds):
             for _ in range(12):
                 store.apply(fleet.snapshot(i))
                 i += 1
             clock.t = fleet.t(i - 1)
+            freeze_survivors(2)
             c0 = time.process_time()
             await hf.save()
             new.append(time.process_time() - c0)
+            if sizes_new and hf.saved_bytes < sizes_new[-1]:
+                cuts.append(new[-1])
             sizes_new.append(hf.saved_bytes)
             if hf.save_errors:
                 raise SystemExit(f"{name}: a save failed")
@@ -157,6 +167,8 @@ async def run(name: str, gpus: int, procs: int, rounds: int, old_every: int) -> 
         f"incremental_save_cpu_s_{name}": inc,
         f"incremental_save_cpu_s_median_{name}": statistics.median(new),
         f"incremental_save_cpu_s_max_{name}": max(new),
+        f"cuts_{name}": len(cuts),
+        f"cut_save_cpu_s_{name}": statistics.mean(cuts) if cuts else 0.0,
         f"ratio_{name}": full / inc,
         f"first_save_cpu_s_{name}": first,
         f"loop_full_ms_{name}": 1000 * statistics.mean(loop_old),
@@ -172,8 +184,8 @@ async def run(name: str, gpus: int, procs: int, rounds: int, old_every: int) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=30, help="incremental saves per size (one a simulated minute)")
-    ap.add_argument("--old-every", type=int, default=5, help="time the full encode every N rounds")
+    ap.add_argument("--rounds", type=int, default=60, help="incremental saves per size (one a simulated minute)")
+    ap.add_argument("--old-every", type=int, default=10, help="time the full encode every N rounds")
     ap.add_argument("--quick", action="store_true", help="8 rounds, the full encode every 4")
     args = ap.parse_args()
     rounds, old_every = (8, 4) if args.quick else (args.rounds, args.old_every)
@@ -189,6 +201,8 @@ def main() -> None:
         "first_save_cpu_s_16x256": figures["first_save_cpu_s_16x256"],
         "loop_full_ms_16x256": figures["loop_full_ms_16x256"],
         "loop_incremental_ms_16x256": figures["loop_incremental_ms_16x256"],
+        "cuts_16x256": figures["cuts_16x256"],
+        "cut_save_cpu_s_16x256": figures["cut_save_cpu_s_16x256"],
         "incremental_file_mb_max_16x256": figures["incremental_file_mb_max_16x256"],
         "full_file_mb_16x256": figures["full_file_mb_16x256"],
         "full_save_cpu_s_8x32": figures["full_save_cpu_s_8x32"],
