@@ -46,12 +46,22 @@ async def test_history_survives_a_restart_and_gone_pids_are_dropped(
     path = write_sim_state(with_procs([4242, 4343]))
     first = daemon_for(tmp_path, standin_libdir, path)
     await first.start()
+    file = tmp_path / "state" / persist.FILE_NAME
     try:
         uuid = await wait_for(lambda: _uuid_with_history(first, 4343, 3), "history of pid 4343")
+        assert first.history is not None
+        await first.history.save()  # the run's first save: the file written afresh
+        written = file.read_bytes()
+        newest = first.store.process_history(uuid, 4242)[-1].t
+
+        async def polled_again() -> bool:
+            return first.store.process_history(uuid, 4242)[-1].t > newest
+        await wait_for(polled_again, "a poll after the save")
     finally:
-        await first.stop()
+        await first.stop()  # saves again: appended
     saved = {p.t for p in first.store.process_history(uuid, 4242)}
-    assert (tmp_path / "state" / persist.FILE_NAME).exists()
+    at_stop = file.read_bytes()
+    assert written.startswith(persist.MAGIC) and at_stop.startswith(written) and len(at_stop) > len(written)
 
     write_sim_state(with_procs([4242]))  # 4343 ended while the daemon was down
     second = daemon_for(tmp_path, standin_libdir, path)
