@@ -62,13 +62,15 @@ def _append(path: Path, block: persist.Block, size: int) -> None:
 
 
 def _cut(path: Path, extents: list[_Extent], horizon: float) -> list[_Extent]:
-    """Cut off the oldest blocks whose points are all older than ``horizon`` once they are a third of the file
-    (copied, not re-encoded; temporary file, fsync, rename, as ``write_atomic``). At least one block stays."""
+    """Cut off the oldest blocks whose points are all older than ``horizon`` once they are a third of the file, or
+    whatever their size once the file is over half of what a load reads (``MAX_FILE_BYTES``): copied, not
+    re-encoded (temporary file, fsync, rename, as ``write_atomic``). At least one block stays."""
     n = 0
     while n < len(extents) - 1 and extents[n].expires < horizon:
         n += 1
     old = sum(e.size for e in extents[:n])
-    if not n or old * 3 < sum(e.size for e in extents):
+    total = sum(e.size for e in extents)
+    if not n or (old * 3 < total and total + len(persist.MAGIC) <= MAX_FILE_BYTES // 2):
         return extents
     tmp = path.with_name(path.name + ".tmp")
     with path.open("rb") as src, tmp.open("wb") as dst:

@@ -347,7 +347,7 @@ def _decode_log(data: bytes) -> History:
         if len(payload) < length:
             torn = f"the last block, {end - pos} of its {FRAME.size + length} bytes written"
             break
-        if zlib.crc32(payload) != crc:
+        if zlib.crc32(payload) != crc or not length:  # (no block is empty: a crash can leave zeros at the end)
             torn = f"a damaged block at byte {pos} and the {end - pos} bytes from there"
             break
         blocks += 1

@@ -272,3 +272,31 @@ async def test_a_version_1_file_is_restored_and_rewritten_as_version_2(tmp_path:
     assert data.startswith(persist.MAGIC)
     again, _ = restarted(tmp_path, clock)
     assert held(again) == held(old)
+
+
+async def test_a_file_near_the_load_limit_is_cut_at_every_block_that_aged_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is read whole at start, at most ``MAX_FILE_BYTES``: over half of that, aged-out blocks are cut off
+    at every save, not once they are a third of the file."""
+    clock = ManualClock(T0)
+    store = Store(retention_seconds=RETENTION, step_seconds=5.0)
+    hf = HistoryFile(tmp_path, store, clock)
+
+    def aged_out() -> int:
+        assert hf._extents is not None
+        return sum(e.expires < clock.t - RETENTION for e in hf._extents[:-1])
+
+    loose = []
+    for _ in range(25):
+        polled(store, clock, 60, [1, 2, 3])
+        await hf.save()
+        loose.append(aged_out())
+    assert max(loose[15:]) >= 2  # below the limit, aged-out blocks wait for a third of the file
+    monkeypatch.setattr(history_file, "MAX_FILE_BYTES", hf.saved_bytes)
+    for _ in range(10):
+        polled(store, clock, 60, [1, 2, 3])
+        await hf.save()
+        assert aged_out() == 0
+    again, _ = restarted(tmp_path, clock)
+    assert held(again) == held(store)

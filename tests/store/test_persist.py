@@ -288,3 +288,14 @@ def test_version_2_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(persist, "MAX_BYTES", 3 * len(json.dumps(block(procs=[[UUID, 1, 0, pts]]))))
     with pytest.raises(persist.HistoryError, match="more than"):  # a zip bomb spread over blocks
         persist.decode(growing)
+
+
+def test_zeros_at_the_end_are_a_torn_save() -> None:
+    """A crash can leave the file longer but the appended data unwritten (zeros): a header of zeros says an empty
+    block with the CRC of nothing, which no save writes."""
+    *_, (_, now, blocks) = advancing(2, False)
+    whole = log_file(blocks)
+    for zeros in (3, 8, 200):
+        hist = persist.decode(whole + b"\0" * zeros)
+        assert hist.torn is not None
+        assert view(loaded(whole + b"\0" * zeros, now)) == view(loaded(whole, now))
