@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
+from types import MappingProxyType
 
 from gpuwatchd.gpu import xid_catalog
 from gpuwatchd.model import Alert
@@ -88,14 +90,17 @@ def xid_action(immediate: str) -> HealthAction:
     return "reset_gpu"  # CONTACT_SUPPORT, UPDATE_SWFW, blank, new buckets: the conservative recovery
 
 
-def health_actions() -> dict[int, HealthAction]:
+@cache
+def health_actions() -> Mapping[int, HealthAction]:
     """Per catalog code (gpuwatchd/gpu/xid_catalog.json), what the GPU's health state suggests from NVIDIA's
-    immediate action; codes outside the catalog reset the GPU (the conservative default above)."""
+    immediate action; codes outside the catalog reset the GPU (the conservative default above). Built once (the
+    catalog is packaged): the daemon asks at every evaluation, where building it cost a quarter as much as the
+    rules themselves (8x32, docs/performance.md)."""
     out: dict[int, HealthAction] = {}
     for code, e in xid_catalog.catalog().entries.items():
         action = xid_action(e.immediate_action)
         out[code] = "restart_app" if action == "none" and e.severity != "info" else action
-    return out
+    return MappingProxyType(out)
 
 
 def _from_alert(a: Alert, egpu: bool, xid_actions: Mapping[int, HealthAction]) -> _Evidence | None:

@@ -22,6 +22,7 @@ from gpuwatchd.store import GpuPoint
 
 NAME = "GpuThrottled"
 BITS: dict[str, int] = {name: bit for bit, name in CLOCK_EVENT_REASONS.items()}
+HARMFUL_BITS = sum({BITS[name] for name in [*THROTTLE_REASONS, "sw_power_cap"]})
 
 # reason -> (human name, NVML perf-policy violation counter that measures it)
 REASON_INFO: dict[str, tuple[str, str | None]] = {
@@ -102,9 +103,16 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         report = [p for p in hist if now - cfg.report_window <= p.t <= now]
         if not recent:
             continue
+        seen = 0  # every bit set in a recent sample: a reason none of them has is a share of 0 (or None), no alert
+        for p in recent:
+            seen |= p.clocks_event_reasons or 0
+        if not seen & HARMFUL_BITS:
+            continue
         base = gpu_labels(view, g.uuid)
         for name in reasons_considered(cfg):
             bit = BITS[name]
+            if not seen & bit:
+                continue
             share = _share(recent, bit, name, cfg)
             if share is None:
                 continue
