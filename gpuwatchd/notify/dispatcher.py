@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -111,6 +112,7 @@ class Dispatcher:
         self._bg: set[asyncio.Task[None]] = set()
         self._scheduler: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._napping_until = -math.inf  # clock time the scheduler sleeps until (its next due group or push)
         self._session: aiohttp.ClientSession | None = None
         self._next_gc = clock.now()
         self._recent: dict[str, deque[dict[str, Any]]] = {}
@@ -250,7 +252,10 @@ class Dispatcher:
                     continue  # pushed alert by alert (flush_due)
                 self._place(a, route, now)
         self.flush_due()
-        self._wake.set()
+        # What was due is flushed; the scheduler is woken only when something is now due before it planned to
+        # wake (a new group, an earlier push). Waking it at every evaluation re-ran flush_due for nothing.
+        if self._next_due(now) < self._napping_until:
+            self._wake.set()
 
     def _grouped(self, name: str) -> bool:
         for rc in self.config.receivers:
@@ -415,14 +420,16 @@ class Dispatcher:
             else:
                 self._sent[gid] = entry
 
+    def _next_due(self, now: float) -> float:
+        return min(
+            [g.next_flush for g in self._groups.values()] + list(self._am_next.values()),
+            default=now + IDLE_NAP_SECONDS,
+        )
+
     async def _schedule(self) -> None:
         while True:
             self.flush_due()
-            now = self._clock.now()
-            due = min(
-                [g.next_flush for g in self._groups.values()] + list(self._am_next.values()),
-                default=now + IDLE_NAP_SECONDS,
-            )
+            self._napping_until = due = self._next_due(self._clock.now())
             await nap(self._clock, due, self._wake)
 
     # -- views ----------------------------------------------------------------------------------------------------

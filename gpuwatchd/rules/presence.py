@@ -10,8 +10,9 @@ matches such notes by alertname and uuid.
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 
-from gpuwatchd.model import DockSample, GpuPresence
+from gpuwatchd.model import DockSample, GpuIdentity, GpuPresence
 from gpuwatchd.rules.condition import Condition, RuleView, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.dock import dock_title
@@ -65,16 +66,22 @@ def _clock(ts: float) -> str:
 def _present_note(name: str, pres: GpuPresence, labels: dict[str, str], view: RuleView) -> Condition:
     # The resolution keeps the labels the alert fired with (its header names the index it had then): the body names
     # the GPU by model and uuid, and says where it is now, so header and body never contradict each other.
-    ident = pres.identity
-    model = labels.get("model") or "the GPU"
+    return _note(name, pres.identity, pres.since, tuple(labels.items()), view.gpu_docks.get(pres.identity.uuid))
+
+
+# Two notes per present GPU at every evaluation, the same until the GPU's identity, presence or dock changes: made
+# once (a condition is immutable; the engine copies its labels).
+@lru_cache(maxsize=1024)
+def _note(name: str, ident: GpuIdentity, since: float, labels: tuple[tuple[str, str], ...],
+          d: DockSample | None) -> Condition:
+    model = dict(labels).get("model") or "the GPU"
     where = f"now at index {ident.index}" + (f", PCI {ident.pci_bus_id}" if ident.pci_bus_id else "")
-    d = view.gpu_docks.get(ident.uuid)
     dock = f", behind its dock {dock_title(d)} ({d.unique_id})" if d is not None else ""
     return Condition(
         name,
         "critical" if name == LOST else "warning",
-        labels,
-        f"{model} ({ident.uuid}) is back since {_clock(pres.since)}: {where}{dock}",
+        dict(labels),
+        f"{model} ({ident.uuid}) is back since {_clock(since)}: {where}{dock}",
         "The GPU is present again; check that its jobs restarted.",
         level="clear",
     )
