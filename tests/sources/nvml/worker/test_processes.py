@@ -341,3 +341,56 @@ def test_names_with_invalid_utf8_are_text_any_encoder_takes(tmp_path: Path) -> N
         for child in (renamed, long):
             child.kill()
             child.communicate()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfds", "start-times"])
+def test_exits_of_real_processes_with_and_without_pidfds(pidfds: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cached processes are watched by pidfd (exit_watch): one that exits is no longer watched and its pid is
+    checked again (zombie, then gone), a pid no longer reported is released, and close() frees every descriptor.
+    Without pidfds (budget 0: an older kernel, a seccomp filter) the start-time check gives the same answers."""
+    from gpuwatchd.sources.nvml.worker import exit_watch
+
+    if not pidfds:
+        monkeypatch.setattr(exit_watch, "MAX_PIDFDS", 0)
+    fds_before = _open_fds()
+    resolver = ProcResolver(host_namespace=True)
+    watch = resolver._exits
+    assert watch is not None
+    children = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+                for _ in range(2)]
+    ending, staying = children
+    pids = [c.pid for c in children]
+    try:
+        got = resolver.resolve(pids)
+        assert all(got[p][2] for p in pids)  # an RSS for each
+        assert len(watch) == (2 if pidfds and watch.enabled else 0)
+        for _ in range(3):  # while they run, each poll reads them as the same live processes
+            again = resolver.resolve(pids)
+            assert {p: again[p][:2] for p in pids} == {p: got[p][:2] for p in pids}  # name and user
+            assert all(again[p][2] for p in pids)
+            assert resolver.states(pids) == {p: ("live", None) for p in pids}
+        assert ending.stdin is not None
+        ending.stdin.close()  # it exits: a zombie until reaped
+        for _ in range(300):
+            if psutil.Process(ending.pid).status() == psutil.STATUS_ZOMBIE:
+                break
+            time.sleep(0.05)
+        resolver.resolve(pids)
+        assert resolver.states(pids)[ending.pid][0] == "zombie"
+        assert not watch.watched(ending.pid)  # an exited process is not watched again
+        ending.wait()
+        resolver.resolve(pids)
+        assert resolver.states(pids)[ending.pid][0] == "gone"
+        resolver.resolve([staying.pid])  # the other pid is no longer reported: released
+        assert len(watch) == (1 if pidfds and watch.enabled else 0)
+    finally:
+        for child in children:
+            child.kill()
+            child.communicate()
+    resolver.close()
+    assert len(watch) == 0
+    assert _open_fds() == fds_before
