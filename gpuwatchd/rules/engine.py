@@ -201,7 +201,8 @@ class RulesEngine:
             if fam.name in self._failing:
                 log.info("rule family %s evaluates again", fam.name)
                 self._failing.discard(fam.name)
-            self._stats[fam.name] = replace(self._stats[fam.name], duration_seconds=time.perf_counter() - t0)
+            st = self._stats[fam.name]  # (not dataclasses.replace: ~10 us, for every family at every evaluation)
+            self._stats[fam.name] = FamilyStats(time.perf_counter() - t0, st.failures, st.last_error)
             self._cache[fam.name] = (now, conds)
             self._collect(fam.name, conds, enabled, seen)
         if self._config.rule_failing.enabled:
