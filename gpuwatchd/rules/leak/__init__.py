@@ -26,6 +26,7 @@ from gpuwatchd.rules.condition import (
 )
 from gpuwatchd.rules.config import LeakRule, RulesConfig
 from gpuwatchd.rules.leak.ended import gone_processes, gpu_gone, stopped
+from gpuwatchd.rules.leak.flat import FlatSeries
 from gpuwatchd.rules.leak.onset import ONSET_BUCKET, candidates, find_onset, fit
 from gpuwatchd.rules.leak.steps import MIN_STEPS, spreading, staircase
 from gpuwatchd.rules.leak.trend import Trend, Verdict, assess, measure, sparkline, theil_sen
@@ -393,6 +394,10 @@ HOST_RSS_DESCRIPTION = (
 )
 
 
+# Flat series are skipped without reading their history (flat.py); the memo follows the store it last read.
+_FLAT = FlatSeries()
+
+
 def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
     """Leak conditions for every present GPU and every process it lists."""
     cfg = config.leak
@@ -410,6 +415,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         gpu_hist = view.gpu_history(g.uuid)
         watched_from = gpu_hist[0].t if gpu_hist else None
         for p in g.processes:
+            if _FLAT.flat(view, g.uuid, p.pid, cfg.host_rss):
+                continue  # nothing to judge (flat.py): the same as the whole history would say, without reading it
             hist = view.process_history(g.uuid, p.pid)
             appeared = _appeared(hist, watched_from)
             labels = {**base, "pid": str(p.pid), "process": _process_name(p), **owner_labels(view, g.uuid, p.pid)}
@@ -462,6 +469,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                     out.append(stopped({**labels, "kind": "host_rss"}, title, f"{who} host RSS", rss_pts[-1][1], g))
         if cfg.unattributed:
             out.extend(_unattributed(view, now, cfg, g, free=free, min_growth=min_growth, floor_growth=floor_growth))
+    _FLAT.done()
     # Resolved messages say how the leak ended (rules/leak/ended.py).
     out.extend(gone_processes(view, now, cfg, snap))
     out.extend(gpu_gone(view, snap))
