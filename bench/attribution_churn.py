@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from gpuwatchd.config.attribution import AttributionConfig  # noqa: E402
+from gpuwatchd.config.types import validate  # noqa: E402
 from gpuwatchd.exporter.collector import StoreCollector  # noqa: E402
 from gpuwatchd.model import GpuSample, ProcessSample, Snapshot  # noqa: E402
 from gpuwatchd.sources.attribution.task import AttributionTask  # noqa: E402
@@ -59,7 +60,7 @@ async def run(a: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="gpuwatchd-churn-"))
     proc = tmp / "proc"
     uuids = [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(a.gpus)]
-    cfg = AttributionConfig.model_validate({"proc_root": str(proc), "host_root": str(tmp / "host"),
+    cfg = validate(AttributionConfig, {"proc_root": str(proc), "host_root": str(tmp / "host"),
                                             "kubernetes": {"pod_resources_socket": str(tmp / "k.sock")}})
     task = AttributionTask(cfg)
     store = Store()

@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from leak_corpus import Case, leak_cases, nonleak_cases
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import GpuSample, LostGpu, ProcessSample, Snapshot
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.engine import RulesEngine
@@ -228,7 +229,7 @@ async def lost_latency(trials: int, poll: float = 1.0) -> list[float]:
     from gpuwatchd.runtime.clock import RealClock
 
     runner, port, received, got = await _sink()
-    cfg = NotifyConfig.model_validate(
+    cfg = validate(NotifyConfig,
         {"receivers": [{"name": "sink", "type": "webhook", "url": f"http://127.0.0.1:{port}/hook"}]}
     )
     rng = random.Random(5)

@@ -42,7 +42,7 @@ from gpuwatchd.sim.standin_abi import STATE_ENV  # noqa: E402
 from gpuwatchd.sim.state import write_state  # noqa: E402
 
 # Each step is imported after the ones before it: what it adds on top of them.
-IMPORT_STEPS = ("asyncio", "yaml", "pydantic", "gpuwatchd.config.loader", "aiohttp", "aiohttp.web",
+IMPORT_STEPS = ("asyncio", "yaml", "msgspec", "gpuwatchd.config.loader", "aiohttp", "aiohttp.web",
                 "prometheus_client", "gpuwatchd.model", "gpuwatchd.exporter.collector",
                 "gpuwatchd.notify.dispatcher", "gpuwatchd.rules.engine", "gpuwatchd.daemon")
 _STEPS_SCRIPT = """

@@ -54,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def host_from_args(args: argparse.Namespace) -> Host:
     """The host doctor examines: this machine, or the simulated one a ``gpuwatchd sim`` describes."""
-    # Imported here, as in every command: `gpuwatchd --help` loads none of the config models (pydantic, PyYAML).
+    # Imported here, as in every command: `gpuwatchd --help` loads none of the config models (msgspec, PyYAML).
     from gpuwatchd.config.loader import Config, ConfigError, load_config
     from gpuwatchd.doctor.context import Host
 
@@ -80,6 +80,7 @@ def host_from_args(args: argparse.Namespace) -> Host:
 def _simulated(host: Host, state_dir: Path, url: str | None) -> None:
     import argparse
 
+    from gpuwatchd.config.types import replace
     from gpuwatchd.sim.host_tree import read_manifest
     from gpuwatchd.sim.state import read_state_file
 
@@ -91,10 +92,8 @@ def _simulated(host: Host, state_dir: Path, url: str | None) -> None:
     host.root = Path(doc["root"])
     host.url = url or sim_url
     host.env = {**os.environ, STATE_ENV: doc["state"]}
-    host.config = host.config.model_copy(
-        update={"nvml": host.config.nvml.model_copy(update={"library_path": Path(doc["library_dir"])}),
-                "state_dir": Path(doc["state_dir"])}
-    )  # fmt: skip
+    host.config = replace(host.config, nvml=replace(host.config.nvml, library_path=Path(doc["library_dir"])),
+                          state_dir=Path(doc["state_dir"]))
     state = read_state_file(Path(doc["state"]))
     devices = state.get("devices")
     n = len(devices) if isinstance(devices, list) else 0

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
+import msgspec
 
 from gpuwatchd.config.types import PositiveDuration, SafePath, Section
 
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
-class KubernetesAttributionConfig(Section):
+class KubernetesAttributionConfig(Section, frozen=True):
     """Pods from the kubelet's pod-resources API (gRPC ``v1.PodResourcesLister/List`` on a unix socket)."""
 
     # The kubelet's socket. Used only when it exists (a host without Kubernetes pays nothing); set in the file
@@ -23,10 +23,10 @@ class KubernetesAttributionConfig(Section):
     interval: PositiveDuration = 10.0
     # A List call that takes longer than this is abandoned and counted as an error (a hung kubelet never stalls
     # the daemon).
-    timeout: Annotated[PositiveDuration, Field(le=60.0)] = 2.0
+    timeout: Annotated[PositiveDuration, msgspec.Meta(le=60.0)] = 2.0
 
 
-class AttributionConfig(Section):
+class AttributionConfig(Section, frozen=True):
     """Containers (from /proc/PID/cgroup), Kubernetes pods and HPC jobs of GPU processes (applied at start; a
     reload that changes it says a restart is needed)."""
 

@@ -14,23 +14,24 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, SecretStr
-from pydantic.fields import FieldInfo
+import msgspec
+from msgspec.structs import FieldInfo
 
 from gpuwatchd.config.loader import Config
-from gpuwatchd.config.types import Section, parse_duration
+from gpuwatchd.config.types import DurationKey, SecretStr, Section, field_types, section_of
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 BEGIN = "<!-- BEGIN GENERATED: python -m gpuwatchd.config.doc --write -->"
 END = "<!-- END GENERATED -->"
 
 
-def _field_comments(cls: type[BaseModel]) -> dict[str, str]:
+def _field_comments(cls: type[Section]) -> dict[str, str]:
     """Field name -> the ``#`` comment lines directly above its definition in the class body."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if not (isinstance(klass, type) and issubclass(klass, BaseModel)) or klass in (BaseModel, Section):
+        if not (isinstance(klass, type) and issubclass(klass, Section)) or klass is Section:
             continue
+        names = getattr(klass, "__struct_fields__", ())
         try:
             lines = inspect.getsource(klass).splitlines()
         except (OSError, TypeError):
@@ -42,14 +43,15 @@ def _field_comments(cls: type[BaseModel]) -> dict[str, str]:
                 pending.append(stripped.lstrip("#").strip())
                 continue
             m = re.match(r"^\s+(\w+)\s*:", line)
-            if m and m.group(1) in klass.model_fields and pending:
+            if m and m.group(1) in names and pending:
                 out[m.group(1)] = " ".join(pending)
             pending = []
     return out
 
 
 def _is_duration(meta: Any) -> bool:
-    return getattr(meta, "func", None) is parse_duration
+    # Positive durations (PositiveDuration) are listed as numbers, as the page always had them.
+    return isinstance(meta, DurationKey) and not meta.positive
 
 
 def _fmt_seconds(v: float) -> str:
@@ -60,9 +62,7 @@ def _fmt_seconds(v: float) -> str:
 
 
 def _field_type(field: FieldInfo) -> str:
-    if any(_is_duration(m) for m in field.metadata):
-        return "duration"
-    return _type_name(field.annotation)
+    return _type_name(field.type)
 
 
 def _type_name(tp: Any) -> str:
@@ -84,7 +84,7 @@ def _type_name(tp: Any) -> str:
     if isinstance(tp, type):
         if tp is SecretStr:
             return "secret string"
-        if issubclass(tp, BaseModel):
+        if issubclass(tp, Section):
             return "section"
         return {"float": "number", "int": "integer", "str": "string", "bool": "boolean", "Path": "path"}.get(
             tp.__name__, tp.__name__
@@ -93,19 +93,19 @@ def _type_name(tp: Any) -> str:
 
 
 def _default(field: FieldInfo, path: str) -> str:
-    if field.is_required():
+    if field.required:
         return "required"
     if path == "host":
         return "this machine's hostname"
-    value = field.get_default(call_default_factory=True)
+    value = field.default if field.default_factory is msgspec.NODEFAULT else field.default_factory()
     if isinstance(value, float) and _field_type(field) == "duration":
         return f"`{_fmt_seconds(value)}`"
-    if isinstance(value, BaseModel):
+    if isinstance(value, Section):
         return ""
     if value is None:
         return "unset"
     if isinstance(value, tuple):
-        if value and isinstance(value[0], BaseModel):
+        if value and isinstance(value[0], Section):
             return f"{len(value)} built in"
         return "`[" + ", ".join(str(v) for v in value) + "]`" if value else "`[]`"
     if value == "":
@@ -115,28 +115,23 @@ def _default(field: FieldInfo, path: str) -> str:
     return f"`{value}`"
 
 
-def _section_model(tp: Any) -> tuple[type[BaseModel] | None, bool]:
+def _section_model(tp: Any) -> tuple[type[Section] | None, bool]:
     """(model, is_list) when the field holds a section or a list of sections."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return tp, False
-    if origin in (tuple, list) and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
-        return args[0], True
-    return None, False
+    base, _, _ = field_types(tp)
+    return section_of(base)
 
 
-def _doc(cls: type[BaseModel]) -> str:
+def _doc(cls: type[Section]) -> str:
     own = cls.__dict__.get("__doc__") or ""  # not inherited: Section's docstring says nothing about the section
     return " ".join(inspect.cleandoc(own).split("\n\n")[0].split())
 
 
-def _rows(cls: type[BaseModel], prefix: str, out: list[str], sections: list[tuple[str, type[BaseModel]]]) -> None:
+def _rows(cls: type[Section], prefix: str, out: list[str], sections: list[tuple[str, type[Section]]]) -> None:
     comments = _field_comments(cls)
-    for name, field in cls.model_fields.items():
-        key = field.alias or name
-        path = f"{prefix}{key}"
-        model, is_list = _section_model(field.annotation)
+    for field in msgspec.structs.fields(cls):
+        name = field.name
+        path = f"{prefix}{field.encode_name}"
+        model, is_list = _section_model(field.type)
         if model is not None:
             sections.append((f"{path}[]" if is_list else path, model))
             if not is_list:
@@ -149,7 +144,7 @@ def _rows(cls: type[BaseModel], prefix: str, out: list[str], sections: list[tupl
 def render_reference() -> str:
     """The generated part of docs/configuration.md: one table per section, every key with type and default."""
     out: list[str] = []
-    queue: list[tuple[str, type[BaseModel]]] = [("", Config)]
+    queue: list[tuple[str, type[Section]]] = [("", Config)]
     seen: set[str] = set()
     while queue:
         path, model = queue.pop(0)
@@ -162,7 +157,7 @@ def render_reference() -> str:
         if doc:
             out += [doc, ""]
         out += ["| key | type | default | meaning |", "|---|---|---|---|"]
-        nested: list[tuple[str, type[BaseModel]]] = []
+        nested: list[tuple[str, type[Section]]] = []
         _rows(model, f"{path}." if path else "", out, nested)
         out.append("")
         queue[0:0] = nested

@@ -10,7 +10,7 @@ DEFAULT_PATH = Path("/dev/kmsg")
 STATE_FILE_NAME = "kernel-log.json"
 
 
-class KernelLogConfig(Section):
+class KernelLogConfig(Section, frozen=True):
     """Xids, falls off the bus, AER errors and driver messages from the kernel ring buffer (applied at start; a
     reload that changes it says a restart is needed)."""
 

@@ -1,7 +1,8 @@
 """Typed, validated configuration: one YAML file, defaults in one place, errors that name the key path.
 
-``check-config``, start-up and SIGHUP reload all go through :func:`load_config`. pydantic does the typing and
-validation (a well-kept library that already reports errors by location); we only format its errors as
+``check-config``, start-up and SIGHUP reload all go through :func:`load_config`. The sections are msgspec
+``Struct`` classes (frozen, unknown keys refused); msgspec converts and checks each value, and
+:func:`gpuwatchd.config.types.validate` reports every problem at once by key path, as
 ``notify.receivers[0].url: not a URL``.
 
 Sub-sections owned by a subsystem live next to it (``gpuwatchd.rules.config``, ``gpuwatchd.notify.config``) and
@@ -14,8 +15,8 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any
 
+import msgspec
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gpuwatchd.config.attribution import AttributionConfig
 from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
@@ -27,7 +28,9 @@ from gpuwatchd.config.types import (
     PositiveDuration,
     SafePath,
     Section,
+    ValidationError,
     problem_lines,
+    validate,
     yaml_error_message,
 )
 from gpuwatchd.notify.config import NotifyConfig
@@ -47,16 +50,16 @@ MIN_POLL_INTERVAL = 0.01
 MAX_HISTORY_POINTS = 86_400
 
 
-class NvmlConfig(Section):
+class NvmlConfig(Section, frozen=True):
     """How the NVML worker (a child process) is run."""
 
     # How often every GPU is read. 1 s matches nvidia-smi dmon and DCGM's default; utilization is averaged over
     # the driver's own 1/6 s..1 s sample period anyway.
-    poll_interval: Annotated[PositiveDuration, Field(ge=MIN_POLL_INTERVAL)] = 1.0
+    poll_interval: Annotated[PositiveDuration, msgspec.Meta(ge=MIN_POLL_INTERVAL)] = 1.0
     # A GPU whose NVML calls block this long (while the others answer) is shown lost, reason timeout; a worker
     # silent this long past a due poll is killed and respawned. At least 50 ms: below that no poll of a real GPU
     # completes and the daemon would never show any data.
-    poll_timeout: Annotated[PositiveDuration, Field(ge=MIN_POLL_TIMEOUT)] = 5.0
+    poll_timeout: Annotated[PositiveDuration, msgspec.Meta(ge=MIN_POLL_TIMEOUT)] = 5.0
     # SIGTERM grace before SIGKILL when the worker must go.
     kill_grace: Duration = 1.0
     # Delay before respawning a worker that died or was killed; doubles per consecutive failure ...
@@ -66,28 +69,26 @@ class NvmlConfig(Section):
     # Directory holding libnvidia-ml.so.1 (or the file itself). Unset: the system loader path, like nvidia-smi.
     library_path: SafePath | None = None
 
-    @model_validator(mode="after")
-    def _backoff_order(self) -> NvmlConfig:
+    def check(self) -> None:
         if self.restart_backoff_max < self.restart_backoff_initial:
             raise ValueError("restart_backoff_max must be >= restart_backoff_initial")
-        return self
 
 
-class ProcessesConfig(Section):
+class ProcessesConfig(Section, frozen=True):
     """Per-process GPU memory."""
 
     # Per GPU, the processes with the most GPU memory that get their own series (bounds cardinality).
-    top_n: int = Field(default=10, ge=0, le=1000)
+    top_n: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 10
 
 
-class SysfsConfig(Section):
+class SysfsConfig(Section, frozen=True):
     """Where PCIe and Thunderbolt state is read from, independently of NVML."""
 
     # Prefix for /sys (tests and `gpuwatchd sim` point it at a fake tree).
     root: SafePath = Path("/")
 
 
-class HistoryConfig(Section):
+class HistoryConfig(Section, frozen=True):
     """In-memory history the rules look back on (applied at start; a reload does not resize it)."""
 
     # How far back the rules can look; the leak rule's window must fit in it.
@@ -95,23 +96,21 @@ class HistoryConfig(Section):
     # Resolution of the history: readings closer together than this replace each other.
     step: PositiveDuration = 5.0
 
-    @model_validator(mode="after")
-    def _bounded(self) -> HistoryConfig:
+    def check(self) -> None:
         if self.step > self.retention:
             raise ValueError("step must not exceed retention")
         if self.retention / self.step > MAX_HISTORY_POINTS:
             raise ValueError(f"retention/step is more than {MAX_HISTORY_POINTS} points per series (memory)")
-        return self
 
 
-class Config(Section):
+class Config(Section, frozen=True):
     """The whole file. Every key is optional."""
 
     # HOST:PORT for /metrics, /healthz, /readyz and /api/v1/* (`[::]:9945`: IPv6 and IPv4); `run --listen` overrides it.
     # Changing it takes a restart.
     listen: str = DEFAULT_LISTEN
     # The `host` label on alerts and in messages.
-    host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=255)
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=255)] = msgspec.field(default_factory=socket.gethostname)
     # Alert state and the notification outbox (SQLite). Unset: $STATE_DIRECTORY under systemd, else
     # /var/lib/gpuwatchd if writable, else ~/.local/state/gpuwatchd. Changing it takes a restart.
     state_dir: SafePath = DEFAULT_STATE_DIR
@@ -131,15 +130,13 @@ class Config(Section):
     # --web.config.file` overrides it. Read at start; changing it or the files it names takes a restart.
     web_config_file: SafePath | None = None
 
-    @field_validator("listen")
     @classmethod
-    def _listen(cls, v: str) -> str:
+    def _check_listen(cls, v: str, data: dict[str, Any]) -> str:
         parse_listen(v)
         return v
 
-    @field_validator("web_config_file")
     @classmethod
-    def _web_config(cls, v: Path | None) -> Path | None:
+    def _check_web_config_file(cls, v: Path | None, data: dict[str, Any]) -> Path | None:
         if v is not None:
             from gpuwatchd.web.webconfig import WebConfigError, load_web_config
 
@@ -149,9 +146,8 @@ class Config(Section):
                 raise ValueError(f"{shown_path(v)}: {e}") from None
         return v
 
-    @field_validator("host")
     @classmethod
-    def _host(cls, v: str) -> str:
+    def _check_host(cls, v: str, data: dict[str, Any]) -> str:
         # A label value and a line of every message: control characters would break both.
         if not v.isprintable():
             raise ValueError("must not contain control characters")
@@ -182,27 +178,6 @@ class ConfigError(Exception):
         return problem_lines(self.source, self.problems)
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
-def format_validation_error(err: ValidationError) -> list[str]:
-    """One ``key.path: message`` line per problem."""
-    lines = []
-    for e in err.errors(include_url=False):
-        # pydantic puts validator names (e.g. "function-after[...]") into loc for unions; drop those parts.
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p))
-        msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"{_loc(loc)}: {msg}")
-    return lines
-
-
 def config_from_dict(data: dict[str, Any] | None, source: str = "<config>") -> Config:
     """Validate a parsed YAML document."""
     if data is None:
@@ -210,9 +185,9 @@ def config_from_dict(data: dict[str, Any] | None, source: str = "<config>") -> C
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): expected a mapping of settings"])
     try:
-        return Config.model_validate(data)
+        return validate(Config, data)
     except ValidationError as e:
-        raise ConfigError(source, format_validation_error(e)) from None
+        raise ConfigError(source, e.problems) from None
 
 
 def load_config(path: Path | None, *, required: bool = False) -> Config:

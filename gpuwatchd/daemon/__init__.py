@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd import __version__
+from gpuwatchd.config.types import fields_set
 from gpuwatchd.daemon.data_path import DataPath
 from gpuwatchd.daemon.evaluation import Evaluation
 from gpuwatchd.daemon.http import HttpWiring
@@ -105,7 +106,7 @@ class Daemon(DataPath, Evaluation, Reload, HttpWiring):
         if cfg.attribution.enabled:
             self.attribution = AttributionTask(
                 cfg.attribution,
-                socket_explicit=socket_explicit(cfg.attribution.kubernetes.model_fields_set),
+                socket_explicit=socket_explicit(fields_set(cfg.attribution.kubernetes)),
                 on_update=self._attribute,
                 on_status=self.store.ingest,
                 # The stand-in's pids are fictitious: read cgroups only from a fake /proc the config names.

@@ -2,19 +2,20 @@
 
 Shape follows Alertmanager (route timings, receivers, inhibit rules) but the route tree is a flat ordered list:
 first match wins unless ``continue: true``; alerts no route takes go to ``default_receiver``.
-Webhook URLs, HMAC secrets and header values are ``SecretStr``: their repr/str is ``**********``.
+Webhook URLs, HMAC secrets and header values are ``SecretStr`` (``gpuwatchd.config.types``): their repr/str is
+``**********``.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+import msgspec
 
-from gpuwatchd.config.types import Duration, PositiveDuration, Section
+from gpuwatchd.config.types import Duration, FieldError, PositiveDuration, SecretStr, Section
 from gpuwatchd.notify.matchers import Matcher, parse_matcher
 
 ReceiverType = Literal["slack", "discord", "teams", "mattermost", "webhook", "alertmanager", "ntfy"]
@@ -60,8 +61,18 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _FIELD_VALUE = re.compile(r"[\x20-\x7e\t]*")
 
 
-def _matchers(values: list[str]) -> tuple[Matcher, ...]:
-    return tuple(parse_matcher(v) for v in values)
+def _parse_matchers(data: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """Matchers are strings in the file (``severity="critical"``): a list of them under ``keys`` read as Matchers,
+    a bad one reported at its key (as a whole)."""
+    out = dict(data)
+    for key in keys:
+        v = data.get(key)
+        if isinstance(v, list | tuple) and all(isinstance(x, str) for x in v):
+            try:
+                out[key] = tuple(parse_matcher(x) for x in v)
+            except ValueError as e:
+                raise FieldError(key, str(e)) from None
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +112,12 @@ def member_key(name: str, index: int) -> str:
     return name if index == 0 else f"{name}#{index}"
 
 
-class ReceiverConfig(Section):
+class ReceiverConfig(Section, frozen=True, kw_only=True):
     """One destination: a chat webhook, a generic JSON webhook or an Alertmanager (or an HA cluster of them)."""
 
-    # pydantic quotes the offending input in ValidationError texts: here the input is a secret.
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    # No message quotes the offending input (msgspec's texts do not, and none of ours does): here it is a secret.
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    name: Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")]
     type: ReceiverType
     # ``url`` or ``urls``, not both. ``urls`` (alertmanager only): every member of an Alertmanager cluster; every
     # alert is posted to each (Alertmanager's README: never through a load balancer) and the cluster sends each
@@ -116,17 +126,14 @@ class ReceiverConfig(Section):
     url: SecretStr
     # Generic webhook only: HMAC-SHA256 of the body with this key in the ``X-Gpuwatchd-Signature`` header.
     hmac_secret: SecretStr | None = None
-    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    headers: dict[str, SecretStr] = msgspec.field(default_factory=dict)
     # At least one message an hour (a smaller rate would hold a message back for longer than it stays useful).
-    rate_limit_per_minute: float = Field(default=DEFAULT_RATE_LIMIT_PER_MINUTE, ge=1 / 60, le=1e6)
+    rate_limit_per_minute: Annotated[float, msgspec.Meta(ge=1 / 60, le=1e6)] = DEFAULT_RATE_LIMIT_PER_MINUTE
     timeout: PositiveDuration = 10.0
     send_resolved: bool = True
 
-    @model_validator(mode="before")
     @classmethod
-    def _one_of_url_urls(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
+    def before(cls, data: dict[str, Any]) -> dict[str, Any]:
         has_url, has_urls = data.get("url") is not None, data.get("urls") is not None
         if has_url and has_urls:
             raise ValueError("give either url or urls, not both")
@@ -139,16 +146,14 @@ class ReceiverConfig(Section):
             raise ValueError("url (or, for an alertmanager cluster, urls) is required")
         return data
 
-    @field_validator("url")
     @classmethod
-    def _url(cls, v: SecretStr, info: ValidationInfo) -> SecretStr:
-        if "urls" not in info.data or info.data["urls"]:
+    def _check_url(cls, v: SecretStr, data: dict[str, Any]) -> SecretStr:
+        if "urls" not in data or data["urls"]:
             return v  # taken from urls, which reported on it already (or failed)
         return check_url(v)
 
-    @field_validator("urls")
     @classmethod
-    def _urls(cls, v: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+    def _check_urls(cls, v: tuple[SecretStr, ...], data: dict[str, Any]) -> tuple[SecretStr, ...]:
         for i, u in enumerate(v):
             try:
                 check_url(u)
@@ -156,9 +161,8 @@ class ReceiverConfig(Section):
                 raise ValueError(f"entry {i}: {e}") from None
         return v
 
-    @field_validator("headers")
     @classmethod
-    def _headers(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
+    def _check_headers(cls, v: dict[str, SecretStr], data: dict[str, Any]) -> dict[str, SecretStr]:
         # A CR/LF in a header is refused by the HTTP client at every send attempt: the message would be retried
         # until it expires and never delivered. Names are RFC 9110 tokens; values visible ASCII, space and tab.
         for name, value in v.items():
@@ -168,8 +172,7 @@ class ReceiverConfig(Section):
                 raise ValueError(f"header {name!r}: value must be visible ASCII (no CR, LF or control characters)")
         return v
 
-    @model_validator(mode="after")
-    def _members(self) -> ReceiverConfig:
+    def check(self) -> None:
         if len(self.urls) > 1 and self.type != "alertmanager":
             raise ValueError(
                 f"urls: several URLs are for an alertmanager receiver (an HA cluster); a {self.type} receiver posts"
@@ -179,7 +182,6 @@ class ReceiverConfig(Section):
         for i, u in enumerate(values):
             if u in values[:i]:
                 raise ValueError(f"urls: entry {i} repeats a URL (every alert would be posted twice to one member)")
-        return self
 
     @property
     def endpoint(self) -> str:
@@ -197,38 +199,32 @@ class ReceiverConfig(Section):
         )
 
 
-class RouteConfig(Section):
+class RouteConfig(Section, frozen=True):
     """Alerts matching all ``matchers`` go to ``receiver`` (default receiver if unset), with optional timings."""
 
     matchers: tuple[Matcher, ...] = ()
     receiver: str | None = None
-    continue_: bool = Field(default=False, alias="continue")
+    continue_: bool = msgspec.field(default=False, name="continue")
     group_by: tuple[str, ...] | None = None
     group_wait: Duration | None = None
     group_interval: Duration | None = None
     repeat_interval: Duration | None = None
 
-    @field_validator("matchers", mode="before")
     @classmethod
-    def _parse(cls, v: object) -> object:
-        if isinstance(v, list | tuple) and all(isinstance(x, str) for x in v):
-            return _matchers(list(v))
-        return v
+    def before(cls, data: dict[str, Any]) -> dict[str, Any]:
+        return _parse_matchers(data, "matchers")
 
 
-class InhibitRuleConfig(Section):
+class InhibitRuleConfig(Section, frozen=True):
     """While a firing alert matches ``source_matchers``, ``target_matchers`` alerts with equal labels are muted."""
 
     source_matchers: tuple[Matcher, ...]
     target_matchers: tuple[Matcher, ...] = ()
     equal: tuple[str, ...] = ()
 
-    @field_validator("source_matchers", "target_matchers", mode="before")
     @classmethod
-    def _parse(cls, v: object) -> object:
-        if isinstance(v, list | tuple) and all(isinstance(x, str) for x in v):
-            return _matchers(list(v))
-        return v
+    def before(cls, data: dict[str, Any]) -> dict[str, Any]:
+        return _parse_matchers(data, "source_matchers", "target_matchers")
 
 
 def _default_inhibit_rules() -> tuple[InhibitRuleConfig, ...]:
@@ -261,10 +257,8 @@ def _default_routes() -> tuple[RouteConfig, ...]:
     )
 
 
-class ApiConfig(Section):
+class ApiConfig(Section, frozen=True):
     """Who may change silences over HTTP, and how big they may get (reading is open, like ``/metrics``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     # When set, POST/DELETE need ``Authorization: Bearer <token>`` (compared in constant time).
     write_token: SecretStr | None = None
@@ -272,41 +266,36 @@ class ApiConfig(Section):
     # reaches the port must not be able to mute alerts. A local ``curl`` still works.
     write_from_loopback_only: bool = True
     # Pending plus active silences at most; more are refused with 409 until one expires.
-    max_silences: int = Field(default=DEFAULT_MAX_SILENCES, ge=1)
+    max_silences: Annotated[int, msgspec.Meta(ge=1)] = DEFAULT_MAX_SILENCES
     # Longest silence (endsAt - startsAt); a longer one is refused: extend by creating a new one.
-    max_silence_duration: Duration = Field(default=DEFAULT_MAX_SILENCE_DURATION, gt=0)
+    max_silence_duration: Annotated[Duration, msgspec.Meta(gt=0)] = DEFAULT_MAX_SILENCE_DURATION
     # Longest regex in a silence matcher; regexes run on RE2 (linear time), which has no backreferences or lookaround.
-    max_regex_length: int = Field(default=DEFAULT_MAX_REGEX_LENGTH, ge=1)
+    max_regex_length: Annotated[int, msgspec.Meta(ge=1)] = DEFAULT_MAX_REGEX_LENGTH
 
-    @field_validator("write_token")
     @classmethod
-    def _token(cls, v: SecretStr | None) -> SecretStr | None:
+    def _check_write_token(cls, v: SecretStr | None, data: dict[str, Any]) -> SecretStr | None:
         if v is not None and len(v.get_secret_value()) < MIN_TOKEN_LENGTH:
             raise ValueError(f"at least {MIN_TOKEN_LENGTH} characters (e.g. `openssl rand -hex 16`)")
         return v
 
-    @model_validator(mode="after")
-    def _not_open(self) -> ApiConfig:
+    def check(self) -> None:
         if not self.write_from_loopback_only and self.write_token is None:
             raise ValueError(
                 "write_from_loopback_only: false needs write_token, or anyone who reaches the port can silence alerts"
             )
-        return self
 
 
-class NotifyConfig(Section):
+class NotifyConfig(Section, frozen=True):
     """Everything about alert delivery; with no receivers nothing is sent."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     group_by: tuple[str, ...] = DEFAULT_GROUP_BY
     group_wait: Duration = DEFAULT_GROUP_WAIT
-    group_interval: Duration = Field(default=DEFAULT_GROUP_INTERVAL)
+    group_interval: Duration = DEFAULT_GROUP_INTERVAL
     repeat_interval: Duration = DEFAULT_REPEAT_INTERVAL
     receivers: tuple[ReceiverConfig, ...] = ()
     default_receiver: str | None = None
-    routes: tuple[RouteConfig, ...] = Field(default_factory=_default_routes)
-    inhibit_rules: tuple[InhibitRuleConfig, ...] = Field(default_factory=_default_inhibit_rules)
+    routes: tuple[RouteConfig, ...] = msgspec.field(default_factory=_default_routes)
+    inhibit_rules: tuple[InhibitRuleConfig, ...] = msgspec.field(default_factory=_default_inhibit_rules)
     max_retry_age: Duration = DEFAULT_MAX_RETRY_AGE
     # Backoff of retried sends: exponential from initial to max, +-50 % jitter (Alertmanager: 500 ms x1.5, 60 s).
     retry_initial: PositiveDuration = 0.5
@@ -314,17 +303,18 @@ class NotifyConfig(Section):
     alertmanager_resend: Duration = DEFAULT_ALERTMANAGER_RESEND
     api: ApiConfig = ApiConfig()
     # Shown in messages and in the webhook's externalURL (e.g. this host's /api/v1/alerts); empty: omitted.
-    external_url: str = Field(default="", max_length=2048)
+    external_url: Annotated[str, msgspec.Meta(max_length=2048)] = ""
 
-    @field_validator("group_interval", "repeat_interval", "alertmanager_resend")
     @classmethod
-    def _positive(cls, v: float) -> float:
+    def _check_group_interval(cls, v: float, data: dict[str, Any]) -> float:
         if v <= 0:
             raise ValueError("must be > 0")
         return v
 
-    @model_validator(mode="after")
-    def _references(self) -> NotifyConfig:
+    _check_repeat_interval = _check_group_interval
+    _check_alertmanager_resend = _check_group_interval
+
+    def check(self) -> None:
         if self.retry_max < self.retry_initial:
             raise ValueError("retry_max must be >= retry_initial")
         names = [r.name for r in self.receivers]
@@ -338,7 +328,6 @@ class NotifyConfig(Section):
         for i, r in enumerate(self.routes):
             if r.receiver is not None and r.receiver not in seen:
                 raise ValueError(f"routes[{i}].receiver: unknown receiver {r.receiver!r}")
-        return self
 
     def receiver(self, name: str) -> ReceiverConfig:
         """The receiver called ``name`` (KeyError if none)."""

@@ -31,7 +31,7 @@ class Matcher:
     _rx: ClassVar[Any]  # set per instance in __post_init__ (ClassVar keeps it out of the dataclass fields)
 
     def __post_init__(self) -> None:
-        # The compiled RE2 pattern is an attribute, not a field: config dumps (pydantic) see name, op and value only.
+        # The compiled RE2 pattern is an attribute, not a field: config dumps see name, op and value only.
         object.__setattr__(self, "_rx", compile_regex(self.value) if self.op in ("=~", "!~") else None)
 
     def matches(self, labels: Mapping[str, str]) -> bool:

@@ -12,49 +12,50 @@ probes:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, model_validator
+import msgspec
 
-from gpuwatchd.config.types import Duration, Section
+from gpuwatchd.config.types import Duration, Section, replace
 
 MIB = 1 << 20
 PROBE_NAMES = ("gemm", "memory", "pcie", "launch")
 
 
-class ProbesConfig(Section):
+class ProbesConfig(Section, frozen=True):
     """Torch health probes on idle GPUs (needs the `gpuwatchd[probes]` extra: torch)."""
 
     enabled: bool = True
     # Per GPU, how often a probe run is due. 1 h: a run costs ~10-20 s of GPU time (torch start, CUDA context,
     # the probes), so 1 h stays at ~0.5% of the GPU's time, under the 1% duty-cycle cap with room to spare, and
     # a GPU that starts computing wrong numbers is caught within the hour; the 5-run baseline is built in 5 h.
-    interval: Duration = Field(default=3600.0, ge=60.0)
+    interval: Annotated[Duration, msgspec.Meta(ge=60.0)] = 3600.0
     # A GPU must have been idle this long (no compute process, utilization under idle_utilization) before a run:
     # 5 min is longer than the pauses inside a job (checkpointing, evaluation), so a probe does not land in them.
-    idle_for: Duration = Field(default=300.0, ge=0.0)
+    idle_for: Annotated[Duration, msgspec.Meta(ge=0.0)] = 300.0
     # "Idle" utilization ceiling (a desktop compositor keeps a few percent busy).
-    idle_utilization: float = Field(default=0.05, ge=0.0, le=1.0)
+    idle_utilization: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.05
     # Hard deadline of one run (wall seconds): then the worker's whole process group is killed, a probe failure.
-    deadline: Duration = Field(default=120.0, ge=5.0, le=3600.0)
+    deadline: Annotated[Duration, msgspec.Meta(ge=5.0, le=3600.0)] = 120.0
     # Probe runs at once on the host. 1: runs do not compete for the CPU, PCIe and memory bandwidth they measure.
-    parallel: int = Field(default=1, ge=1, le=64)
+    parallel: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     # A run still going after this long (wall seconds; a healthy run takes ~10-20 s) is suspected hung: it stops
     # holding its slot, so the other GPUs' probes go ahead while it waits for its deadline. This bounds how long
     # one hung GPU delays the others (docs/probes.md, "Detection bound").
-    hang_after: Duration = Field(default=45.0, ge=1.0, le=3600.0)
+    hang_after: Annotated[Duration, msgspec.Meta(ge=1.0, le=3600.0)] = 45.0
     # Probe time may take at most this share of each GPU's time: after a run of d seconds the next waits at
     # least d / duty_cycle. Enforced, not advisory.
-    duty_cycle: float = Field(default=0.01, gt=0.0, le=1.0)
+    duty_cycle: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.01
     # The memory test and the GEMM use at most this share of the GPU's free memory ...
-    max_memory_share: float = Field(default=0.25, gt=0.0, le=0.9)
+    max_memory_share: Annotated[float, msgspec.Meta(gt=0.0, le=0.9)] = 0.25
     # ... and at most this much for the memory pattern test.
-    memory_bytes: int = Field(default=1024 * MIB, ge=MIB, le=1 << 40)
+    memory_bytes: Annotated[int, msgspec.Meta(ge=MIB, le=1 << 40)] = 1024 * MIB
     # GEMM dimension (n x n x n; halved until it fits max_memory_share).
-    gemm_n: int = Field(default=2048, ge=64, le=16384)
+    gemm_n: Annotated[int, msgspec.Meta(ge=64, le=16384)] = 2048
     # Bytes per host<->device copy in the pcie probe.
-    transfer_bytes: int = Field(default=256 * MIB, ge=MIB, le=1 << 34)
+    transfer_bytes: Annotated[int, msgspec.Meta(ge=MIB, le=1 << 34)] = 256 * MIB
     # A measure's baseline is the median of its first N healthy runs.
-    baseline_runs: int = Field(default=5, ge=1, le=100)
+    baseline_runs: Annotated[int, msgspec.Meta(ge=1, le=100)] = 5
     gemm: bool = True
     memory: bool = True
     pcie: bool = True
@@ -62,13 +63,11 @@ class ProbesConfig(Section):
     # Interpreter that has torch (a venv with gpuwatchd[probes]); unset: the daemon's own.
     python: Path | None = None
 
-    @model_validator(mode="after")
-    def _some_probe(self) -> ProbesConfig:
+    def check(self) -> None:
         if self.enabled and not self.selected():
             raise ValueError("every probe is switched off: set enabled: false instead")
         if self.idle_for > self.interval:
             raise ValueError("idle_for must not exceed interval")
-        return self
 
     def selected(self) -> list[str]:
         return [p for p in PROBE_NAMES if getattr(self, p)]
@@ -82,4 +81,4 @@ def sim_probes(cfg: ProbesConfig, explicit: set[str]) -> ProbesConfig:
     """
     sim = {"interval": 120.0, "idle_for": 30.0, "duty_cycle": 0.5, "baseline_runs": 3, "deadline": 30.0,
            "hang_after": 10.0}
-    return cfg.model_copy(update={k: v for k, v in sim.items() if k not in explicit})
+    return replace(cfg, **{k: v for k, v in sim.items() if k not in explicit})

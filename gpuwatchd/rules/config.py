@@ -16,30 +16,32 @@ rules:
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, model_validator
+from typing import Annotated, ClassVar
+
+import msgspec
 
 from gpuwatchd.config.types import Duration, PositiveDuration, Section
 
 MIB = 1024 * 1024
 
 
-class RuleSection(Section):
+class RuleSection(Section, frozen=True):
     """Fields common to every rule; ``for`` is spelled as in Prometheus rule files."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    populate_by_name: ClassVar[bool] = True
 
     enabled: bool = True
-    for_: Duration = Field(default=0.0, alias="for")
+    for_: Duration = msgspec.field(default=0.0, name="for")
     keep_firing_for: Duration = 0.0
 
 
-class LeakRule(RuleSection):
+class LeakRule(RuleSection, frozen=True):
     """``GpuMemoryLeak``: robust trend of a process' GPU memory, unattributed GPU memory and host RSS."""
 
     # A 5 min hold on top of the 10 min minimum span: an allocator pool still growing in steps 10-15 min into a
     # job looks like a stepwise leak for a few minutes; a leak keeps looking like one. This is the hold of a
     # slow leak (hours from OOM); one due sooner holds urgent_hold_share of its time to full instead.
-    for_: Duration = Field(default=300.0, alias="for")
+    for_: Duration = msgspec.field(default=300.0, name="for")
     # A leak that stops (memory freed, job ended) resolves after 5 min; a brief plateau inside a leak does not.
     keep_firing_for: Duration = 300.0
     # How often the trend is recomputed (it is the costliest rule: ~0.2 s for 16 GPUs x 10 processes); in
@@ -55,23 +57,23 @@ class LeakRule(RuleSection):
     bucket: PositiveDuration = 60.0
     # 1 MiB/min: below it a 24 GiB GPU lasts more than two weeks; slower drift is allocator fragmentation, not a
     # trend worth a message.
-    min_rate_bytes_per_second: float = Field(default=17476.0, gt=0)  # = 1 MiB/min
+    min_rate_bytes_per_second: Annotated[float, msgspec.Meta(gt=0)] = 17476.0  # = 1 MiB/min
     # Fire when the projected time to full is within this horizon ...
     horizon: Duration = 86400.0
     # ... or when the growth over the window is at least this share of GPU memory, whatever the projection.
-    min_growth_ratio: float = Field(default=0.10, gt=0, le=1)
+    min_growth_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.10
     # Never on less growth than this share of GPU memory (245 MiB of 24 GiB): projecting a full GPU from a few
     # tens of MiB is guesswork (csv04's floor creeps ~60 MiB in 10 min under steady inference).
-    floor_growth_ratio: float = Field(default=0.01, ge=0, le=1)
+    floor_growth_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.01
     # The recent half must grow at least this fraction of the whole-window rate: warm-up is concave (fast then
     # flat) and fails this; a linear or accelerating leak passes.
-    min_recent_ratio: float = Field(default=0.5, gt=0, le=1)
+    min_recent_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
     # The envelope must rise in at least this many buckets of the recent half: one step is a warm-up or an
     # epoch boundary; a leak keeps stepping.
-    min_recent_rises: int = Field(default=2, ge=1)
+    min_recent_rises: Annotated[int, msgspec.Meta(ge=1)] = 2
     # ... and by at least this many noise sigmas (robust scatter of the bucket floors around their trend line):
     # 3 sigma keeps the end effect of a noisy plateau's envelope from looking like growth.
-    noise_factor: float = Field(default=3.0, ge=0)
+    noise_factor: Annotated[float, msgspec.Meta(ge=0)] = 3.0
     # Urgency: a leak projected to fill the GPU soon is judged on short windows (2-8 min) and held for less, so
     # the message comes with time left to act. Off: every leak waits min_span + for.
     urgent: bool = True
@@ -81,15 +83,15 @@ class LeakRule(RuleSection):
     # long warm-up) stays silent unless it ate about a third of the free memory first. In bench/detect.py
     # --seeds 16, 0.25 with a hold share of 0.1 or 0.2 fired on a 10 min stepwise warm-up; 0.3/0.3 on nothing,
     # and every leak still fired with >= 25 % of its time to OOM left.
-    urgent_evidence_share: float = Field(default=0.15, gt=0, le=1)
+    urgent_evidence_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.15
     # The for: hold of a leak: this share of its projected time to full, between urgent_min_hold and for. The
     # hold is the proof that the growth goes on (pending fires only while the floor still rises).
-    urgent_hold_share: float = Field(default=0.1, ge=0, le=1)
+    urgent_hold_share: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
     # The evidence share and hold share of a rough rise on a short window (an irregular staircase, a noisy ramp:
     # its growth under onset_min_snr times its scatter): a long warm-up stepping at random for 8-12 min looks like
     # a fast staircase leak until it stops, so a rough rise waits 0.3 x its time to full twice, as before onsets.
     # A regular staircase (steps of a steady size at a steady period, rules/leak/steps.py) counts as clean.
-    urgent_rough_share: float = Field(default=0.3, gt=0, le=1)
+    urgent_rough_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.3
     # The shortest hold: two leak evaluations (interval 15 s), so one trend computation never fires on its own.
     urgent_min_hold: Duration = 30.0
     # Onset (gpuwatchd/rules/leak/onset.py): a series is judged from where its growth began, and a clean straight rise
@@ -101,12 +103,12 @@ class LeakRule(RuleSection):
     # Growth since the onset must be this many times the scatter around its line: the cleaner the fit, the
     # fewer minutes it takes (a noisy leak reaches it later; a staircase does not, and is judged by its steps on
     # the short windows or waits for min_span).
-    onset_min_snr: float = Field(default=15.0, gt=0)
+    onset_min_snr: Annotated[float, msgspec.Meta(gt=0)] = 15.0
     # ... and it needs this share of floor_growth_ratio of growth (a clean straight rise of 120 MiB on a 24 GiB GPU
     # is a trend; csv04's noisy 60 MiB creep fails onset_min_snr, not this).
-    onset_floor_share: float = Field(default=0.5, ge=0, le=1)
+    onset_floor_share: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
     # Quadratic fit of the envelope since the onset: slope at the end / slope at the start must be at least this.
-    onset_min_straightness: float = Field(default=0.75, gt=0)
+    onset_min_straightness: Annotated[float, msgspec.Meta(gt=0)] = 0.75
     # The longest hold of a leak judged from its onset (a slow leak with a clean fit: six evaluations at 15 s);
     # one due sooner holds urgent_hold_share of its time to full as above. In bench/detect.py 90 s kept
     # false_alerts 0 and brought the median delay of leaks >= 1 h from full to 465 s (120 s: 495 s).
@@ -122,56 +124,54 @@ class LeakRule(RuleSection):
     # (end slope under level_off_straightness of its start slope) is a saturating job, not a leak, when
     # level_off_margin times the growth left to the fit's peak still fits in the GPU's headroom (a quadratic
     # reaches the level of an exponential saturation with about half its growth: 3 leaves room for that).
-    level_off_straightness: float = Field(default=0.8, gt=0, le=1)
+    level_off_straightness: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
     # How many times the growth left to the quadratic fit's peak must fit in the headroom for the rise to count
     # as levelling off (0: every flattening rise does).
-    level_off_margin: float = Field(default=3.0, ge=0)
+    level_off_margin: Annotated[float, msgspec.Meta(ge=0)] = 3.0
     # A series whose start was not seen (the daemon started or lost its history while the job ran, and no flat
     # stretch precedes the growth) is judged on the window only, with these stricter shape tests and the full
     # for: hold (a saturating job seen from its middle looks linear for minutes).
-    unseen_min_recent_ratio: float = Field(default=0.7, gt=0, le=1)
-    unseen_min_straightness: float = Field(default=0.8, gt=0)
+    unseen_min_recent_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.7
+    unseen_min_straightness: Annotated[float, msgspec.Meta(gt=0)] = 0.8
     # On the long window (min_span or more), a series seen from its start must not flatten more than this (a
     # saturating job's quadratic fit does; a staircase leak's, judged by its steps, stays near 1).
-    min_straightness: float = Field(default=0.5, gt=0)
+    min_straightness: Annotated[float, msgspec.Meta(gt=0)] = 0.5
     unattributed: bool = True
     host_rss: bool = True
     # Host RSS has no "total" to project against; fire when it grew this much over the window (pinned buffers
     # are allocated in MiB-to-GiB chunks, so a real pinned-memory leak clears this within the window).
-    host_rss_min_growth_bytes: int = Field(default=512 * MIB, gt=0)
+    host_rss_min_growth_bytes: Annotated[int, msgspec.Meta(gt=0)] = 512 * MIB
     # Host RSS has no time-to-full, so no urgency; its for: is longer than the GPU's because DataLoader workers
     # fill prefetch queues and caches for 5-15 min before levelling off, which looks like a pinned-memory leak
     # until it stops (a pinned leak keeps growing through the hold; host memory is usually far larger).
     host_rss_for: Duration = 900.0
 
-    @model_validator(mode="after")
-    def _window_holds_span(self) -> LeakRule:
+    def check(self) -> None:
         if self.min_span > self.window:
             raise ValueError("min_span must not exceed window")
         if self.bucket * 4 > self.min_span:
             raise ValueError("bucket must be at most a quarter of min_span (the trend needs points)")
-        return self
 
 
-class ThrottleRule(RuleSection):
+class ThrottleRule(RuleSection, frozen=True):
     """``GpuThrottled``: harmful clocks-event reasons sustained."""
 
     # DCGM's thermal/power health watches need 1 min of data before they answer (DCGM DcgmHealthWatch.cpp).
-    for_: Duration = Field(default=60.0, alias="for")
+    for_: Duration = msgspec.field(default=60.0, name="for")
     # The reason's share of samples is taken over this short window, so a reason flickering every other poll
     # still counts while a single sample does not.
     window: PositiveDuration = 30.0
-    min_share: float = Field(default=0.5, gt=0, le=1)
+    min_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
     # Hysteresis: once firing, any activity in the window keeps it firing; it clears on a window with none.
-    clear_share: float = Field(default=0.0, ge=0, le=1)
+    clear_share: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
     # The "share of time throttled" in the message is over this span.
     report_window: PositiveDuration = 300.0
     # SW power cap is the board doing its job at its power limit; alert on it only when asked, and only busy.
     sw_power_cap: bool = False
-    busy_utilization: float = Field(default=0.5, ge=0, le=1)
+    busy_utilization: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
 
 
-class XidRule(RuleSection):
+class XidRule(RuleSection, frozen=True):
     """``GpuXidError``: an Xid is an event, not a level; the alert fires at once and resolves after quiet."""
 
     # An hour without a repeat: Xids of one fault come in bursts of seconds to minutes (kern01: Xid 48, 63 and
@@ -181,7 +181,7 @@ class XidRule(RuleSection):
     ignore: tuple[int, ...] = ()
 
 
-class XidRepeatRule(RuleSection):
+class XidRepeatRule(RuleSection, frozen=True):
     """``GpuXidRepeated`` and ``GpuXidSupportCase``: escalations read from the Xid history (rules/xid_repeat.py)."""
 
     # How far back repeats count: a day, like NVSentinel's 24 h for fatal Xids.
@@ -189,33 +189,33 @@ class XidRepeatRule(RuleSection):
     # Application-level codes: once is the job's bug, repeated across jobs on one GPU is the GPU.
     app_codes: tuple[int, ...] = (13, 31, 43)
     # Jobs (distinct pids, or bursts when the pid is unknown) on one GPU before an application code points at it.
-    min_jobs: int = Field(default=3, ge=2)
+    min_jobs: Annotated[int, msgspec.Meta(ge=2)] = 3
     # Events of one code without a pid closer than this are one job's burst; fatal Xids closer than this, one
     # episode. 3 min: NVIDIA's and NVSentinel's burst window for Xid 31.
     burst_gap: PositiveDuration = 180.0
     # Fatal-class (critical) Xid episodes on one GPU within the window that make a support case: each already
     # asked for a reset or a reboot, so the third means the recovery does not hold.
-    fatal_count: int = Field(default=3, ge=2)
+    fatal_count: Annotated[int, msgspec.Meta(ge=2)] = 3
 
 
-class EccRule(RuleSection):
+class EccRule(RuleSection, frozen=True):
     """``GpuEccError``: volatile DBE, retired pages, row remapping (DCGM MEM health watch, DcgmHealthWatch.cpp)."""
 
     # DCGM: SBE+DBE retired pages >= 63 -> FAIL.
-    retired_pages_max: int = Field(default=63, ge=1)
+    retired_pages_max: Annotated[int, msgspec.Meta(ge=1)] = 63
 
 
-class LinkRule(RuleSection):
+class LinkRule(RuleSection, frozen=True):
     """``GpuPcieLinkDegraded``: link below its maximum while the GPU is busy (idle links downshift by design)."""
 
     # Under load the link trains back up within seconds; 2 min below max under load is not a transition.
-    for_: Duration = Field(default=120.0, alias="for")
-    busy_utilization: float = Field(default=0.5, ge=0, le=1)
+    for_: Duration = msgspec.field(default=120.0, name="for")
+    busy_utilization: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
     # Hysteresis: a firing alert holds while the link is still below max and the GPU is at least this busy.
-    clear_utilization: float = Field(default=0.2, ge=0, le=1)
+    clear_utilization: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.2
 
 
-class ReplayRule(RuleSection):
+class ReplayRule(RuleSection, frozen=True):
     """``GpuPcieReplays``: replay rate above DCGM's per-lane allowance (DCGM PCIE health watch, DcgmHealthWatch.cpp)."""
 
     # DCGM counts replays per minute.
@@ -224,82 +224,80 @@ class ReplayRule(RuleSection):
     keep_firing_for: Duration = 600.0
 
 
-class PresenceRule(RuleSection):
+class PresenceRule(RuleSection, frozen=True):
     """``GpuLost``, ``GpuRemoved``: presence state from the store (for 0: a vanished GPU is news at once)."""
 
 
-class CountRule(RuleSection):
+class CountRule(RuleSection, frozen=True):
     """``GpuCountLow``: fewer GPUs present than ``rules.expected_gpu_count``."""
 
     # A worker re-enumeration takes seconds; a GPU missing for a minute is missing.
-    for_: Duration = Field(default=60.0, alias="for")
+    for_: Duration = msgspec.field(default=60.0, name="for")
 
 
-class TemperatureRule(RuleSection):
+class TemperatureRule(RuleSection, frozen=True):
     """``GpuTemperatureHigh``: within ``margin`` °C of the driver's slowdown threshold."""
 
-    for_: Duration = Field(default=60.0, alias="for")
+    for_: Duration = msgspec.field(default=60.0, name="for")
     # 5 °C: NVIDIA boards put their max operating temperature 5-10 °C below the HW slowdown threshold (sim-state
     # example: slowdown 95, gpu_max 88), so a GPU this close is past its operating range and about to halve
     # its clocks.
-    margin_celsius: float = Field(default=5.0, ge=0)
+    margin_celsius: Annotated[float, msgspec.Meta(ge=0)] = 5.0
     # Hysteresis: once firing, clear only 3 °C lower (separate raise/clear thresholds, against flapping).
-    clear_margin_celsius: float = Field(default=8.0, ge=0)
+    clear_margin_celsius: Annotated[float, msgspec.Meta(ge=0)] = 8.0
 
-    @model_validator(mode="after")
-    def _clear_below_raise(self) -> TemperatureRule:
+    def check(self) -> None:
         if self.clear_margin_celsius < self.margin_celsius:
             raise ValueError("clear_margin_celsius must be >= margin_celsius")
-        return self
 
 
-class DockUnauthorizedRule(RuleSection):
+class DockUnauthorizedRule(RuleSection, frozen=True):
     """``GpuDockUnauthorized``: a Thunderbolt dock attached without a PCIe tunnel (docs/egpu.md)."""
 
     # boltd authorizes an enrolled device within a second or two of the plug; only one still waiting after
     # this is a dock nobody approved.
-    for_: Duration = Field(default=30.0, alias="for")
+    for_: Duration = msgspec.field(default=30.0, name="for")
 
 
-class DockLinkRule(RuleSection):
+class DockLinkRule(RuleSection, frozen=True):
     """``GpuDockLinkDegraded``: a Thunderbolt link trained below its generation (one lane, or 10 Gb/s lanes)."""
 
     # Link training settles within seconds of the plug; a link still low after a minute stays low until re-plugged.
-    for_: Duration = Field(default=60.0, alias="for")
+    for_: Duration = msgspec.field(default=60.0, name="for")
 
 
-class ProbeRule(RuleSection):
+class ProbeRule(RuleSection, frozen=True):
     """``GpuProbeFailed`` and ``GpuPerformanceDegraded``: verdicts of the torch health probes (docs/probes.md)."""
 
     # A measure below this share of the GPU's own baseline (or PCIe bandwidth below this share of what its link
     # should give) on two consecutive runs is degraded: 0.8 is well outside run-to-run noise on an idle GPU.
-    degraded_ratio: float = Field(default=0.8, gt=0, lt=1)
+    degraded_ratio: Annotated[float, msgspec.Meta(gt=0, lt=1)] = 0.8
 
 
-class RuleFailingRule(RuleSection):
+class RuleFailingRule(RuleSection, frozen=True):
     """``GpuwatchdRuleFailing``: a rule family raised at every evaluation for ``for``, so its alerts cannot fire."""
 
     # A family raising once (a reading it did not expect) is logged and counted; one raising at every evaluation
     # for 5 min is broken, and the GPUs it watches are unwatched.
-    for_: Duration = Field(default=300.0, alias="for")
+    for_: Duration = msgspec.field(default=300.0, name="for")
 
 
-class NvlinkRule(RuleSection):
+class NvlinkRule(RuleSection, frozen=True):
     """``GpuNvlinkErrors``: NVLink error counters rising on a link (DCGM NVLINK health watch, DcgmHealthWatch.cpp)."""
 
     # DCGM's health watches look at the last 60 s of samples.
     window: PositiveDuration = 60.0
     # DCGM: CRC errors at or above 100/s -> FAIL (critical); any below that -> WARN; any replay or recovery -> FAIL.
-    crc_critical_per_second: float = Field(default=100.0, gt=0)
+    crc_critical_per_second: Annotated[float, msgspec.Meta(gt=0)] = 100.0
     # Errors come in bursts; do not resolve and re-fire on every quiet minute.
     keep_firing_for: Duration = 600.0
 
 
-class RecoveryRule(RuleSection):
+class RecoveryRule(RuleSection, frozen=True):
     """``GpuRecoveryActionRequired``: the driver's GPU recovery action (nvmlDeviceGpuRecoveryAction_t) is not none."""
 
 
-class UnderutilizedRule(RuleSection):
+class UnderutilizedRule(RuleSection, frozen=True):
     """``GpuUnderutilized`` (info): GPU memory held while the SMs sit idle, on a shared host."""
 
     # Off by default: on a single-user box an idle GPU is its owner's business; on a shared host it is worth
@@ -307,47 +305,45 @@ class UnderutilizedRule(RuleSection):
     enabled: bool = False
     # "For a long time": 30 min idles past a checkpoint, an evaluation pass or a coffee break; a data loader
     # starving the GPU for that long is the job's normal state, not a pause.
-    for_: Duration = Field(default=1800.0, alias="for")
+    for_: Duration = msgspec.field(default=1800.0, name="for")
     # Busy by memory: at least this share of the GPU's memory is in use ...
-    min_memory_ratio: float = Field(default=0.25, gt=0, le=1)
+    min_memory_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
     # ... while SM activity (GPM; else utilization.gpu) is at most this: starts the alert.
-    max_activity_ratio: float = Field(default=0.05, ge=0, lt=1)
+    max_activity_ratio: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.05
     # A pending or firing alert holds while activity stays at most this (a stalled job's short bursts).
-    clear_activity_ratio: float = Field(default=0.15, ge=0, lt=1)
+    clear_activity_ratio: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.15
 
-    @model_validator(mode="after")
-    def _clear_above_raise(self) -> UnderutilizedRule:
+    def check(self) -> None:
         if self.clear_activity_ratio < self.max_activity_ratio:
             raise ValueError("clear_activity_ratio must be >= max_activity_ratio")
-        return self
 
 
-class DeadProcessRule(RuleSection):
+class DeadProcessRule(RuleSection, frozen=True):
     """``GpuMemoryHeldByDeadProcess``: GPU memory held by pids with no process, or used with no process listed."""
 
     # A process that exits releases its GPU memory within seconds (the driver tears its contexts down as its
     # /dev/nvidia* files close; a large job's teardown can take tens of seconds), and NVML may list the pid for a
     # poll or two after /proc lost it. Still held 2 minutes later, it is held for good.
-    for_: Duration = Field(default=120.0, alias="for")
+    for_: Duration = msgspec.field(default=120.0, name="for")
     # How often the family runs (it walks every listed process); the hold is minutes, 10 s loses nothing.
     interval: Duration = 10.0
     # A dead pid holding less than this is not worth a message (NVML reports a few MiB for a context mid-teardown).
-    min_memory_bytes: int = Field(default=64 * MIB, ge=0)
+    min_memory_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * MIB
     # A GPU listing no process while this much memory is used: an idle GPU uses a few MiB to a few hundred MiB
     # (driver-internal allocations; more with ECC and large BAR1 mappings), far under 1 GiB.
-    unattributed_min_bytes: int = Field(default=1024 * MIB, gt=0)
+    unattributed_min_bytes: Annotated[int, msgspec.Meta(gt=0)] = 1024 * MIB
     # ... for this long: a job's exit frees its memory within seconds and the next one starts within minutes;
     # 10 min of memory with nobody holding it is not a hand-over between jobs.
     unattributed_for: Duration = 600.0
 
 
-class RulesConfig(Section):
+class RulesConfig(Section, frozen=True):
     """``rules:``: the built-in alert rules."""
 
     # Prometheus keeps sending resolved alerts for 15 min (rules/alerting.go resolvedRetention).
     resolved_retention: Duration = 900.0
     # Unset: no GpuCountLow (like gpud, the check is skipped without an expectation).
-    expected_gpu_count: int | None = Field(default=None, ge=1)
+    expected_gpu_count: Annotated[int, msgspec.Meta(ge=1)] | None = None
     leak: LeakRule = LeakRule()
     throttle: ThrottleRule = ThrottleRule()
     xid: XidRule = XidRule()

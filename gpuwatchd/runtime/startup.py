@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gpuwatchd.config.loader import DEFAULT_STATE_DIR, Config
+from gpuwatchd.config.types import fields_set
 
 log = logging.getLogger("gpuwatchd.daemon")
 
@@ -34,7 +35,7 @@ def resolve_state_dir(config: Config, env: Mapping[str, str]) -> Path:
     ``/var/lib/gpuwatchd`` if we may write there, then ``$XDG_STATE_HOME/gpuwatchd`` so that ``gpuwatchd run``
     as an ordinary user on a fresh machine just works.
     """
-    if "state_dir" in config.model_fields_set:
+    if "state_dir" in fields_set(config):
         return _writable_dir(config.state_dir, "state_dir")
     systemd_dirs = env.get("STATE_DIRECTORY", "")
     if systemd_dirs:

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from gpuwatchd.config.files import InputFileError, shown_path
 from gpuwatchd.config.loader import Config, load_config
+from gpuwatchd.config.types import fields_set, replace
 from gpuwatchd.probes.config import sim_probes
 from gpuwatchd.runtime.clock import ScaledClock
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
@@ -127,7 +128,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         from gpuwatchd.daemon import Daemon, DaemonError
 
         config = _sim_config(config, libdir, state_dir or (tmp / "state-dir"), state_dir is not None, tmp / "sysfs")
-        config = config.model_copy(update={"kernel_log": config.kernel_log.model_copy(update={"path": ring.path})})
+        config = replace(config, kernel_log=replace(config.kernel_log, path=ring.path))
         daemon = Daemon(config, config_path=config_path, clock=clock, listen=listen,
                         worker_env={**os.environ, STATE_ENV: str(state_path)}, worker_module=SIM_WORKER_MODULE,
                         probe_sim=SimProbes(state_path), web_config_file=web_config_file, freeze_gc=freeze_gc)
@@ -257,23 +258,23 @@ def _library_dir(scen: Scenario | None, tmp: Path) -> Path:
 
 
 def _sim_config(config: Config, libdir: Path, state_dir: Path, explicit: bool, sysfs_root: Path) -> Config:
-    nvml = config.nvml.model_copy(update={"library_path": libdir})
+    nvml = replace(config.nvml, library_path=libdir)
     # The host's real /sys knows nothing of simulated GPUs: the player keeps a fake PCI tree in step with the
     # scenario, which is how the daemon's hot-plug watch sees an eGPU leave and come back.
-    sysfs = config.sysfs.model_copy(update={"root": sysfs_root})
+    sysfs = replace(config.sysfs, root=sysfs_root)
     # Probes run on the CPU device on a minutes schedule (probes/config.py sim_probes).
-    probes = sim_probes(config.probes, set(config.probes.model_fields_set))
+    probes = sim_probes(config.probes, set(fields_set(config.probes)))
     # The stand-in's pids are fictitious: their /proc/PID/cgroup files (a scenario process' `cgroup`) are in the
     # fake tree, and so are the container runtimes' files, unless the config names other places.
     attr = config.attribution
     moved = {k: v for k, v in (("proc_root", sysfs_root / "proc"), ("host_root", sysfs_root))
-             if k not in attr.model_fields_set}
+             if k not in fields_set(attr)}
     update: dict[str, object] = {"nvml": nvml, "sysfs": sysfs, "probes": probes,
-                                 "attribution": attr.model_copy(update=moved)}
+                                 "attribution": replace(attr, **moved)}
     # A simulation keeps its alert state and outbox away from a real daemon's, unless told where.
-    if explicit or "state_dir" not in config.model_fields_set:
+    if explicit or "state_dir" not in fields_set(config):
         update["state_dir"] = state_dir
-    return config.model_copy(update=update)
+    return replace(config, **update)
 
 
 def banner(title: str, expect: str, url: str, *, scen: Scenario | None, speed: float, state_path: Path) -> str:

@@ -44,7 +44,6 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gpuwatchd.config.files import InputFileError, missing, read_text_file, shown_path
-from gpuwatchd.config.loader import format_validation_error
 from gpuwatchd.config.safe_yaml import load_yaml
 from gpuwatchd.config.types import problem_lines, yaml_error_message
 from gpuwatchd.sim.kmsg_text import kmsg_step_lines
@@ -54,6 +53,7 @@ from gpuwatchd.sim.scenario_fields import (
     Number,
     check_field,
     device_schema,
+    format_validation_error,
     parse_path,
     parse_quantity,
 )

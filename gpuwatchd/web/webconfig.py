@@ -24,12 +24,12 @@ import ssl
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
 from gpuwatchd.config.safe_yaml import load_yaml
-from gpuwatchd.config.types import SafePath, yaml_error_message
+from gpuwatchd.config.types import SafePath, Section, ValidationError, validate, yaml_error_message
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -58,11 +58,16 @@ class WebConfigError(Exception):
     """A web config file that cannot be used; ``str`` is ``key.path: message`` lines without the file name."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _readable(v: Path | None) -> Path | None:
+    if v is not None:
+        try:
+            read_text_file(v)
+        except InputFileError as e:
+            raise ValueError(f"{shown_path(v)}: {e}") from None
+    return v
 
 
-class TlsServerConfig(_Strict):
+class TlsServerConfig(Section, frozen=True):
     cert_file: SafePath
     key_file: SafePath
     client_auth_type: Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"] = "NoClientCert"
@@ -70,32 +75,26 @@ class TlsServerConfig(_Strict):
     min_version: Literal["TLS10", "TLS11", "TLS12", "TLS13"] = "TLS12"
     max_version: Literal["TLS10", "TLS11", "TLS12", "TLS13"] = "TLS13"
 
-    @field_validator("cert_file", "key_file", "client_ca_file")
     @classmethod
-    def _readable(cls, v: Path | None) -> Path | None:
-        if v is not None:
-            try:
-                read_text_file(v)
-            except InputFileError as e:
-                raise ValueError(f"{shown_path(v)}: {e}") from None
-        return v
+    def _check_cert_file(cls, v: Path | None, data: dict[str, Any]) -> Path | None:
+        return _readable(v)
 
-    @model_validator(mode="after")
-    def _consistent(self) -> TlsServerConfig:
+    _check_key_file = _check_cert_file
+    _check_client_ca_file = _check_cert_file
+
+    def check(self) -> None:
         if self.client_auth_type != "NoClientCert" and self.client_ca_file is None:
             raise ValueError(f"client_auth_type {self.client_auth_type} needs client_ca_file")
         if TLS_VERSIONS[self.min_version] > TLS_VERSIONS[self.max_version]:
             raise ValueError("min_version must not be above max_version")
-        return self
 
 
-class WebConfig(_Strict):
+class WebConfig(Section, frozen=True):
     tls_server_config: TlsServerConfig | None = None
-    basic_auth_users: dict[str, str] = {}
+    basic_auth_users: dict[str, str] = msgspec.field(default_factory=dict)
 
-    @field_validator("basic_auth_users")
     @classmethod
-    def _hashes(cls, v: dict[str, str]) -> dict[str, str]:
+    def _check_basic_auth_users(cls, v: dict[str, str], data: dict[str, Any]) -> dict[str, str]:
         for user, hashed in v.items():
             if not user or ":" in user:
                 raise ValueError(f"user {user!r}: must be non-empty and without ':' (HTTP basic auth)")
@@ -131,19 +130,15 @@ class WebConfig(_Strict):
         return ctx
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in loc if not (isinstance(p, str) and "[" in p)) or "(top level)"
-
-
 def parse_web_config(data: Any) -> WebConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise WebConfigError("(top level): expected a mapping")
     try:
-        return WebConfig.model_validate(data)
+        return validate(WebConfig, data)
     except ValidationError as e:
-        lines = [f"{_loc(x['loc'])}: {x['msg'].removeprefix('Value error, ')}" for x in e.errors(include_url=False)]
+        lines = [f"{'.'.join(str(p) for p in loc) or '(top level)'}: {msg}" for loc, msg in e.errors]
         raise WebConfigError("; ".join(lines)) from None
 
 

@@ -75,8 +75,10 @@ def test_the_help_of_every_command_still_names_its_defaults() -> None:
 # reads host facts of GPU processes through psutil). Deferred to where they are used (docs/performance.md,
 # "Start-up"): the web config's models and basic auth (a web config file), the DCGM-compatible names
 # (exporter.compat: dcgm), the notification integrations and delivery workers (a receiver; the default has none),
-# and the status views (the first /api/v1/status request). docs/performance.md has what each costs.
-NOT_IN_A_DEFAULT_DAEMON = ("psutil", "pynvml", "torch", "bcrypt", "grpc", "cryptography", "numpy",
+# and the status views (the first /api/v1/status request). docs/performance.md has what each costs. pydantic: the
+# config is msgspec Structs; only `gpuwatchd sim`'s scenario files use pydantic.
+NOT_IN_A_DEFAULT_DAEMON = ("psutil", "pynvml", "torch", "bcrypt", "grpc", "cryptography", "numpy", "pydantic",
+                           "pydantic_core",
                            "gpuwatchd.sources.nvml.worker", "gpuwatchd.probes.worker", "gpuwatchd.config.doc",
                            "gpuwatchd.sim.runner", "gpuwatchd.sim.scenario",
                            "gpuwatchd.web.webconfig", "gpuwatchd.web.auth", "gpuwatchd.exporter.dcgm_compat",

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
+from msgspec.structs import FieldInfo
 
 from gpuwatchd.config.loader import Config, ConfigError, config_from_dict
+from gpuwatchd.config.types import Section, dump, field_types
 from gpuwatchd.model import GpuSample, ProcessSample, Snapshot, XidEvent
 from gpuwatchd.notify.config import InhibitRuleConfig, ReceiverConfig
 from gpuwatchd.rules.engine import RulesEngine
@@ -32,7 +33,7 @@ MIB = 1 << 20
 T0 = 1_700_000_000.0
 UUID = "GPU-5a3c1b2e-0000-4000-8000-000000000000"
 # The smallest valid item of a list of sections, so the keys inside it can be reached.
-ITEM: dict[type[BaseModel], dict[str, Any]] = {
+ITEM: dict[type[Section], dict[str, Any]] = {
     ReceiverConfig: {"name": "r", "type": "webhook", "url": "http://127.0.0.1:9/hook"},
     InhibitRuleConfig: {"source_matchers": ['alertname="GpuLost"']},
 }
@@ -45,10 +46,10 @@ class Leaf:
     key: str  # dotted, as in error messages
 
 
-def _models(annotation: Any) -> Iterator[tuple[type[BaseModel], bool]]:
+def _models(annotation: Any) -> Iterator[tuple[type[Section], bool]]:
     """Section models inside ``annotation`` (``X``, ``X | None``, ``tuple[X, ...]``); bool: it is a list item."""
     origin = typing.get_origin(annotation)
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if isinstance(annotation, type) and issubclass(annotation, Section):
         yield annotation, False
     elif origin in (tuple, list):
         for arg in typing.get_args(annotation):
@@ -60,16 +61,14 @@ def _models(annotation: Any) -> Iterator[tuple[type[BaseModel], bool]]:
 
 
 def _numeric(info: FieldInfo) -> bool:
-    ann = info.annotation
-    args = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else (ann,)
-    args = tuple(typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a for a in args)
-    return any(a in (int, float) for a in args) and bool not in args
+    base, _, _ = field_types(info.type)
+    return base in (int, float)
 
 
-def leaves(model: type[BaseModel], path: tuple[str | int, ...] = ()) -> Iterator[Leaf]:
-    for name, info in model.model_fields.items():
-        key = info.alias or name
-        subs = list(_models(info.annotation))
+def leaves(model: type[Section], path: tuple[str | int, ...] = ()) -> Iterator[Leaf]:
+    for info in msgspec.structs.fields(model):
+        key = info.encode_name
+        subs = list(_models(info.type))
         if subs:
             sub, is_item = subs[0]
             yield from leaves(sub, (*path, key, 0) if is_item else (*path, key))
@@ -81,7 +80,7 @@ def leaves(model: type[BaseModel], path: tuple[str | int, ...] = ()) -> Iterator
 def _document(leaf: Leaf, value: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {}
     node: Any = doc
-    model: type[BaseModel] = Config
+    model: type[Section] = Config
     for i, part in enumerate(leaf.path):
         last = i == len(leaf.path) - 1
         if isinstance(part, int):
@@ -89,8 +88,8 @@ def _document(leaf: Leaf, value: Any) -> dict[str, Any]:
         if last:
             node[part] = value
             break
-        info = model.model_fields.get(part) or next(f for f in model.model_fields.values() if f.alias == part)
-        sub, is_item = next(_models(info.annotation))
+        info = next(f for f in msgspec.structs.fields(model) if f.encode_name == part)
+        sub, is_item = next(_models(info.type))
         if is_item:
             item = dict(ITEM.get(sub, {}))
             node[part] = [item]
@@ -153,7 +152,7 @@ def test_every_value_is_refused_by_key_or_honoured(leaf: Leaf) -> None:
                 assert where in (leaf.key, section) or leaf.key.startswith(where), (value, problem)
                 assert "\n" not in problem
             continue
-        accepted = _read(cfg.model_dump(by_alias=True), leaf.path)
+        accepted = _read(dump(cfg), leaf.path)
         if isinstance(accepted, float):
             assert math.isfinite(accepted), (value, accepted)
         if leaf.path[0] in ("rules", "history") and accepted not in exercised:

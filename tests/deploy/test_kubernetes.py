@@ -19,6 +19,7 @@ import yaml
 
 from gpuwatchd.cli.commands import _build_parser
 from gpuwatchd.config.loader import Config, load_config
+from gpuwatchd.config.types import replace
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -173,12 +174,12 @@ async def test_the_daemon_serves_the_probed_and_scraped_paths(config: Config, st
     state = tmp_path / "sim-state"
     write_state(state, make_state(1))
     (tmp_path / "kmsg").write_bytes(b"")
-    cfg = config.model_copy(update={
-        "listen": "127.0.0.1:0", "state_dir": tmp_path / "state",
-        "nvml": config.nvml.model_copy(update={"library_path": standin_libdir}),
-        "sysfs": config.sysfs.model_copy(update={"root": tmp_path}),
-        "kernel_log": config.kernel_log.model_copy(update={"path": tmp_path / "kmsg"}),
-    })
+    cfg = replace(
+        config, listen="127.0.0.1:0", state_dir=tmp_path / "state",
+        nvml=replace(config.nvml, library_path=standin_libdir),
+        sysfs=replace(config.sysfs, root=tmp_path),
+        kernel_log=replace(config.kernel_log, path=tmp_path / "kmsg"),
+    )
     d = Daemon(cfg, worker_env={**os.environ, STATE_ENV: str(state)}, worker_module=SIM_WORKER_MODULE)
     await d.start()
     try:

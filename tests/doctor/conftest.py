@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuwatchd.config.loader import Config
+from gpuwatchd.config.types import replace
 from gpuwatchd.doctor.context import Host
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import state_at
@@ -37,9 +38,7 @@ def sim_host(tmp_path: Path, standin: Path) -> SimHost:
         state = state_at(load_scenario(name), t)
         write_state(tmp_path / "state", state)
         mirror_sysfs(tmp_path / "root", state)
-        config = Config().model_copy(update={
-            "nvml": Config().nvml.model_copy(update={"library_path": standin}), "state_dir": tmp_path / "state-dir",
-        })  # fmt: skip
+        config = replace(Config(), nvml=replace(Config().nvml, library_path=standin), state_dir=tmp_path / "state-dir")
         n = len(state["devices"])
         torch = state.get("torch") or {"installed": True, "version": "2.5.1+cu121", "cuda": "12.1",
                                         "available": n > 0, "device_count": n}  # fmt: skip

@@ -164,8 +164,9 @@ def test_daemon_config_and_state_dir(tmp_path: Path) -> None:
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
     from gpuwatchd.config.loader import Config
+    from gpuwatchd.config.types import replace
 
-    host = Host(config=Config().model_copy(update={"state_dir": ro / "state"}), config_error="rules.leak: bad",
+    host = Host(config=replace(Config(), state_dir=ro / "state"), config_error="rules.leak: bad",
                 config_path=Path("/etc/gpuwatchd/config.yml"))  # fmt: skip
     res = check_daemon(host, None, "no gpuwatchd reachable")
     got = _status(res)

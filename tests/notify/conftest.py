@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.notify.dispatcher import Dispatcher
@@ -139,7 +140,7 @@ def resolved(a: Alert, at: float) -> Alert:
 def notify_config(receivers: list[dict[str, Any]], **kw: Any) -> NotifyConfig:
     data: dict[str, Any] = {"receivers": receivers, "retry_initial": "0.2s", "retry_max": "2s"}
     data.update(kw)
-    return NotifyConfig.model_validate(data)
+    return validate(NotifyConfig, data)
 
 
 def receiver(name: str, type_: str, url: str, **kw: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.notify.dispatcher import Dispatcher
@@ -41,7 +42,7 @@ def alerts(n: int) -> list[Alert]:
 
 def child_config(url: str) -> NotifyConfig:
     """One webhook receiver at ``url``, a group per GPU, no wait, fast retries (also used by store/disk_child.py)."""
-    return NotifyConfig.model_validate(
+    return validate(NotifyConfig,
         {
             "receivers": [{"name": "sink", "type": "webhook", "url": url, "rate_limit_per_minute": 6000}],
             "group_wait": "0s",

@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gpuwatchd.config.types import replace
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.probes.config import sim_probes
 from gpuwatchd.probes.service import ProbeService
@@ -125,7 +126,7 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
     state_path = tmp / "state"
     prober = None
     if probes:
-        config = config.model_copy(update={"probes": sim_probes(config.probes, set())})
+        config = replace(config, probes=sim_probes(config.probes, set()))
         prober = ProbeService(config, store, clock, tmp / "state-dir", sim=SimProbes(state_path))
     workers = 0
     try:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from pydantic import ValidationError
 
+from gpuwatchd.config.types import ValidationError, validate
 from gpuwatchd.notify.config import NotifyConfig, ReceiverConfig
 from gpuwatchd.notify.delivery import receiver_secrets
 from gpuwatchd.runtime.clock import RealClock
@@ -34,13 +34,13 @@ def am_receiver(urls: list[str], name: str = "fleet-am", **kw: Any) -> dict[str,
 
 
 def test_urls_make_one_member_per_url_and_url_keeps_working() -> None:
-    rc = ReceiverConfig.model_validate(am_receiver(["http://127.0.0.1:9093", "http://127.0.0.1:9094"]))
+    rc = validate(ReceiverConfig, am_receiver(["http://127.0.0.1:9093", "http://127.0.0.1:9094"]))
     assert [m.key for m in rc.members] == ["fleet-am", "fleet-am#1"]
     assert [m.url.get_secret_value() for m in rc.members] == ["http://127.0.0.1:9093", "http://127.0.0.1:9094"]
     assert [m.endpoint for m in rc.members] == ["alertmanager:fleet-am#0", "alertmanager:fleet-am#1"]
     assert rc.url.get_secret_value() == "http://127.0.0.1:9093"  # readers of url see the first member
     assert set(receiver_secrets(rc)) == {"http://127.0.0.1:9093", "http://127.0.0.1:9094"}
-    single = ReceiverConfig.model_validate(receiver("one", "alertmanager", "http://127.0.0.1:9093"))
+    single = validate(ReceiverConfig, receiver("one", "alertmanager", "http://127.0.0.1:9093"))
     assert [(m.key, m.endpoint) for m in single.members] == [("one", "alertmanager:one")]
     assert single.urls == ()
     # members keep the same keys when a second URL is added: the first one's queue stays its own
@@ -60,13 +60,13 @@ def test_urls_make_one_member_per_url_and_url_keeps_working() -> None:
 )
 def test_bad_urls_are_refused_with_a_clear_message(data: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError) as e:
-        ReceiverConfig.model_validate({"name": "am", "type": "alertmanager", **data})
+        validate(ReceiverConfig, {"name": "am", "type": "alertmanager", **data})
     assert message in str(e.value)
     assert "secret-host" not in str(e.value)  # a URL is a secret: never echoed
 
 
 def test_one_url_list_is_fine_for_any_receiver() -> None:
-    rc = ReceiverConfig.model_validate({"name": "chat", "type": "slack", "urls": ["http://127.0.0.1:1/hook"]})
+    rc = validate(ReceiverConfig, {"name": "chat", "type": "slack", "urls": ["http://127.0.0.1:1/hook"]})
     assert [m.key for m in rc.members] == ["chat"]
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from pydantic import SecretStr
 
+from gpuwatchd.config.types import SecretStr
 from gpuwatchd.notify.config import ApiConfig
 from gpuwatchd.probes.api import probe_routes
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert, GpuSample, ProcessSample, Snapshot
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.engine import RulesEngine
@@ -87,7 +88,7 @@ def test_small_dead_pid_below_min_memory_is_ignored() -> None:
     def make(t: float) -> Snapshot:
         return snap(t, with_processes(gpu(), [dead(7, 16 * MIB, "gone", t - T0)]), host_pid_namespace=True)
     assert alerts(play(make, 600), "pending") == []
-    cfg = RulesConfig.model_validate({"dead_process": {"min_memory_bytes": 0, "for": "1m"}})
+    cfg = validate(RulesConfig, {"dead_process": {"min_memory_bytes": 0, "for": "1m"}})
     fired = alerts(play(make, 300, cfg))
     assert fired and fired[0][0] - T0 <= 80
 
@@ -130,14 +131,14 @@ def test_no_process_needs_the_host_namespace_a_full_list_and_enough_memory() -> 
                  _orphaned(9 * GIB, mig_mode_current=True),  # a MIG GPU: processes are on its MIG devices
                  _orphaned(700 * MIB)):  # an idle GPU's own allocations
         assert alerts(play(make, 1200, every=60.0), "pending") == []
-    cfg = RulesConfig.model_validate({"dead_process": {"unattributed_min_bytes": 512 * MIB,
+    cfg = validate(RulesConfig, {"dead_process": {"unattributed_min_bytes": 512 * MIB,
                                                         "unattributed_for": "2m"}})
     fired = alerts(play(_orphaned(700 * MIB), 400, cfg, every=30.0))
     assert fired and fired[0][0] - T0 <= 60 + 120 + 40
 
 
 def test_disabled() -> None:
-    cfg = RulesConfig.model_validate({"dead_process": {"enabled": False}})
+    cfg = validate(RulesConfig, {"dead_process": {"enabled": False}})
     assert alerts(play(killed_at(0), 600, cfg), "pending") == []
 
 

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert
 from gpuwatchd.rules.condition import Condition, Level, RuleView
 from gpuwatchd.rules.config import RulesConfig
@@ -43,7 +44,7 @@ class Switch:
 def make(cfg: dict[str, object] | None = None) -> tuple[RulesEngine, Switch]:
     sw = Switch()
     fam = FamilySpec("switch", sw, {"GpuTemperatureHigh": lambda c: c.temperature})
-    return RulesEngine(RulesConfig.model_validate(cfg or {}), host="node1", families=(fam,)), sw
+    return RulesEngine(validate(RulesConfig, cfg or {}), host="node1", families=(fam,)), sw
 
 
 def only(alerts: list[Alert]) -> Alert:
@@ -128,7 +129,7 @@ def test_hold_level_continues_but_never_starts() -> None:
 
 
 def test_temperature_hysteresis_through_a_real_family(store: Store) -> None:
-    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": 0}}), host="node1")
+    eng = RulesEngine(validate(RulesConfig, {"temperature": {"for": 0}}), host="node1")
     # slowdown 95 °C: raise at >= 90 (margin 5), hold above 87 (clear margin 8)
     seq = [(80.0, None), (91.0, "firing"), (88.0, "firing"), (90.5, "firing"), (86.5, "resolved"),
            (89.0, "resolved"), (90.0, "firing")]
@@ -149,7 +150,7 @@ def test_failing_family_is_counted_and_others_still_run(store: Store, caplog: py
         return [Condition("GpuThrottled", "warning", {"uuid": UUID}, "s", "d")]
 
     fams = (FamilySpec("throttle", broken, {"GpuThrottled": lambda c: c.throttle}), *FAMILIES[1:])
-    eng = RulesEngine(RulesConfig.model_validate({"throttle": {"for": 0}}), host="h", families=fams)
+    eng = RulesEngine(validate(RulesConfig, {"throttle": {"for": 0}}), host="h", families=fams)
     store.apply(snap(T0, gpu(temperature_celsius=93.0)))
     eng.evaluate(store, T0)
     alerts = eng.evaluate(store, T0 + 120)
@@ -169,15 +170,15 @@ def test_failing_family_is_counted_and_others_still_run(store: Store, caplog: py
 
 
 def test_reconfigure_disabling_a_rule_resolves_its_alerts(store: Store) -> None:
-    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": 0}}), host="h")
+    eng = RulesEngine(validate(RulesConfig, {"temperature": {"for": 0}}), host="h")
     store.apply(snap(T0, gpu(temperature_celsius=93.0)))
     assert only(eng.evaluate(store, T0)).state == "firing"
-    eng.reconfigure(RulesConfig.model_validate({"temperature": {"enabled": False}}))
+    eng.reconfigure(validate(RulesConfig, {"temperature": {"enabled": False}}))
     assert only(eng.evaluate(store, T0 + 5)).state == "resolved"
 
 
 def test_alerts_collector_exports_pending_and_firing_only(store: Store) -> None:
-    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": "1m"}}), host="node1")
+    eng = RulesEngine(validate(RulesConfig, {"temperature": {"for": "1m"}}), host="node1")
     store.apply(snap(T0, gpu(temperature_celsius=93.0), gpu(uuid="GPU-b", index=1, temperature_celsius=93.0)))
     eng.evaluate(store, T0)
     store.apply(snap(T0 + 60, gpu(temperature_celsius=93.0), gpu(uuid="GPU-b", index=1, temperature_celsius=93.0)))
@@ -197,7 +198,7 @@ def test_alerts_collector_exports_pending_and_firing_only(store: Store) -> None:
 def test_alerts_series_are_rebuilt_only_when_an_alert_comes_goes_or_changes_state(store: Store) -> None:
     # With 4,096 alerts (16 x 256, every process gone) building gpuwatchd_alerts on every render held the event
     # loop for tens of ms; it is rebuilt when the engine's ``changes`` moves, and shows the same series as fresh.
-    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": "1m"}}), host="node1")
+    eng = RulesEngine(validate(RulesConfig, {"temperature": {"for": "1m"}}), host="node1")
     collector = AlertsCollector(eng)
 
     def family() -> Metric:
@@ -222,7 +223,7 @@ def test_alerts_series_are_rebuilt_only_when_an_alert_comes_goes_or_changes_stat
 
 
 def test_two_gpus_are_two_identities(store: Store) -> None:
-    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": 0}}), host="h")
+    eng = RulesEngine(validate(RulesConfig, {"temperature": {"for": 0}}), host="h")
     g0 = gpu(temperature_celsius=93.0)
     store.apply(snap(T0, g0, replace(g0, uuid="GPU-b", index=1)))
     alerts = eng.evaluate(store, T0)
@@ -233,7 +234,7 @@ def test_two_gpus_are_two_identities(store: Store) -> None:
 def test_family_interval_reuses_last_conditions() -> None:
     sw = Switch()
     fam = FamilySpec("switch", sw, {"GpuTemperatureHigh": lambda c: c.temperature}, lambda c: 60.0)
-    eng = RulesEngine(RulesConfig.model_validate({"temperature": {"for": "30s"}}), host="h", families=(fam,))
+    eng = RulesEngine(validate(RulesConfig, {"temperature": {"for": "30s"}}), host="h", families=(fam,))
     sw.level = "raise"
     assert only(eng.evaluate(Store(), T0)).state == "pending"
     sw.level = None  # not looked at until the interval has passed: the last result stands

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.rules.condition import Condition, RuleView
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.engine import FAMILIES, FamilySpec, RulesEngine
@@ -53,6 +54,6 @@ def test_a_family_failing_for_five_minutes_fires_and_resolves_when_it_runs_again
 
 
 def test_it_can_be_turned_off(store: Store) -> None:
-    eng = _engine([T0 + 600], RulesConfig.model_validate({"rule_failing": {"enabled": False}}))
+    eng = _engine([T0 + 600], validate(RulesConfig, {"rule_failing": {"enabled": False}}))
     store.apply(snap(T0, gpu()))
     assert not [a for a in eng.evaluate(store, T0) if a.name == "GpuwatchdRuleFailing"]

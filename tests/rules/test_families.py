@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert, LostGpu, XidEvent
 from gpuwatchd.rules import xid as xid_rule
 from gpuwatchd.rules.config import RulesConfig
@@ -15,7 +16,7 @@ HW_SLOWDOWN, SW_POWER_CAP, GPU_IDLE, HW_THERMAL, SW_THERMAL, HW_POWER_BRAKE = 0x
 
 
 def engine(**cfg: object) -> RulesEngine:
-    return RulesEngine(RulesConfig.model_validate(cfg), host="node1")
+    return RulesEngine(validate(RulesConfig, cfg), host="node1")
 
 
 def named(alerts: list[Alert], name: str, state: str | None = None) -> list[Alert]:

@@ -3,6 +3,7 @@ with its parent_uuid) and not GPUs for presence (a destroyed MIG device is not a
 
 from __future__ import annotations
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.engine import RulesEngine
@@ -52,7 +53,7 @@ def test_leak_in_one_mig_device_names_it(store: Store) -> None:
 
 
 def test_destroyed_mig_device_is_not_a_removed_gpu_and_the_count_is_gpus(store: Store) -> None:
-    eng = RulesEngine(RulesConfig.model_validate({"expected_gpu_count": 1}), host="node1")
+    eng = RulesEngine(validate(RulesConfig, {"expected_gpu_count": 1}), host="node1")
     a = mig(MIG_A, "3g.40gb", 1, 40 * GIB, [])
     b = mig(MIG_B, "1g.10gb", 13, 9856 * MIB, [])
     store.apply(snap(T0, parent(), a, b))

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert, GpuSample
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.engine import RulesEngine
@@ -18,7 +19,7 @@ ON = {"underutilized": {"enabled": True}}
 
 
 def engine(**cfg: object) -> RulesEngine:
-    return RulesEngine(RulesConfig.model_validate(cfg), host="node1")
+    return RulesEngine(validate(RulesConfig, cfg), host="node1")
 
 
 def held(util: float, **kw: object) -> GpuSample:
@@ -83,4 +84,4 @@ def test_gpm_sm_activity_is_preferred(store: Store) -> None:
 
 def test_clear_threshold_must_not_be_below_raise() -> None:
     with pytest.raises(ValueError, match="clear_activity_ratio"):
-        RulesConfig.model_validate({"underutilized": {"max_activity_ratio": 0.2, "clear_activity_ratio": 0.1}})
+        validate(RulesConfig, {"underutilized": {"max_activity_ratio": 0.2, "clear_activity_ratio": 0.1}})

@@ -3,6 +3,7 @@ fatal Xids coming back within a day are a support case (rules/xid_repeat.py)."""
 
 from __future__ import annotations
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import XidEvent
 from gpuwatchd.rules.condition import Condition
 from gpuwatchd.rules.config import RulesConfig
@@ -72,7 +73,7 @@ def test_fatal_xids_coming_back_within_a_day_are_a_support_case() -> None:
 
 
 def test_thresholds_are_config_and_the_window_ages_out() -> None:
-    cfg = RulesConfig.model_validate({"xid_repeat": {"fatal_count": 2, "window": "1h"}})
+    cfg = validate(RulesConfig, {"xid_repeat": {"fatal_count": 2, "window": "1h"}})
     events = [_ev(0, 79), _ev(1000, 79)]
     assert _names(conditions(_store(*events, now=T0 + 2000), T0 + 2000, cfg)) == [(SUPPORT_CASE, UUID)]
     assert conditions(_store(*events, now=T0 + 4000), T0 + 4000, cfg) == []  # the first is older than 1h now

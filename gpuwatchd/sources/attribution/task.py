@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from gpuwatchd.config.attribution import DEFAULT_POD_RESOURCES_SOCKET, AttributionConfig
 from gpuwatchd.model import Attribution, GpuPod, GpuSample, ProcessOwner, Snapshot, SourceStatus
@@ -309,7 +309,7 @@ class AttributionTask:
         )
 
 
-def socket_explicit(fields_set: set[str]) -> bool:
+def socket_explicit(fields_set: Collection[str]) -> bool:
     """Whether the config file named the socket (then a missing socket is an error, not "no Kubernetes")."""
     return "pod_resources_socket" in fields_set
 

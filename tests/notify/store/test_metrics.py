@@ -6,6 +6,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.notify.store import StateStore
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
@@ -30,7 +31,7 @@ async def test_exported_through_the_dispatcher(tmp_path: Path) -> None:
     from gpuwatchd.notify.dispatcher import Dispatcher
     from gpuwatchd.runtime.clock import ManualClock
 
-    d = Dispatcher(NotifyConfig.model_validate({}), state_dir=tmp_path, clock=ManualClock(0.0), host="h")
+    d = Dispatcher(validate(NotifyConfig, {}), state_dir=tmp_path, clock=ManualClock(0.0), host="h")
     try:
         reg = CollectorRegistry(auto_describe=False)
         reg.register(d.collector())

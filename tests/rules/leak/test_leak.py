@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert, Snapshot
 from gpuwatchd.rules import leak
 from gpuwatchd.rules.condition import Condition, RuleView
@@ -237,7 +238,7 @@ def test_young_saturating_job_read_through_a_stalling_poller_is_silent() -> None
     # Before the engine timed each kind of evidence on its own (issue 22) that one raise fired, on the age of
     # the alert an earlier verdict had opened; now it would have to go on for its own hold, so two guards hold.
     raised_unguarded, fired = raises_and_firings(
-        series, RulesConfig.model_validate({"leak": {"young_age": 0}}), start=T0, end=T0 + 1800)
+        series, validate(RulesConfig, {"leak": {"young_age": 0}}), start=T0, end=T0 + 1800)
     assert fired == []
     assert [t for t in raised_unguarded if t > 600] and not [t for t in raised if t > 600]
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert, Snapshot
 from gpuwatchd.rules.condition import Condition, Level, RuleView
 from gpuwatchd.rules.config import LeakRule, RulesConfig
@@ -107,18 +108,18 @@ def test_slow_clean_leak_fires_from_its_onset_before_the_long_window() -> None:
     fired = first_firing(simulate(leak_after_plateau(64.0, 0.0), 30))
     assert fired is not None and 4 * 60 <= fired[0] < 10 * 60 + 5 * 60
     # The same leak on the long window only (onset off) still waits min_span + for.
-    off = RulesConfig.model_validate({"leak": {"onset": False}})
+    off = validate(RulesConfig, {"leak": {"onset": False}})
     late = first_firing(simulate(leak_after_plateau(64.0, 0.0), 30, off))
     assert late is not None and late[0] >= 10 * 60 + 5 * 60 - 30 and fired[0] < late[0]
 
 
 def test_urgency_and_onset_off_wait_min_span_and_for() -> None:
-    cfg = RulesConfig.model_validate({"leak": {"urgent": False, "onset": False}})
+    cfg = validate(RulesConfig, {"leak": {"urgent": False, "onset": False}})
     fired = first_firing(simulate(leak_after_plateau(2048.0, 0.0, base=2 * GIB), 12, cfg))
     # Full after ~10.6 min: with urgency and onsets off it cannot fire before min_span + for = 15 min.
     assert fired is None
     # Urgency off alone: the clean rise is still judged from its onset (after onset_min_span), before full.
-    cfg = RulesConfig.model_validate({"leak": {"urgent": False}})
+    cfg = validate(RulesConfig, {"leak": {"urgent": False}})
     fired = first_firing(simulate(leak_after_plateau(2048.0, 0.0, base=2 * GIB), 12, cfg))
     assert fired is not None and fired[0] >= 4 * 60
 
@@ -189,7 +190,7 @@ def test_hold_for_scales_with_time_to_full_within_bounds() -> None:
     assert hold_for(cfg, 60.0) == cfg.urgent_min_hold  # due in a minute: the shortest hold
     assert hold_for(cfg, 600.0) == pytest.approx(cfg.urgent_hold_share * 600.0)
     assert hold_for(cfg, 86400.0) == cfg.for_  # a slow leak: never longer than for
-    assert hold_for(LeakRule.model_validate({"urgent": False}), 600.0) == cfg.for_
+    assert hold_for(validate(LeakRule, {"urgent": False}), 600.0) == cfg.for_
 
 
 def test_still_growing_fails_once_the_floor_stops() -> None:

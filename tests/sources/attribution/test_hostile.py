@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from gpuwatchd.config.attribution import AttributionConfig
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Attribution, GpuSample, ProcessSample, Snapshot
 from gpuwatchd.sources.attribution import cgroup
 from gpuwatchd.sources.attribution.kubelet import MAX_GPU_PODS, list_gpu_pods
@@ -45,7 +46,7 @@ def _snap(pids: list[int]) -> Snapshot:
 
 
 def _task(tmp: Path, **extra: object) -> AttributionTask:
-    cfg = AttributionConfig.model_validate({
+    cfg = validate(AttributionConfig, {
         "proc_root": str(tmp / "proc"), "host_root": str(tmp / "host"),
         "kubernetes": {"pod_resources_socket": str(tmp / "kubelet.sock"), "timeout": 10.0}, **extra})
     return AttributionTask(cfg, socket_explicit=False)
@@ -187,7 +188,7 @@ async def test_a_kubelet_answering_thousands_of_pods_or_hostile_names_is_bounded
     with serve(sock, pods):
         got = list_gpu_pods(sock, timeout=30.0)
         assert len(got.pods) == MAX_GPU_PODS and got.skipped == 504
-        task = AttributionTask(AttributionConfig.model_validate(
+        task = AttributionTask(validate(AttributionConfig,
             {"kubernetes": {"pod_resources_socket": str(sock), "timeout": 30.0}}), socket_explicit=True)
         await task.refresh()
         await task.refresh()
@@ -204,7 +205,7 @@ async def test_a_socket_path_that_is_a_fifo_or_a_file_fails_at_once(tmp_path: Pa
         os.mkfifo(sock)
     else:
         sock.write_text("x" * 100)
-    task = AttributionTask(AttributionConfig.model_validate(
+    task = AttributionTask(validate(AttributionConfig,
         {"kubernetes": {"pod_resources_socket": str(sock), "timeout": 30.0}}), socket_explicit=True)
     await task.refresh()
     assert task.errors["kubernetes"] == 1 and task.pods == ()

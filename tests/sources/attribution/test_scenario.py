@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatchd.cli.status import render_status
 from gpuwatchd.config.attribution import AttributionConfig
+from gpuwatchd.config.types import validate
 from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.sources.attribution.task import AttributionTask
 from gpuwatchd.web.status import status_from_store
@@ -66,7 +67,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replay]:
     (bundle / "config.json").write_text(json.dumps({"annotations": {
         "io.kubernetes.cri.sandbox-namespace": "research", "io.kubernetes.cri.sandbox-name": "notebook-b",
         "io.kubernetes.cri.container-name": "jupyter", "io.kubernetes.cri.image-name": "jupyter/scipy:2024"}}))
-    cfg = AttributionConfig.model_validate({
+    cfg = validate(AttributionConfig, {
         "proc_root": str(tmp / "sysfs" / "proc"), "host_root": str(host),
         "kubernetes": {"pod_resources_socket": str(tmp / "kubelet.sock"), "timeout": 10.0}})
     child = NvmlChild(build_standin())

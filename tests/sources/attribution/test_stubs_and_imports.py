@@ -33,8 +33,9 @@ def test_no_grpc_import_without_a_socket(tmp_path: Path) -> None:
 import asyncio, sys
 from gpuwatchd.config.attribution import AttributionConfig
 import gpuwatchd.daemon
+from gpuwatchd.config.types import validate
 from gpuwatchd.sources.attribution.task import AttributionTask
-cfg = AttributionConfig.model_validate({{"kubernetes": {{"pod_resources_socket": "{tmp_path}/absent.sock"}}}})
+cfg = validate(AttributionConfig, {{"kubernetes": {{"pod_resources_socket": "{tmp_path}/absent.sock"}}}})
 t = AttributionTask(cfg, socket_explicit=True)
 asyncio.run(t.refresh())
 assert t.errors["kubernetes"] == 1

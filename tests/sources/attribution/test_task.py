@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from gpuwatchd.config.attribution import AttributionConfig
+from gpuwatchd.config.types import replace, validate
 from gpuwatchd.model import GpuSample, ProcessSample, Snapshot
 from gpuwatchd.sources.attribution.task import AttributionTask
 from tests.sources.attribution.kubelet_server import serve
@@ -61,7 +62,7 @@ def tree(tmp_path: Path) -> Path:
 
 
 def _cfg(tree: Path, **k8s: object) -> AttributionConfig:
-    return AttributionConfig.model_validate({
+    return validate(AttributionConfig, {
         "proc_root": str(tree / "proc"), "host_root": str(tree), "hpc_job_mapping_dir": str(tree / "jobs"),
         "kubernetes": {"pod_resources_socket": str(tree / "kubelet.sock"), "timeout": 5.0, **k8s}})
 
@@ -146,7 +147,7 @@ async def test_default_socket_absent_is_not_an_error(tree: Path) -> None:
 
 
 async def test_unreadable_job_directory_is_an_error(tree: Path) -> None:
-    cfg = _cfg(tree).model_copy(update={"hpc_job_mapping_dir": tree / "no-such-dir"})
+    cfg = replace(_cfg(tree), hpc_job_mapping_dir=tree / "no-such-dir")
     task = AttributionTask(cfg, socket_explicit=False)
     await task.refresh()
     assert task.errors["hpc_jobs"] == 1 and task.jobs == {}

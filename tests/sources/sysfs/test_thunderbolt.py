@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.config.loader import Config, SysfsConfig
+from gpuwatchd.config.types import replace
 from gpuwatchd.model import DockSample
 from gpuwatchd.runtime.clock import RealClock
 from gpuwatchd.sim.pci_tree import mirror_sysfs
@@ -94,7 +95,7 @@ def test_detach_and_replug_at_another_bus(tmp_path: Path) -> None:
 
 async def test_watch_reports_the_docks_every_interval(tmp_path: Path) -> None:
     mirror_sysfs(tmp_path, _state([_dock("0-1", "uid-1", [])], n=1))
-    cfg = Config().model_copy(update={"sysfs": SysfsConfig(root=tmp_path)})
+    cfg = replace(Config(), sysfs=SysfsConfig(root=tmp_path))
     seen: list[tuple[DockSample, ...]] = []
     task = asyncio.create_task(watch_docks(lambda: cfg, RealClock(), seen.append))
 
