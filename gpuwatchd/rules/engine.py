@@ -106,6 +106,11 @@ class _Tracked:
     # ... or from the start of the current unbroken run of such evaluations, of whatever kinds (a leak judged by
     # turns on a short window and from its onset raises at every evaluation). None: the last could not fire.
     run_since: float | None
+    # The sort key of ``alerts()`` (active_at, name, fingerprint): fixed for the life of the identity.
+    key: tuple[float, str, str]
+    # The condition last applied to the alert by _advance (None: none since it resolved). Applying the same
+    # condition object again to a firing alert changes nothing but ``last_held``: the fast path of _advance.
+    applied: Condition | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +142,13 @@ class RulesEngine:
         self._firing_names: set[str] = set()  # alertnames of the firing alerts (notes for other names are not kept)
         self._stats: dict[str, FamilyStats] = {f.name: FamilyStats() for f in families}
         self._cache: dict[str, tuple[float, list[Condition]]] = {}  # family -> (run at, conditions)
+        # family -> (its conditions list, enabled names, ``changes`` then, the (identity, condition) pairs _collect
+        # made of it): a family's cached conditions between its runs (the dead-process family's 4,096, every second
+        # for 10 s) are fingerprinted once, not at every evaluation. The identities depend only on the conditions,
+        # the enabled names and the tracked alerts, which change only with ``changes``.
+        self._collected: dict[str, tuple[list[Condition], list[str], int, list[tuple[str, Condition]]]] = {}
+        self._order: list[_Tracked] | None = None  # the tracked alerts in ``alerts()`` order; None: to sort
+        self._timings: dict[tuple[str, str], RuleSection] = {}  # (family, name) -> section, for one evaluation
         self._failing: set[str] = set()  # families whose last run raised
         self.evaluations = 0
         self.last_evaluation: float | None = None
@@ -165,15 +177,19 @@ class RulesEngine:
         """Swap the config; alert states are kept (a disabled rule's alerts resolve at the next evaluation)."""
         self._config = config
         self._cache.clear()
+        self._collected.clear()
 
     def alerts(self) -> list[Alert]:
         """The current view: pending, firing and recently resolved alerts, oldest first."""
-        return sorted((t.alert for t in self._tracked.values()), key=lambda a: (a.active_at, a.name, a.fingerprint))
+        if self._order is None:  # sorted again only when an alert was added or removed (the keys never change)
+            self._order = sorted(self._tracked.values(), key=lambda t: t.key)
+        return [t.alert for t in self._order]
 
     def evaluate(self, view: RuleView, now: float) -> list[Alert]:
         """Run every enabled family at ``now`` and advance the state machine; returns ``alerts()``."""
         seen: dict[str, tuple[str, Condition]] = {}
         failed: set[str] = set()
+        self._timings = {}
         errors: dict[str, str] = {}
         for fam in self._families:
             enabled = [n for n, sec in fam.sections.items() if sec(self._config).enabled]
@@ -218,19 +234,26 @@ class RulesEngine:
     def _collect(
         self, family: str, conds: list[Condition], enabled: list[str], seen: dict[str, tuple[str, Condition]]
     ) -> None:
-        if self._indexed_at != self._changes:
-            self._index()
-        for c in conds:
-            if c.name not in enabled:
-                continue
-            if c.level == "clear" and c.name not in self._firing_names:
-                # A note only words the resolution of an alert of its name that was firing (_advance); with none,
-                # it changes nothing: skip its fingerprint (16x256: ~4k per-process notes per evaluation).
-                continue
-            fp = self._identity(self._labels(c))
+        memo = self._collected.get(family)
+        if memo is not None and memo[0] is conds and memo[2] == self._changes and memo[1] == enabled:
+            pairs = memo[3]
+        else:
+            if self._indexed_at != self._changes:
+                self._index()
+            pairs = []
+            for c in conds:
+                if c.name not in enabled:
+                    continue
+                if c.level == "clear" and c.name not in self._firing_names:
+                    # A note only words the resolution of an alert of its name that was firing (_advance); with
+                    # none, it changes nothing: skip its fingerprint (16x256: ~4k per-process notes per evaluation).
+                    continue
+                pairs.append((self._identity(self._labels(c)), c))
+            self._collected[family] = (conds, enabled, self._changes, pairs)
+        for fp, c in pairs:
             prev = seen.get(fp)
             # Two conditions for one identity: the strongest level wins (raise > hold > clear).
-            if prev is None or _rank(c) > _rank(prev[1]):
+            if prev is None or _RANK[c.level] > _RANK[prev[1].level]:
                 seen[fp] = (family, c)
 
     def _identity(self, labels: dict[str, str]) -> str:
@@ -269,6 +292,13 @@ class RulesEngine:
         return labels
 
     def _timing(self, family: str, name: str) -> RuleSection:
+        """The config section of an alertname of a family, looked up once per evaluation (``_timings``)."""
+        sec = self._timings.get((family, name))
+        if sec is None:
+            sec = self._timings[(family, name)] = self._section(family, name)
+        return sec
+
+    def _section(self, family: str, name: str) -> RuleSection:
         if family == FAILING:
             return self._config.rule_failing
         for fam in self._families:
@@ -279,6 +309,11 @@ class RulesEngine:
     def _advance(self, seen: dict[str, tuple[str, Condition]], failed: set[str], now: float) -> None:
         for fp, (family, c) in seen.items():
             tracked = self._tracked.get(fp)
+            if tracked is not None and tracked.applied is c and tracked.alert.state == "firing":
+                # The condition object applied last time, to an alert firing since: the path below would find the
+                # evidence timed, the run going, nothing to fire and the same words, and set only this.
+                tracked.last_held = now
+                continue
             active = tracked is not None and tracked.alert.state != "resolved"
             if c.level == "clear" or (c.level == "hold" and not active):
                 continue
@@ -298,7 +333,9 @@ class RulesEngine:
                     value=c.value,
                     annotations=dict(c.annotations),
                 )
-                self._tracked[fp] = _Tracked(family, alert, now, {c.evidence: now}, now)
+                self._tracked[fp] = _Tracked(family, alert, now, {c.evidence: now}, now,
+                                             (now, c.name, alert.fingerprint), c)
+                self._order = None
                 self._changes += 1
                 continue
             assert tracked is not None
@@ -313,6 +350,7 @@ class RulesEngine:
             else:
                 tracked.run_since = None
             tracked.last_held = now
+            tracked.applied = c
             if not fire and (a.summary, a.description, a.value, a.annotations) == (
                     c.summary, c.description, c.value, c.annotations):
                 continue  # the same words and value: the alert stays the object it was
@@ -340,12 +378,14 @@ class RulesEngine:
             if a.state == "resolved":
                 if a.resolved_at is not None and now - a.resolved_at > retention:
                     del self._tracked[fp]
+                    self._order = None
                     self._changes += 1
                 continue
             if tracked.last_held == now or tracked.family in failed:
                 continue
             if a.state == "pending":
                 del self._tracked[fp]  # never fired: vanishes silently, like Prometheus
+                self._order = None
                 self._changes += 1
                 continue
             try:
@@ -361,6 +401,7 @@ class RulesEngine:
             if note is not None:
                 summary, description = note.summary, note.description
             tracked.alert = replace(a, state="resolved", resolved_at=now, summary=summary, description=description)
+            tracked.applied = None
             self._changes += 1
 
 
@@ -379,5 +420,4 @@ def _without_gpu(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in labels.items() if k != "gpu"))
 
 
-def _rank(c: Condition) -> int:
-    return {"clear": 0, "hold": 1, "raise": 2}[c.level]
+_RANK = {"clear": 0, "hold": 1, "raise": 2}
