@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Snapshot
 from gpuwatchd.rules import leak
 from gpuwatchd.rules.config import RulesConfig
@@ -45,7 +46,7 @@ def _fleet(t: float) -> Snapshot:
 @pytest.mark.parametrize("host_rss", [True, False])
 def test_skipping_flat_series_changes_no_condition(host_rss: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(leak, "_FLAT", FlatSeries())
-    config = RulesConfig.model_validate({"leak": {"host_rss": host_rss, "window": "10m"}})
+    config = validate(RulesConfig, {"leak": {"host_rss": host_rss, "window": "10m"}})
     store = Store()
     skipped = 0
     judged: set[tuple[str, str]] = set()
