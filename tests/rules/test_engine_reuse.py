@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 import gpuwatchd.rules.engine as engine_mod
+from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert, ProcessSample, Snapshot, XidEvent, fingerprint
 from gpuwatchd.rules.condition import Condition, RuleView
 from gpuwatchd.rules.config import RulesConfig
@@ -81,9 +82,10 @@ def test_reuse_changes_nothing(step: float, minutes: float, monkeypatch: pytest.
         return fingerprint(labels)
 
     monkeypatch.setattr(engine_mod, "fingerprint", counted)
-    config = RulesConfig.model_validate({"leak": {"keep_firing_for": "60s"}, "temperature": {"for": "20s"},
-                                          # holds that end between two runs of the family (every 10 s)
-                                          "dead_process": {"for": "125s", "unattributed_for": "33s"}})
+    settings: dict[str, Any] = {"leak": {"keep_firing_for": "60s"}, "temperature": {"for": "20s"},
+                                # holds that end between two runs of the family (every 10 s)
+                                "dead_process": {"for": "125s", "unattributed_for": "33s"}}
+    config = validate(RulesConfig, settings)
     fast, full = RulesEngine(config, host="node1"), FullPath(config, host="node1")
     fast_metrics, full_metrics = AlertsCollector(fast), AlertsCollector(full)
     store = Store(retention_seconds=3600.0, step_seconds=5.0)
@@ -98,7 +100,7 @@ def test_reuse_changes_nothing(step: float, minutes: float, monkeypatch: pytest.
     t = T0
     while t <= T0 + minutes * 60:
         if t - T0 >= 700 and fast.config is config:  # a reload: the dead-process hold shorter
-            config = RulesConfig.model_validate({**config.model_dump(by_alias=True), "dead_process": {"for": "65s"}})
+            config = validate(RulesConfig, {**settings, "dead_process": {"for": "65s", "unattributed_for": "33s"}})
             fast.reconfigure(config)
             full.reconfigure(config)
         store.apply(_fleet(t))
@@ -124,7 +126,7 @@ def test_reuse_changes_nothing(step: float, minutes: float, monkeypatch: pytest.
 def test_a_firing_alert_given_its_condition_again_only_holds() -> None:
     # The fast path of _advance: the same condition object again (a family between its runs) keeps the alert
     # object as it is and moves only last_held; a new, equal condition takes the full path with the same result.
-    config = RulesConfig.model_validate({"dead_process": {"for": "0s", "interval": "60s"}})
+    config = validate(RulesConfig, {"dead_process": {"for": "0s", "interval": "60s"}})
     eng = RulesEngine(config, host="node1")
     store = Store()
     make: Callable[[float], Snapshot] = lambda t: snap(  # noqa: E731
@@ -171,7 +173,7 @@ def test_a_cached_note_words_a_resolution_once_its_alert_fires() -> None:
         FamilySpec("notes", Script([(0, [note])]), {"GpuTemperatureHigh": lambda c: c.temperature}, lambda c: 60.0),
         FamilySpec("raises", Script([(5, [hot]), (20, [])]), {"GpuTemperatureHigh": lambda c: c.temperature}),
     )
-    config = RulesConfig.model_validate({"temperature": {"for": "0s"}})
+    config = validate(RulesConfig, {"temperature": {"for": "0s"}})
     fast = RulesEngine(config, host="node1", families=families)
     full = FullPath(config, host="node1", families=families)
     for s in range(0, 40):
