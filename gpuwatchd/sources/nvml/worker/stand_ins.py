@@ -18,6 +18,11 @@ themselves are the unmodified packages. Measured in the spawned worker at 8x32 (
   and disk functions. The worker's own calls (``Process``, ``oneshot``, ``is_running``, ``status``,
   ``memory_info``, ``name``, ``username``) touch none of them. (``resource`` is not among them: psutil asks
   ``hasattr(resource, "prlimit")`` while defining its ``Process`` class.)
+
+Why not the standard library's ``importlib.util.LazyLoader``: its module runs the real code at the first attribute
+read of any kind, and ``from ctypes.util import find_library`` is such a read, made at pynvml's import; so
+``ctypes.util`` needs a stand-in that already holds ``find_library`` (``_EAGER``). The four psutil modules would
+work with ``LazyLoader``, but one mechanism for the five is less code than two.
 """
 
 from __future__ import annotations
