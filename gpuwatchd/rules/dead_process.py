@@ -82,29 +82,57 @@ def _what(p: ProcessSample) -> str:
     return f"pid {p.pid}{name}, which no longer exists"
 
 
-def _dead(view: RuleView, now: float, cfg: DeadProcessRule, g: GpuSample, base: dict[str, str]) -> list[Condition]:
+# (uuid, pid) -> what a dead pid's condition was made of at the family's last run, and the condition:
+# (process sample, GPU labels, GPU memory phrase, min_memory_bytes, since, since phrase, condition).
+_Made = dict[tuple[str, int], tuple[ProcessSample, dict[str, str], str, int, float | None, str, Condition]]
+
+
+class _Last:
+    """The last run's conditions: a process whose sample object (the daemon's decoder keeps an unchanged process'
+    object), GPU and words are the same gets the same condition object back, which the engine then neither
+    fingerprints nor applies again (16x256 with every process gone: 4,096 conditions every 10 s). Everything the
+    condition is made of is in the key or compared, so the object is always the one that would be made."""
+
+    def __init__(self) -> None:
+        self.made: _Made = {}
+
+
+_LAST = _Last()
+
+
+
+def _dead(view: RuleView, now: float, cfg: DeadProcessRule, g: GpuSample, base: dict[str, str], *,
+          made: _Made) -> list[Condition]:
     title, memory = gpu_title(base), fmt_gpu_memory(g, "; ")
     out: list[Condition] = []
     for p in g.processes:
         if p.host_state not in DEAD_STATES:  # live, hidden (another pid namespace) or not looked up
             continue
-        labels = {**base, "pid": str(p.pid)}
         used = p.used_memory_bytes
-        if used is not None and used < cfg.min_memory_bytes:
-            out.append(Condition(NAME, "warning", labels,
-                                 f"{title}: pid {p.pid} holds {fmt_bytes(used)} now{memory}", "", level="clear"))
-            continue
-        held = fmt_bytes(used) if used is not None else "memory (amount unknown)"
+        small = used is not None and used < cfg.min_memory_bytes
         age = p.host_state_seconds
         # dead since the snapshot's time less the age the worker measured then (now, for a sample without it)
-        since = (p.host_state_at if p.host_state_at is not None else now) - age if age is not None else None
-        summary = (f"{title}: {held} held by {_what(p)}{_since(now, since)}{memory}; "
-                   f"find the holder with `fuser -v /dev/nvidia*`, reset the GPU if none")
-        annotations = {"held_bytes": str(used)} if used is not None else {}
-        if since is not None:
-            annotations["dead_since"] = f"{since:.0f}"
-        out.append(Condition(NAME, "warning", labels, summary, DEAD_DESCRIPTION, value=float(used or 0),
-                             annotations=annotations))
+        since = None if small or age is None else (p.host_state_at if p.host_state_at is not None else now) - age
+        phrase = "" if small else _since(now, since)
+        key = (g.uuid, p.pid)
+        last = _LAST.made.get(key)
+        if (last is not None and last[0] is p and last[4] == since and last[5] == phrase and last[2] == memory
+                and last[3] == cfg.min_memory_bytes and last[1] == base):
+            c = last[6]
+        elif small:
+            c = Condition(NAME, "warning", {**base, "pid": str(p.pid)},
+                          f"{title}: pid {p.pid} holds {fmt_bytes(used or 0)} now{memory}", "", level="clear")
+        else:
+            held = fmt_bytes(used) if used is not None else "memory (amount unknown)"
+            summary = (f"{title}: {held} held by {_what(p)}{phrase}{memory}; "
+                       f"find the holder with `fuser -v /dev/nvidia*`, reset the GPU if none")
+            annotations = {"held_bytes": str(used)} if used is not None else {}
+            if since is not None:
+                annotations["dead_since"] = f"{since:.0f}"
+            c = Condition(NAME, "warning", {**base, "pid": str(p.pid)}, summary, DEAD_DESCRIPTION,
+                          value=float(used or 0), annotations=annotations)
+        made[key] = (p, base, memory, cfg.min_memory_bytes, since, phrase, c)
+        out.append(c)
     return out
 
 
@@ -165,9 +193,11 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
     if snap is None:
         return []
     out: list[Condition] = []
+    made: _Made = {}
     for g in snap.gpus:
         base = gpu_labels(view, g.uuid)
-        out.extend(_dead(view, now, cfg, g, base))
+        out.extend(_dead(view, now, cfg, g, base, made=made))
         out.extend(_no_process(view, now, cfg, g, base, snap=snap))
     out.extend(_gone_pids(view, now, snap))
+    _LAST.made = made
     return out

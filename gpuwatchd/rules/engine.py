@@ -144,8 +144,9 @@ class RulesEngine:
         self._cache: dict[str, tuple[float, list[Condition]]] = {}  # family -> (run at, conditions)
         # family -> (its conditions list, enabled names, ``changes`` then, the (identity, condition) pairs _collect
         # made of it): a family's cached conditions between its runs (the dead-process family's 4,096, every second
-        # for 10 s) are fingerprinted once, not at every evaluation. The identities depend only on the conditions,
-        # the enabled names and the tracked alerts, which change only with ``changes``.
+        # for 10 s) are fingerprinted once, not at every evaluation, and so is a condition object the family hands
+        # back at its next run. The identities depend only on the conditions, the enabled names and the tracked
+        # alerts, which change only with ``changes``.
         self._collected: dict[str, tuple[list[Condition], list[str], int, list[tuple[str, Condition]]]] = {}
         self._order: list[_Tracked] | None = None  # the tracked alerts in ``alerts()`` order; None: to sort
         self._timings: dict[tuple[str, str], RuleSection] = {}  # (family, name) -> section, for one evaluation
@@ -235,11 +236,16 @@ class RulesEngine:
         self, family: str, conds: list[Condition], enabled: list[str], seen: dict[str, tuple[str, Condition]]
     ) -> None:
         memo = self._collected.get(family)
-        if memo is not None and memo[0] is conds and memo[2] == self._changes and memo[1] == enabled:
+        same = memo is not None and memo[2] == self._changes and memo[1] == enabled
+        if same and memo is not None and memo[0] is conds:
             pairs = memo[3]
         else:
             if self._indexed_at != self._changes:
                 self._index()
+            # A family that ran again may hand back some of the same condition objects (the dead-process family
+            # does for the processes whose words did not change): their identities stand as well. The old list,
+            # alive in ``memo`` until here, keeps each id to its object.
+            known = {id(c): fp for fp, c in memo[3]} if same and memo is not None else {}
             pairs = []
             for c in conds:
                 if c.name not in enabled:
@@ -248,7 +254,8 @@ class RulesEngine:
                     # A note only words the resolution of an alert of its name that was firing (_advance); with
                     # none, it changes nothing: skip its fingerprint (16x256: ~4k per-process notes per evaluation).
                     continue
-                pairs.append((self._identity(self._labels(c)), c))
+                fp = known.get(id(c))
+                pairs.append((self._identity(self._labels(c)) if fp is None else fp, c))
             self._collected[family] = (conds, enabled, self._changes, pairs)
         for fp, c in pairs:
             prev = seen.get(fp)

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
+
 from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert, GpuSample, ProcessSample, Snapshot
+from gpuwatchd.rules import dead_process
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.store import Store
@@ -152,3 +155,38 @@ def test_dead_since_is_counted_from_when_the_age_was_read_not_from_the_evaluatio
                     host_pid_namespace=True)
     fired = alerts(play(make, 600))
     assert fired and all(float(a.annotations["dead_since"]) == T0 + 60 for _, a in fired)
+
+
+def test_a_condition_handed_back_from_the_last_run_is_the_one_that_would_be_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # rules/dead_process.py gives a process whose sample object, GPU and words are unchanged its last condition
+    # object back: at every run, each condition equals the one a run that keeps nothing makes, through processes
+    # kept and replaced, an age read without a time (host_state_at None: "now" stands for it) or no age, memory
+    # under and over min_memory_bytes, the GPU's memory and index moving, a zombie, and a config change.
+    kept = {4242: replace(dead(4242, 18 * GIB, "gone", 40.0), host_state_at=T0),
+            4243: dead(4243, 2 * GIB, "zombie", 5.0)}
+    small = replace(dead(4244, 16 * MIB, "gone", 7.0), host_state_at=T0)
+    ageless = replace(dead(4245, 32 * MIB, "gone", 0.0), host_state_seconds=None)  # no age read
+    renamed = replace(kept[4242], used_memory_bytes=17 * GIB, name="torchrun")  # the same memory, other words
+
+    def make(s: float) -> Snapshot:
+        procs = [kept[4242] if s < 400 else replace(kept[4242], used_memory_bytes=17 * GIB) if s < 450 else renamed,
+                 kept[4243], small if s < 650 else replace(small, used_memory_bytes=1 * GIB), ageless]
+        if s >= 200:  # a new object for the same process each poll (a decoder that keeps nothing)
+            procs[1] = replace(kept[4243])
+        g = with_processes(gpu(index=0 if s < 510 else 1), procs, overhead=int(300 * MIB + (s >= 250) * GIB))
+        return snap(T0 + s, g, host_pid_namespace=True)
+
+    store = Store()
+    reused = 0
+    for s in range(0, 700, 10):
+        store.apply(make(s))
+        config = validate(RulesConfig, {"dead_process": {"min_memory_bytes": (8 if s >= 600 else 64) * MIB}})
+        before = dict(dead_process._LAST.made)
+        got = dead_process.conditions(store, T0 + s, config)
+        monkeypatch.setattr(dead_process, "_LAST", dead_process._Last())
+        fresh = dead_process.conditions(store, T0 + s, config)
+        monkeypatch.undo()
+        assert got == fresh, s
+        reused += sum(any(c is m[6] for m in before.values()) for c in got)
+    assert reused >= 30

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import gpuwatchd.rules.engine as engine_mod
 from gpuwatchd.config.types import validate
 from gpuwatchd.model import Alert, ProcessSample, Snapshot, XidEvent, fingerprint
+from gpuwatchd.rules import dead_process
 from gpuwatchd.rules.condition import Condition, RuleView
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.engine import FamilySpec, RulesEngine
@@ -28,18 +29,33 @@ UUID1 = "GPU-5a3c1b2e-0000-4000-8000-000000000001"
 
 
 class FullPath(RulesEngine):
-    """The engine with nothing kept from one evaluation to the next: every condition fingerprinted and applied."""
+    """The engine with nothing kept from one evaluation to the next: every condition fingerprinted and applied, and
+    the dead-process family making every condition anew."""
 
     def evaluate(self, view: Any, now: float) -> list[Alert]:
         self._collected.clear()
         self._order = None
         for t in self._tracked.values():
             t.applied = None
-        return super().evaluate(view, now)
+        kept = dead_process._LAST
+        dead_process._LAST = dead_process._Last()
+        try:
+            return super().evaluate(view, now)
+        finally:
+            dead_process._LAST = kept
+
+
+_DECODED: dict[tuple[int, float, str, float], ProcessSample] = {}
 
 
 def _dead(pid: int, used: float, state: str, died: float, t: float) -> ProcessSample:
-    return replace(proc(pid, used), host_state=state, host_state_seconds=t - died, host_state_at=t)
+    """A dead process as the daemon's decoder hands it over: the object of its first poll while it stays the same
+    (its age as of then, ``host_state_at``)."""
+    key = (pid, used, state, died)
+    p = _DECODED.get(key)
+    if p is None:
+        p = _DECODED[key] = replace(proc(pid, used), host_state=state, host_state_seconds=t - died, host_state_at=t)
+    return p
 
 
 def _fleet(t: float) -> Snapshot:
@@ -75,6 +91,7 @@ def _exposition(collector: AlertsCollector) -> list[bytes]:
 
 @pytest.mark.parametrize(("step", "minutes"), [(1.0, 15), (5.0, 40)])  # the daemon's 1 s; the leak's whole course
 def test_reuse_changes_nothing(step: float, minutes: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    _DECODED.clear()
     counts = {"fingerprint": 0}
 
     def counted(labels: dict[str, str]) -> str:
