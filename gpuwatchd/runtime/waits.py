@@ -29,11 +29,11 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     return event.is_set()
 
 
-async def nap(clock: Clock, until: float, wake: asyncio.Event) -> None:
-    """Sleep until clock time ``until`` (at most ``MAX_NAP_SECONDS`` real) or until ``wake`` is set."""
+async def nap(clock: Clock, until: float, wake: asyncio.Event, max_nap: float = MAX_NAP_SECONDS) -> None:
+    """Sleep until clock time ``until`` (at most ``max_nap`` real seconds) or until ``wake`` is set."""
     real = max(0.0, until - clock.now()) / clock.speed
     if real <= 0:
         await asyncio.sleep(0)
         return
-    await wait_event(wake, min(real, MAX_NAP_SECONDS))
+    await wait_event(wake, min(real, max_nap))
     wake.clear()

@@ -117,13 +117,13 @@ def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None, *, strict: 
     devices", which would detach every dock.
     """
     base = root / TB_DEVICES
-    security = domain_security(root)
     try:
         names = sorted(os.listdir(base))
-    except OSError as e:
+    except OSError as e:  # no Thunderbolt bus (most hosts, every second): nothing more to read
         if e.errno in GONE_ERRNOS or not strict:
             return ()
         raise SysfsUnreadable(e.errno, f"cannot read {base}: {e.strerror or e}") from None
+    security = domain_security(root)
     routers: list[tuple[str, str, Path]] = []
     for n in names:
         m = _ROUTER.match(n)
