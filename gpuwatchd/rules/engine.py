@@ -108,9 +108,13 @@ class _Tracked:
     run_since: float | None
     # The sort key of ``alerts()`` (active_at, name, fingerprint): fixed for the life of the identity.
     key: tuple[float, str, str]
-    # The condition last applied to the alert by _advance (None: none since it resolved). Applying the same
-    # condition object again to a firing alert changes nothing but ``last_held``: the fast path of _advance.
+    # The condition last applied to the alert by _advance (None: none since it resolved or the config changed),
+    # and what that application timed the hold from (min of ``since`` of its evidence and ``run_since``; None: it
+    # could not fire) and for how long. Applying the same condition object again changes nothing but
+    # ``last_held`` unless a pending alert's hold is over: the fast path of _advance.
     applied: Condition | None = None
+    fire_from: float | None = None
+    hold_for: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +183,8 @@ class RulesEngine:
         self._config = config
         self._cache.clear()
         self._collected.clear()
+        for t in self._tracked.values():  # a condition's hold may come from the config
+            t.applied = None
 
     def alerts(self) -> list[Alert]:
         """The current view: pending, firing and recently resolved alerts, oldest first."""
@@ -316,11 +322,15 @@ class RulesEngine:
     def _advance(self, seen: dict[str, tuple[str, Condition]], failed: set[str], now: float) -> None:
         for fp, (family, c) in seen.items():
             tracked = self._tracked.get(fp)
-            if tracked is not None and tracked.applied is c and tracked.alert.state == "firing":
-                # The condition object applied last time, to an alert firing since: the path below would find the
-                # evidence timed, the run going, nothing to fire and the same words, and set only this.
-                tracked.last_held = now
-                continue
+            if tracked is not None and tracked.applied is c:
+                st = tracked.alert.state
+                if st == "firing" or (st == "pending" and (
+                        tracked.fire_from is None or not now - tracked.fire_from >= tracked.hold_for)):
+                    # The condition object applied last time, to an alert still firing, or pending and not due:
+                    # the path below would find the evidence timed and the run going (or still not able to fire),
+                    # nothing to fire and the same words, and set only this.
+                    tracked.last_held = now
+                    continue
             active = tracked is not None and tracked.alert.state != "resolved"
             if c.level == "clear" or (c.level == "hold" and not active):
                 continue
@@ -341,7 +351,7 @@ class RulesEngine:
                     annotations=dict(c.annotations),
                 )
                 self._tracked[fp] = _Tracked(family, alert, now, {c.evidence: now}, now,
-                                             (now, c.name, alert.fingerprint), c)
+                                             (now, c.name, alert.fingerprint), c, now, hold_for)
                 self._order = None
                 self._changes += 1
                 continue
@@ -349,15 +359,17 @@ class RulesEngine:
             a = tracked.alert
             can_fire = c.level == "raise" or c.fire_on_hold
             fire = False
+            fire_from = None
             if can_fire:
                 start = tracked.since.setdefault(c.evidence, now)
                 if tracked.run_since is None:
                     tracked.run_since = now
-                fire = a.state == "pending" and now - min(start, tracked.run_since) >= hold_for
+                fire_from = min(start, tracked.run_since)
+                fire = a.state == "pending" and now - fire_from >= hold_for
             else:
                 tracked.run_since = None
             tracked.last_held = now
-            tracked.applied = c
+            tracked.applied, tracked.fire_from, tracked.hold_for = c, fire_from, hold_for
             if not fire and (a.summary, a.description, a.value, a.annotations) == (
                     c.summary, c.description, c.value, c.annotations):
                 continue  # the same words and value: the alert stays the object it was
