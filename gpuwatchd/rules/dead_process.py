@@ -102,7 +102,7 @@ _LAST = _Last()
 
 
 def _dead(view: RuleView, now: float, cfg: DeadProcessRule, g: GpuSample, base: dict[str, str], *,
-          made: _Made) -> list[Condition]:
+          made: _Made, phrases: dict[float | None, str]) -> list[Condition]:
     title, memory = gpu_title(base), fmt_gpu_memory(g, "; ")
     out: list[Condition] = []
     for p in g.processes:
@@ -113,7 +113,8 @@ def _dead(view: RuleView, now: float, cfg: DeadProcessRule, g: GpuSample, base: 
         age = p.host_state_seconds
         # dead since the snapshot's time less the age the worker measured then (now, for a sample without it)
         since = None if small or age is None else (p.host_state_at if p.host_state_at is not None else now) - age
-        phrase = "" if small else _since(now, since)
+        # made once per time of death in a run (the processes found dead at one poll share it)
+        phrase = "" if small else phrases.get(since) or phrases.setdefault(since, _since(now, since))
         key = (g.uuid, p.pid)
         last = _LAST.made.get(key)
         if (last is not None and last[0] is p and last[4] == since and last[5] == phrase and last[2] == memory
@@ -194,9 +195,10 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         return []
     out: list[Condition] = []
     made: _Made = {}
+    phrases: dict[float | None, str] = {}
     for g in snap.gpus:
         base = gpu_labels(view, g.uuid)
-        out.extend(_dead(view, now, cfg, g, base, made=made))
+        out.extend(_dead(view, now, cfg, g, base, made=made, phrases=phrases))
         out.extend(_no_process(view, now, cfg, g, base, snap=snap))
     out.extend(_gone_pids(view, now, snap))
     _LAST.made = made

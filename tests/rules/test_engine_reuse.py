@@ -7,7 +7,7 @@ released, shrink, leak and whose GPU runs hot, loses its processes and comes bac
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
@@ -201,3 +201,15 @@ def test_a_cached_note_words_a_resolution_once_its_alert_fires() -> None:
         assert fast.evaluate(Store(), T0 + s) == full.evaluate(Store(), T0 + s), s
     (a,) = fast.alerts()
     assert a.state == "resolved" and a.resolved_at == T0 + 20 and a.summary == "cooled down to 60 °C"
+
+
+def test_rewording_an_alert_keeps_every_other_field() -> None:
+    # engine._reworded spells dataclasses.replace out: a field added to Alert must be carried over there too.
+    a = Alert(name="GpuTemperatureHigh", severity="warning", labels={"alertname": "GpuTemperatureHigh"}, summary="s",
+              description="d", state="pending", active_at=T0, fired_at=None, resolved_at=T0 + 1, value=1.0,
+              annotations={"x": "1"})
+    c = Condition("GpuTemperatureHigh", "warning", {}, "s2", "d2", value=2.0, annotations={"y": "2"})
+    assert {f.name for f in fields(Alert)} == {"name", "severity", "labels", "summary", "description", "state",
+                                               "active_at", "fired_at", "resolved_at", "value", "annotations"}
+    assert engine_mod._reworded(a, c, "firing", T0 + 2) == replace(
+        a, summary="s2", description="d2", value=2.0, annotations={"y": "2"}, state="firing", fired_at=T0 + 2)
