@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuwatchd.model import LinkSample
-from gpuwatchd.sources.sysfs.pcie import SysfsUnreadable, nvidia_devices, read_links
+from gpuwatchd.sources.sysfs.pcie import PciScanCache, SysfsUnreadable, nvidia_devices, read_links
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,12 @@ class SysfsWatch:
         self.bus_ids: list[str] = []  # the GPUs of the last snapshot, by PCI bus id: whose links to read
         self.unreadable = 0  # scans skipped because sysfs could not be read (EMFILE, EIO): state unknown
         self._unreadable_logged = False
+        self._scan_cache = PciScanCache()  # functions known not to be NVIDIA GPUs: one directory listing a scan
 
     def baseline(self) -> None:
         """What a worker about to start will enumerate: changes are counted from here."""
         try:
-            self.seen = nvidia_devices(self._root())
+            self.seen = nvidia_devices(self._root(), self._scan_cache)
         except SysfsUnreadable as e:
             self._unreadable(e)  # keep the last set: unknown is not "none"
 
@@ -60,7 +61,7 @@ class SysfsWatch:
             await asyncio.sleep(max(self._period(), MIN_PERIOD_SECONDS))
             root = self._root()
             try:
-                current = nvidia_devices(root)
+                current = nvidia_devices(root, self._scan_cache)
                 links = read_links(root, self.bus_ids) if self._on_links is not None and self.bus_ids else None
             except SysfsUnreadable as e:
                 self._unreadable(e)

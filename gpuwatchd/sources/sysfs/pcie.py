@@ -136,21 +136,61 @@ def read_links(root: Path, bus_ids: Iterable[str]) -> list[LinkSample]:
     return [read_link(root, b) for b in bus_ids]
 
 
-def nvidia_devices(root: Path) -> set[str]:
-    """Bus ids (sysfs form) of NVIDIA display-class functions present under ``root``: the hot-plug watch set."""
+class PciScanCache:
+    """The PCI functions a scan found not to be NVIDIA display functions, by name and directory-entry inode.
+
+    A host's PCI functions rarely change and most are not NVIDIA GPUs (bridges, NICs, NVMe, USB: hundreds on a
+    large server), yet the watch scans every second. A function the cache knows costs nothing beyond the directory
+    listing: its ``vendor`` and ``class`` are not read again while its entry stays the same. The entry's inode comes
+    with the listing (``os.scandir``, no ``stat``); sysfs gives a re-added device a new inode (kernfs numbers nodes
+    cyclically), so a function removed and added back at the same address, even between two scans, is read afresh.
+    NVIDIA functions, and any whose vendor or class could not be read or read as dead (``0xffff``), are read at
+    every scan, as without the cache: a GPU's appearance, removal or fall off the bus is seen exactly as before.
+    """
+
+    __slots__ = ("root", "skip")
+
+    def __init__(self) -> None:
+        self.root: Path | None = None
+        self.skip: dict[str, int] = {}  # name -> inode of its entry when it was found not to be an NVIDIA GPU
+
+
+def nvidia_devices(root: Path, cache: PciScanCache | None = None) -> set[str]:
+    """Bus ids (sysfs form) of NVIDIA display-class functions present under ``root``: the hot-plug watch set.
+
+    With ``cache`` (kept by a watch between its scans), functions an earlier scan found not to be NVIDIA GPUs are
+    not read again (:class:`PciScanCache`); the result is the same.
+    """
     base = root / PCI_DEVICES
+    if cache is not None and cache.root != root:
+        cache.root, cache.skip = root, {}
+    known = cache.skip if cache is not None else {}
+    skip: dict[str, int] = {}
+    found: set[str] = set()
     try:
-        names = os.listdir(base)
+        with os.scandir(base) as entries:
+            for entry in entries:
+                name, ino = entry.name, entry.inode()
+                if known.get(name) == ino:
+                    skip[name] = ino
+                    continue
+                d = base / name
+                vendor = read_attr_or_gone(d / "vendor")
+                if vendor != NVIDIA_VENDOR:
+                    if vendor is not None and vendor != DEAD_VENDOR:
+                        skip[name] = ino
+                    continue
+                cls = read_attr(d / "class")
+                if cls is not None and cls.lower().startswith(DISPLAY_CLASS_PREFIX):
+                    found.add(name.lower())
+                elif cls is not None and cls.lower() != "0xffffff":  # NVIDIA, not a GPU: its HDMI audio function
+                    skip[name] = ino
+    except SysfsUnreadable:
+        raise
     except OSError as e:
         if e.errno in GONE_ERRNOS:
             return set()  # no sysfs PCI tree at all (a container, a test root): nothing to watch
         raise _unreadable(base, e) from None
-    found: set[str] = set()
-    for name in names:
-        d = base / name
-        if read_attr_or_gone(d / "vendor") != NVIDIA_VENDOR:
-            continue
-        cls = read_attr(d / "class")
-        if cls is not None and cls.lower().startswith(DISPLAY_CLASS_PREFIX):
-            found.add(name.lower())
+    if cache is not None:
+        cache.skip = skip
     return found

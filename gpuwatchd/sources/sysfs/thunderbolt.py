@@ -30,6 +30,7 @@ from gpuwatchd.model import DockSample
 from gpuwatchd.sources.sysfs.pcie import (
     GONE_ERRNOS,
     PCI_DEVICES,
+    PciScanCache,
     SysfsUnreadable,
     nvidia_devices,
     read_attr,
@@ -108,8 +109,8 @@ def _gpu_domain(root: Path, gpu_path: list[str], domains: Iterable[str]) -> str 
     return best
 
 
-def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None, *, strict: bool = False
-               ) -> tuple[DockSample, ...]:
+def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None, *, strict: bool = False,
+               pci_cache: PciScanCache | None = None) -> tuple[DockSample, ...]:
     """Every attached Thunderbolt/USB4 device but the host routers, with the GPUs behind each.
 
     ``gpu_bus_ids`` (sysfs form) defaults to the NVIDIA display functions present under ``root``. ``strict`` (the
@@ -134,7 +135,7 @@ def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None, *, strict: 
     authorized = {n: read_attr(d / "authorized") == "1" for n, _, d in routers}
     behind: dict[str, list[str]] = {}
     try:
-        gpus = sorted(nvidia_devices(root) if gpu_bus_ids is None else gpu_bus_ids)
+        gpus = sorted(nvidia_devices(root, pci_cache) if gpu_bus_ids is None else gpu_bus_ids)
     except SysfsUnreadable:
         if strict:
             raise
@@ -179,10 +180,11 @@ async def watch_docks(
     handful of small sysfs reads per interval costs nothing.
     """
     unreadable = False
+    pci_cache = PciScanCache()
     while True:
         cfg = config()
         try:
-            on_docks(read_docks(cfg.sysfs.root, strict=True))
+            on_docks(read_docks(cfg.sysfs.root, strict=True, pci_cache=pci_cache))
             unreadable = False
         except SysfsUnreadable as e:  # unknown, not detached: keep the docks last read (one line until it recovers)
             if not unreadable:

@@ -89,7 +89,7 @@ def test_a_failed_read_is_unknown_not_removed(monkeypatch: pytest.MonkeyPatch) -
     watch = SysfsWatch(lambda: root, lambda: 0.0, changes.append, links.append)
     watch.baseline()
     watch.bus_ids = ["0000:0c:00.0"]
-    monkeypatch.setattr(sysfs_pcie.os, "listdir", _emfile)
+    monkeypatch.setattr(sysfs_pcie.os, "scandir", _emfile)
     with pytest.raises(SysfsUnreadable):
         nvidia_devices(root)
     monkeypatch.setattr(sysfs_pcie.os, "stat", _emfile)
@@ -141,3 +141,64 @@ def test_a_huge_attribute_is_read_to_one_page_only(tmp_path: Path) -> None:
     assert text is not None and len(text) == sysfs_pcie.ATTR_MAX_BYTES
     [link] = read_links(root, ["0000:05:00.0"])
     assert link.current_width == 4 and link.max_width is None  # a page of digits is no width
+
+
+def _add_function(root: Path, bdf: str, vendor: str, cls: str) -> None:
+    """A PCI function as the kernel lays it out: its directory under sys/devices, a symlink in sys/bus/pci/devices.
+
+    The symlink is made under a temporary name and renamed into place, so an entry replaced at the same address
+    gets a new inode, as sysfs gives a re-added device (a local filesystem could hand an unlinked inode back).
+    """
+    d = root / "sys/devices/pci0000:00" / bdf
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "vendor").write_text(vendor + "\n")
+    (d / "class").write_text(cls + "\n")
+    links = root / sysfs_pcie.PCI_DEVICES
+    links.mkdir(parents=True, exist_ok=True)
+    (links / f".{bdf}.new").symlink_to(f"../../../devices/pci0000:00/{bdf}")
+    os.replace(links / f".{bdf}.new", links / bdf)
+
+
+def test_a_steady_host_costs_one_listing_a_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """300 functions that are not GPUs (bridges, NICs, NVMe, an NVIDIA audio function) are read once; the GPUs at
+    every scan, and a GPU added, removed, or put at an address a non-GPU had is seen at the next scan."""
+    root = tmp_path / "root"
+    for i in range(299):
+        _add_function(root, f"0000:{i // 32 + 1:02x}:{i % 32:02x}.0", "0x8086", "0x060400")
+    _add_function(root, "0000:41:00.1", "0x10de", "0x040300")  # a GPU's HDMI audio function
+    _add_function(root, "0000:41:00.0", "0x10de", "0x030000")
+    _add_function(root, "0000:42:00.0", "0x10de", "0x030200")
+    reads: list[str] = []
+    real_read = sysfs_pcie._read_small
+
+    def counted(path: Path) -> str:
+        reads.append(f"{path.parent.name}/{path.name}")
+        return real_read(path)
+
+    monkeypatch.setattr(sysfs_pcie, "_read_small", counted)
+    cache = sysfs_pcie.PciScanCache()
+    gpus = {"0000:41:00.0", "0000:42:00.0"}
+    assert nvidia_devices(root, cache) == gpus
+    assert len(reads) == 302 + 3  # every vendor, and the class of the three NVIDIA functions
+    for _ in range(3):
+        reads.clear()
+        assert nvidia_devices(root, cache) == gpus
+        assert sorted(reads) == ["0000:41:00.0/class", "0000:41:00.0/vendor", "0000:42:00.0/class",
+                                 "0000:42:00.0/vendor"]
+    # the same answers as a scan without a cache, through every change
+    (root / sysfs_pcie.PCI_DEVICES / "0000:42:00.0").unlink()  # detached
+    assert nvidia_devices(root, cache) == nvidia_devices(root) == {"0000:41:00.0"}
+    _add_function(root, "0000:71:00.0", "0x10de", "0x030000")  # docked
+    assert nvidia_devices(root, cache) == nvidia_devices(root) == {"0000:41:00.0", "0000:71:00.0"}
+    shutil.rmtree(root / "sys/devices/pci0000:00/0000:01:05.0")
+    _add_function(root, "0000:01:05.0", "0x10de", "0x030000")  # a GPU where a bridge was
+    reads.clear()
+    assert nvidia_devices(root, cache) == {"0000:41:00.0", "0000:71:00.0", "0000:01:05.0"}
+    assert "0000:01:05.0/vendor" in reads and len(reads) == 6
+    (root / "sys/devices/pci0000:00/0000:41:00.0/vendor").write_text("0xffff\n")  # fell off the bus
+    assert nvidia_devices(root, cache) == nvidia_devices(root) == {"0000:71:00.0", "0000:01:05.0"}
+    (root / "sys/devices/pci0000:00/0000:41:00.0/vendor").write_text("0x10de\n")
+    assert nvidia_devices(root, cache) == {"0000:41:00.0", "0000:71:00.0", "0000:01:05.0"}
+    # another root (a config reload) starts afresh
+    assert nvidia_devices(FIXTURES / "two-gpus", cache) == {"0000:0c:00.0", "0000:05:00.0"}
+    assert cache.root == FIXTURES / "two-gpus"
