@@ -8,10 +8,14 @@ not have that race, so timed event waits go through here.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from gpuwatchd.runtime.clock import Clock
+
+T = TypeVar("T")
 
 # Longest real-time nap of a waiting worker: bounds how late it notices a clock that jumps (ManualClock, tests).
 MAX_NAP_SECONDS = 0.5
@@ -27,6 +31,24 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     finally:
         waiter.cancel()
     return event.is_set()
+
+
+async def within(timeout: float, start: Callable[[], Awaitable[T]]) -> T:
+    """``await start()`` within ``timeout`` real seconds, else :class:`TimeoutError` (``asyncio.TimeoutError``).
+
+    What ``asyncio.wait_for(start(), timeout)`` does, without the task it creates for every call on Python < 3.12
+    (the supervisor reads each worker line this way). On 3.11+ it is ``asyncio.timeout``, which is what
+    ``wait_for`` itself runs on 3.12+; on 3.10 it is ``wait_for``. A timeout of 0 or less fails at once without
+    starting the read, as ``wait_for`` does (it cancels the read's task before it runs); data not read stays
+    buffered for the next call either way.
+    """
+    if timeout <= 0:
+        await asyncio.sleep(0)  # wait_for yields once too (cancelling the read's task)
+        raise asyncio.TimeoutError
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout):
+            return await start()
+    return await asyncio.wait_for(start(), timeout)
 
 
 async def nap(clock: Clock, until: float, wake: asyncio.Event, max_nap: float = MAX_NAP_SECONDS) -> None:

@@ -42,6 +42,7 @@ from typing import Any
 from gpuwatchd.config.loader import NvmlConfig, ProcessesConfig, SysfsConfig
 from gpuwatchd.model import LinkSample, Snapshot
 from gpuwatchd.runtime.clock import Clock
+from gpuwatchd.runtime.waits import within
 from gpuwatchd.sources.nvml import worker_process
 from gpuwatchd.sources.nvml.hang_log import HangEpisode, HangLog
 from gpuwatchd.sources.nvml.hang_retry import retry_worker
@@ -299,8 +300,7 @@ class NvmlSupervisor:
             hello = False
             while True:
                 try:
-                    line = await asyncio.wait_for(proc.stdout.readline(),
-                                                  max(0.0, min(deadline, late_at) - loop.time()))
+                    line = await within(min(deadline, late_at) - loop.time(), proc.stdout.readline)
                 except asyncio.TimeoutError:
                     if self._restart_reason is not None or self._stopping:
                         break
