@@ -103,6 +103,27 @@ def live_pids(n: int) -> Iterator[list[int]]:
             p.wait()
 
 
+PIDS_HELP = ("live: the fleet's processes are real (sleep) processes, as on a user's host; dead: fictitious pids, so "
+             "every process is gone and GpuMemoryHeldByDeadProcess fires for each (the daemon's worst case, the "
+             "figure measured before issue 20's 8x32 step)")
+
+
+def add_pids_option(ap: argparse.ArgumentParser) -> None:
+    """``--pids live|dead`` (default live), shared by the benches that build a fleet with :func:`fleet`."""
+    ap.add_argument("--pids", choices=("live", "dead"), default="live", help=PIDS_HELP)
+
+
+@contextlib.contextmanager
+def fleet(gpus: int, procs: int, pids: str = "live") -> Iterator[dict[str, Any]]:
+    """:func:`fleet_state` with live pids (:func:`live_pids`, ended on exit) or, for ``pids="dead"``, fictitious
+    ones."""
+    if pids == "live":
+        with live_pids(gpus * procs) as live:
+            yield fleet_state(gpus, procs, live)
+    else:
+        yield fleet_state(gpus, procs)
+
+
 class Daemon:
     def __init__(self, tmp: Path, name: str, state_path: Path, config: dict[str, Any], tree: Path = ROOT) -> None:
         self.port = free_port()
@@ -207,10 +228,7 @@ def main() -> int:
     ap.add_argument("--soak-seconds", type=float, default=60.0)
     ap.add_argument("--warmup-seconds", type=float, default=10.0)
     ap.add_argument("--top-n", type=int, help="processes.top_n (default: the config's; 256: every process at 16x256)")
-    ap.add_argument("--pids", choices=("live", "dead"), default="live",
-                    help="live: the fleet's processes are real (sleep) processes, as on a user's host; dead: "
-                         "fictitious pids, so every process is gone and GpuMemoryHeldByDeadProcess fires for each "
-                         "(the daemon's worst case, the figure measured before issue 20's 8x32 step)")
+    add_pids_option(ap)
     ap.add_argument("--tree", type=Path, default=ROOT,
                     help="the gpuwatchd checkout to run (default: this one; another for a before/after)")
     args = ap.parse_args()
@@ -219,9 +237,8 @@ def main() -> int:
     compile_tree(args.tree.resolve())
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwatchd-bench-")))
-        pids = stack.enter_context(live_pids(args.gpus * args.procs)) if args.pids == "live" else None
         state_path = tmp / "sim-state"
-        write_state(state_path, fleet_state(args.gpus, args.procs, pids))
+        write_state(state_path, stack.enter_context(fleet(args.gpus, args.procs, args.pids)))
         print(f"fleet: {args.gpus} GPUs x {args.procs} processes, pids {args.pids}", flush=True)
         base: dict[str, Any] = {"nvml": {"library_path": str(libdir)}, "sysfs": {"root": str(tmp / "sysfs")}}
         if args.top_n is not None:

@@ -1,9 +1,10 @@
 """The status page's weight and what keeping it open costs the daemon.
 
-    python bench/page.py [--gpus 8] [--procs 32] [--seconds 30]
+    python bench/page.py [--gpus 8] [--procs 32] [--seconds 30] [--pids live|dead]
 
 `gpuwatchd run` against the stand-in driver (8 GPUs x 32 processes, 1 s polls: the same host as
-bench/footprint.py) and Debian's chromium (headless, driven by Playwright):
+bench/footprint.py, its processes real ``sleep`` ones by default, ``--pids dead`` for fictitious pids) and Debian's
+chromium (headless, driven by Playwright):
 
 1. First load: every byte the browser received for ``GET /`` and what it pulled in (HTML, script, style, uPlot,
    favicon, and the first ``/api/v1/status`` and ``/api/v1/alerts``), headers included, with an empty cache
@@ -12,7 +13,7 @@ bench/footprint.py) and Debian's chromium (headless, driven by Playwright):
 2. Daemon CPU (the daemon process alone, not its NVML worker) over ``--seconds`` without the page, then with one
    page open (it refreshes every 3 s), in percent of one core.
 
-Last line: ``page_bytes=… asset_bytes=… poll_bytes=… daemon_cpu_pct_idle=… daemon_cpu_pct_page=…``.
+Last line: ``page_bytes=… asset_bytes=… poll_bytes=… daemon_cpu_pct_idle=… daemon_cpu_pct_page=… pids=…``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from footprint import Daemon, fleet_state  # noqa: E402
+from footprint import Daemon, add_pids_option, fleet  # noqa: E402
 
 from gpuwatchd.sim.build import build_standin  # noqa: E402
 from gpuwatchd.sim.state import write_state  # noqa: E402
@@ -54,13 +55,14 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--procs", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=30.0)
+    add_pids_option(ap)
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
-    with tempfile.TemporaryDirectory() as tmpdir:
+    with tempfile.TemporaryDirectory() as tmpdir, fleet(args.gpus, args.procs, args.pids) as state:
         tmp = Path(tmpdir)
         state_path = tmp / "sim-state"
-        write_state(state_path, fleet_state(args.gpus, args.procs))
+        write_state(state_path, state)
         d = Daemon(tmp, "page", state_path, {"nvml": {"library_path": str(build_standin())}})
         try:
             d.wait_for_gpus(args.gpus)
@@ -103,7 +105,7 @@ def main() -> int:
     print(f"{args.gpus} GPUs x {args.procs} processes; {len(polls)} API requests in {args.seconds:g} s with the "
           "page open")
     print(f"page_bytes={page_bytes:.0f} asset_bytes={asset_bytes:.0f} poll_bytes={poll_bytes:.0f} "
-          f"daemon_cpu_pct_idle={idle:.2f} daemon_cpu_pct_page={page_cpu:.2f}")
+          f"daemon_cpu_pct_idle={idle:.2f} daemon_cpu_pct_page={page_cpu:.2f} pids={args.pids}")
     return 0
 
 

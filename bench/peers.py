@@ -1,6 +1,6 @@
 """gpuwatchd side by side with its peers (nvitop-exporter, glances) on one stand-in fleet, all running at once.
 
-    python bench/peers.py [--gpus 8] [--procs 32] [--rounds 3] [--seconds 30] [--bin-dir DIR]
+    python bench/peers.py [--gpus 8] [--procs 32] [--rounds 3] [--seconds 30] [--pids live|dead] [--bin-dir DIR]
 
 Every tool reads the same stand-in ``libnvidia-ml.so.1`` (``LD_LIBRARY_PATH`` for the peers, which load the library
 by name through nvidia-ml-py; the config's ``nvml.library_path`` for gpuwatchd) and the same simulated state
@@ -11,13 +11,17 @@ each tree (psutil ``memory_full_info``). Medians over the rounds are printed wit
 1: gpuwatchd is lighter or faster). Start-up is the time from the process start to the first answer that holds the
 whole fleet, measured while all tools start at once.
 
+The fleet's processes are real ones by default (``--pids live``: one ``sleep`` per GPU process, bench/footprint.py's
+:func:`fleet`), so every tool finds them on the host as on a user's; ``--pids dead`` lists fictitious pids, every
+process gone (gpuwatchd's worst case: GpuMemoryHeldByDeadProcess for each).
+
 The peers are not dependencies of the project: install them where you like (``python -m venv /tmp/peers &&
 /tmp/peers/bin/pip install nvitop-exporter 'glances[web]'``) and pass ``--bin-dir /tmp/peers/bin``, or have them on
 PATH. A peer that is not installed or does not come up is reported as skipped, with why, and left out.
 
 Last line: ``name=value`` pairs: ``<tool>_cpu_pct``, ``<tool>_rss_mb``, ``<tool>_uss_mb``, ``<tool>_p99_ms``,
 ``<tool>_max_ms``, ``<tool>_ready_s`` per tool that ran (tool names with ``_``), and ``<figure>_ratio_<peer>``
-(gpuwatchd / peer) for cpu_pct, rss_mb, uss_mb and p99_ms.
+(gpuwatchd / peer) for cpu_pct, rss_mb, uss_mb and p99_ms, then ``pids=live|dead``.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from footprint import fleet_state, free_port  # noqa: E402
+from footprint import add_pids_option, fleet, free_port  # noqa: E402
 
 from gpuwatchd.sim.build import build_standin  # noqa: E402
 from gpuwatchd.sim.standin_abi import STATE_ENV  # noqa: E402
@@ -233,12 +237,13 @@ def main() -> int:
     ap.add_argument("--scrape-every", type=float, default=1.0)
     ap.add_argument("--start-timeout", type=float, default=120.0)
     ap.add_argument("--bin-dir", type=Path, help="where nvitop-exporter and glances are (default: PATH)")
+    add_pids_option(ap)
     args = ap.parse_args()
 
     libdir = build_standin()
-    with tempfile.TemporaryDirectory(prefix="gpuwatchd-peers-") as tmp_name:
+    with (tempfile.TemporaryDirectory(prefix="gpuwatchd-peers-") as tmp_name,
+          fleet(args.gpus, args.procs, args.pids) as state):
         tmp = Path(tmp_name)
-        state = fleet_state(args.gpus, args.procs)
         state_path = tmp / "sim-state"
         write_state(state_path, state)
         tools = make_tools(args, tmp, libdir, state_path, str(state["devices"][-1]["uuid"]))
@@ -253,8 +258,8 @@ def main() -> int:
         finally:
             for t in tools:
                 t.stop()
-    print(f"{args.gpus} GPUs x {args.procs} processes, 1 s polling, {args.rounds} rounds of {args.seconds:g} s, "
-          "all tools at once; medians over the rounds:")
+    print(f"{args.gpus} GPUs x {args.procs} processes (pids {args.pids}), 1 s polling, {args.rounds} rounds of "
+          f"{args.seconds:g} s, all tools at once; medians over the rounds:")
     print(f"{'tool':16s} {'cpu %':>7s} {'rss MB':>7s} {'uss MB':>7s} {'pss MB':>7s} {'p99 ms':>8s} {'max ms':>8s}"
           f" {'ready s':>8s}")
     med: dict[str, dict[str, float]] = {}
@@ -279,6 +284,7 @@ def main() -> int:
         for k in ("cpu_pct", "rss_mb", "uss_mb", "p99_ms"):
             ratio = ours[k] / m[k] if m[k] else float("nan")
             pairs.append(f"{k}_ratio_{key}={ratio:.2f}")
+    pairs.append(f"pids={args.pids}")
     print(" ".join(pairs))
     return 0
 

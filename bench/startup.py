@@ -1,9 +1,10 @@
 """Start-up of the command line and the daemon, optionally side by side with another checkout (the previous commit).
 
-    python bench/startup.py [--rounds 7] [--baseline DIR]
+    python bench/startup.py [--rounds 7] [--baseline DIR] [--pids live|dead]
 
 Per round, in a fresh interpreter each: the wall time of ``gpuwatchd --help`` (``python -m gpuwatchd --help``) and
-of ``gpuwatchd run`` from the process start to the first 200 on ``/metrics`` (the stand-in driver, 8 GPUs). With
+of ``gpuwatchd run`` from the process start to the first 200 on ``/metrics`` (the stand-in driver, 8 GPUs x 32
+processes, real ``sleep`` ones by default as in bench/footprint.py; ``--pids dead``: fictitious pids). With
 ``--baseline DIR`` (e.g. ``git worktree add /tmp/prev HEAD~1``) the same runs of that tree alternate with these, so a
 machine that is busier in one part of the run skews both alike; the ratios (this / baseline) are the figure to quote
 on a shared machine. Then a per-import breakdown of the daemon (RSS and CPU each step adds, in one fresh
@@ -13,7 +14,8 @@ The daemon's own CPU seconds up to that 200 (``cpu_to_200_s``) are printed too: 
 less than the wall time.
 
 Last line: ``help_s=… first_200_s=… cpu_to_200_s=…`` (medians; targets <= 0.15 and <= 0.2 wall), plus the
-``base_…`` figures and ``…_ratio`` (this / baseline, the median of the per-round ratios) with a baseline.
+``base_…`` figures and ``…_ratio`` (this / baseline, the median of the per-round ratios) with a baseline, then
+``pids=live|dead``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from footprint import compile_tree, fleet_state, free_port  # noqa: E402
+from footprint import add_pids_option, compile_tree, fleet, free_port  # noqa: E402
 
 from gpuwatchd.sim.build import build_standin  # noqa: E402
 from gpuwatchd.sim.standin_abi import STATE_ENV  # noqa: E402
@@ -120,6 +122,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--baseline", type=Path, help="another checkout of gpuwatchd to run side by side")
+    add_pids_option(ap)
     args = ap.parse_args()
     trees = {"this": ROOT}
     if args.baseline is not None:
@@ -130,10 +133,10 @@ def main() -> int:
     figures: dict[str, dict[str, list[float]]] = {
         name: {"help": [], "first_200": [], "cpu_to_200": []} for name in trees
     }
-    with tempfile.TemporaryDirectory(prefix="gpuwatchd-startup-") as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="gpuwatchd-startup-") as tmp_name, fleet(8, 32, args.pids) as state:
         tmp = Path(tmp_name)
         state_path = tmp / "sim-state"
-        write_state(state_path, fleet_state(8, 32))
+        write_state(state_path, state)
         for tree in trees.values():  # warm-up: page cache
             time_help(tree)
             time_first_200(tree, tmp, state_path, libdir)
@@ -159,7 +162,7 @@ def main() -> int:
         line += (f" base_help_s={med['base']['help']:.3f} base_first_200_s={med['base']['first_200']:.3f}"
                  f" base_cpu_to_200_s={med['base']['cpu_to_200']:.3f} help_ratio={ratios['help']:.2f}"
                  f" first_200_ratio={ratios['first_200']:.2f} cpu_to_200_ratio={ratios['cpu_to_200']:.2f}")
-    print(line)
+    print(f"{line} pids={args.pids}")
     return 0
 
 

@@ -83,14 +83,14 @@ def main() -> int:
     ap.add_argument("--tree", type=Path, default=ROOT, help="the gpuwatchd checkout whose worker runs")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--procs", type=int, default=32, help="processes per GPU")
-    ap.add_argument("--pids", choices=("live", "dead"), default="live",
-                    help="live: the GPU processes are real (sleep) processes; dead: fictitious pids")
     ap.add_argument("--polls", type=int, default=6)
     ap.add_argument("--runs", type=int, default=3)
+    sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
+    from footprint import add_pids_option, compile_tree, fleet
+
+    add_pids_option(ap)
     args = ap.parse_args()
     tree = args.tree.resolve()
-    sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
-    from footprint import compile_tree, fleet_state, live_pids
 
     from gpuwatchd.sim.build import build_standin
     from gpuwatchd.sim.standin_abi import STATE_ENV
@@ -100,9 +100,8 @@ def main() -> int:
     libdir = build_standin()
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwatchd-worker-mem-"))
-        pids = stack.enter_context(live_pids(args.gpus * args.procs)) if args.pids == "live" else None
         state_path = Path(tmp) / "sim-state"
-        write_state(state_path, fleet_state(args.gpus, args.procs, pids))
+        write_state(state_path, stack.enter_context(fleet(args.gpus, args.procs, args.pids)))
         env = {**worker_env(tree, libdir), STATE_ENV: str(state_path)}
         runs = [spawned(tree, env, libdir, args.polls) for _ in range(args.runs)]
         rss, uss, pss = (statistics.median(r[i] for r in runs) for i in range(3))
