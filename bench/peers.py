@@ -49,7 +49,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from footprint import add_pids_option, fleet, free_port  # noqa: E402
+from footprint import add_pids_option, compile_tree, fleet, free_port  # noqa: E402
 
 from gpuwatchd.sim.build import build_standin  # noqa: E402
 from gpuwatchd.sim.standin_abi import STATE_ENV  # noqa: E402
@@ -241,6 +241,7 @@ def main() -> int:
     args = ap.parse_args()
 
     libdir = build_standin()
+    compile_tree(ROOT)  # as installed: byte-compiled (bench/footprint.py)
     with (tempfile.TemporaryDirectory(prefix="gpuwatchd-peers-") as tmp_name,
           fleet(args.gpus, args.procs, args.pids) as state):
         tmp = Path(tmp_name)
