@@ -179,31 +179,37 @@ def test_leak_shows_the_leaking_pid_and_its_eta(browser: Any, sims: dict[str, Da
 
     def leak_seen() -> bool:
         procs = [p for g in status(d)["gpus"] for p in g["processes"]]
-        return any((p.get("memory_trend") or {}).get("leak") for p in procs)
+        return any(p["pid"] == 4242 and (p.get("memory_trend") or {}).get("leak") for p in procs)
 
     wait_until(leak_seen, "the leak rule to suspect pid 4242", timeout=120)
+    # What shows the leak is checked on both pages first, while it lasts (the scenario's leak ends ~75 s of wall
+    # time after it is seen at --speed 30); the deliveries, which stay listed, are waited for after.
+    pages = []
     for name, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
         ctx, page, log = open_page(browser, d.url, viewport)
+        pages.append((name, viewport, ctx, page, log))
         row = page.locator("tr[data-pid='4242']")
-        row.wait_for()
+        # The page refreshes itself every few seconds: the first answer it drew may predate the verdict seen above.
+        page.wait_for_selector("tr[data-pid='4242'] td.eta:has-text('full in')")
         text = row.inner_text()
         assert "python" in text and (name == "phone" or "alice" in text)  # the user column: not on a phone
-        assert "full in" in row.locator("td.eta").inner_text()
         assert "/min" in text  # the trend column
         page.wait_for_selector(".chart canvas")  # uPlot drew the memory history
-        # Deliveries per receiver: the leak's message reached the chat service; the other receiver refused it.
-        page.wait_for_selector(".receiver[data-receiver='team-chat'] li.delivered", timeout=90_000)
-        page.wait_for_selector(".receiver[data-receiver='old-hook'] li.failed", timeout=90_000)
-        refused = page.locator(".receiver[data-receiver='old-hook']").inner_text()
-        assert "HTTP 400" in refused and "invalid_payload: no such channel" in refused
-        if name == "desktop":  # a silence: the firing alert is shown as silenced
-            silence(d.url, "GpuMemoryLeak")
-            page.wait_for_selector(".alert.silenced[data-alertname='GpuMemoryLeak'] .badge:has-text('silenced')")
         # Said above the table as well, where a phone shows it without scrolling sideways.
         note = page.locator(".leak-note[data-pid='4242']")
         assert "python[4242] (alice)" in note.inner_text() and "full in" in note.inner_text()
         box = note.bounding_box()
         assert box is not None and box["x"] + box["width"] <= viewport["width"]
+    for *_, page, _log in pages:
+        # Deliveries per receiver: the leak's message reached the chat service; the other receiver refused it.
+        page.wait_for_selector(".receiver[data-receiver='team-chat'] li.delivered", timeout=90_000)
+        page.wait_for_selector(".receiver[data-receiver='old-hook'] li.failed", timeout=90_000)
+        refused = page.locator(".receiver[data-receiver='old-hook']").inner_text()
+        assert "HTTP 400" in refused and "invalid_payload: no such channel" in refused
+    # A silence (once the message went out): the firing alert is shown as silenced.
+    silence(d.url, "GpuMemoryLeak")
+    pages[0][3].wait_for_selector(".alert.silenced[data-alertname='GpuMemoryLeak'] .badge:has-text('silenced')")
+    for name, viewport, ctx, page, log in pages:
         if name == "phone":  # fits: nothing wider than the screen but the scrollable tables
             assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
         page.screenshot(path=str(shots / f"leak-{name}.png"), full_page=True)
