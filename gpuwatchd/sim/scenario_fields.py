@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ValidationError
 
+from gpuwatchd.config.types import format_loc
+
 # ASCII digits (\d and float() take any script's), at most 30 of them: a size beyond 2**64 bytes is no GPU's.
 _SIZE = re.compile(r"^\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\s*$", re.ASCII)
 _SIZE_UNIT = {
@@ -277,16 +279,6 @@ def _check_thunderbolt(path: FieldPath, value: Any) -> Any:
     raise ValueError(f"unknown field {path.text!r}")
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
 def format_validation_error(err: ValidationError) -> list[str]:
     """One ``key.path: message`` line per problem of a scenario file (pydantic; the daemon's config is msgspec)."""
     lines = []
@@ -294,5 +286,5 @@ def format_validation_error(err: ValidationError) -> list[str]:
         # pydantic puts validator names (e.g. "function-after[...]") into loc for unions; drop those parts.
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p))
         msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"{_loc(loc)}: {msg}")
+        lines.append(f"{format_loc(loc)}: {msg}")
     return lines
