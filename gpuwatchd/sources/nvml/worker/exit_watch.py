@@ -17,9 +17,11 @@ import resource
 import select
 import weakref
 
-# At most this many pidfds, and never more than a quarter of the soft descriptor limit: the worker needs few other
-# descriptors, but a descriptor spent here must not fail an NVML call. Processes beyond are checked by start time.
-MAX_PIDFDS = 1024
+# At most this many pidfds (every process 16 GPUs x top_n 256 keep), and never more than half the soft descriptor
+# limit: the worker's other descriptors are NVML's device files (a few per GPU), and a descriptor spent here must not
+# fail an NVML call. Processes beyond are checked by start time, ~4x the CPU each: at 16x256 with 1024 pidfds the
+# worker used 8.6 % of a core (docs/performance.md). The unit's LimitNOFILE=8192 gives 4096.
+MAX_PIDFDS = 4096
 
 
 def _budget() -> int:
@@ -29,7 +31,7 @@ def _budget() -> int:
         return 0
     if soft == resource.RLIM_INFINITY:
         return MAX_PIDFDS
-    return max(0, min(MAX_PIDFDS, soft // 4))
+    return max(0, min(MAX_PIDFDS, soft // 2))
 
 
 def _close_all(fds: dict[int, int]) -> None:
