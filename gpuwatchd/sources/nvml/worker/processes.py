@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
-from gpuwatchd.sources.nvml.worker.exit_watch import ExitWatch
+from gpuwatchd.sources.nvml.worker.statm_handles import StatmHandles
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
 if TYPE_CHECKING:
@@ -161,12 +161,13 @@ class ProcResolver:
     reused pid is not mistaken for the process it replaced.
 
     A pid with no process here is remembered as missing (negative cache) and looked up again only after
-    ``recheck`` seconds; both caches are bounded by the pids of the last call. Each poll, per kept process: the
-    pid-reuse check, by the process' pidfd where it has one (it has not exited: the pid is still its own), else by
-    psutil's (a fresh :class:`psutil.Process` compared with the cached one, as :meth:`psutil.Process.is_running`
-    does: the start time read again; the cached ``create_time()`` cannot tell), a changed one being a new process
-    whose name and user are read again; then ``memory_info().rss``, and its status (zombie) only when that is 0
-    (:meth:`_read`). :meth:`close` releases the pidfds.
+    ``recheck`` seconds; both caches are bounded by the pids of the last call. Each poll, per kept process: its RSS
+    from a kept ``/proc/PID/statm`` descriptor where it has one (a read that answers is the same process: the
+    descriptor fails once its process is reaped, and only then can the pid be reused), else through psutil, with
+    psutil's pid-reuse check (a fresh :class:`psutil.Process` compared with the cached one, as
+    :meth:`psutil.Process.is_running` does: the start time read again; the cached ``create_time()`` cannot tell), a
+    changed one being a new process whose name and user are read again; and its status (zombie) only when the RSS is
+    0 (:meth:`_read`). :meth:`close` releases the descriptors.
 
     ``proc_root`` other than ``/proc`` (tests with a written tree) sets ``psutil.PROCFS_PATH``, which is
     process-global: every psutil call of this process reads that tree from then on. The worker has one resolver
@@ -181,12 +182,12 @@ class ProcResolver:
         self._recheck = recheck
         self._clock = clock
         root = os.fspath(proc_root)
-        # pidfds refer to this host's processes: not to the pids of a written /proc tree (tests)
-        self._exits: ExitWatch | None = None
+        # A kept descriptor names its process only in a real procfs: not in a written /proc tree (tests)
+        self._handles: StatmHandles | None = None
         if os.path.normpath(root) != "/proc":
             psutil.PROCFS_PATH = root
         else:
-            self._exits = ExitWatch()
+            self._handles = StatmHandles()
         # Decided once: a worker does not change pid namespace. None: look at /proc/self/ns/pid.
         self.host_namespace = in_host_pid_namespace(proc_root) if host_namespace is None else host_namespace
         self._since: dict[int, float] = {}  # pid -> clock() when first seen not live
@@ -196,32 +197,43 @@ class ProcResolver:
         """The cache entry of ``pid`` (a new one when the pid is new or was reused) with its zombie flag refreshed,
         and its RSS; None when unknown.
 
-        A process watched by its pidfd (:mod:`~gpuwatchd.sources.nvml.worker.exit_watch`) that has not exited is
-        the cached one: one read of /proc, ``memory_info`` (``statm``). Any other known pid takes two: a fresh
-        ``psutil.Process`` (its start time, from ``stat``; equal to the cached one exactly when the pid was not
-        reused: psutil's own ``is_running`` check) and ``memory_info``. The status is read only for an RSS of 0: a
-        zombie has released its memory (``exit_mm`` comes before the exit notification), so every zombie reads 0,
-        and a process holding any page is no zombie. It was three reads per pid (``is_running``, then ``status``
-        and ``memory_info`` in a ``oneshot``): ~30 -> ~7 us per pid (docs/performance.md, "8x32")."""
+        A process with a kept ``statm`` descriptor (:mod:`~gpuwatchd.sources.nvml.worker.statm_handles`) that reads
+        is the cached one (a reaped process' descriptor fails, and its pid is reused only after that): one
+        ``pread``. Any other known pid takes two reads through psutil: a fresh ``psutil.Process`` (its start time,
+        from ``stat``; equal to the cached one exactly when the pid was not reused: psutil's own ``is_running``
+        check) and ``memory_info``. The status is read only for an RSS of 0: a zombie has released its memory
+        (``exit_mm`` comes before the exit notification), so every zombie reads 0, and a process holding any page
+        is no zombie. It was three reads per pid (``is_running``, then ``status`` and ``memory_info`` in a
+        ``oneshot``): ~30 us per pid, then ~7 with pidfds, ~1 with the descriptor (docs/performance.md)."""
         cached = self._cache.get(pid)
+        handles = self._handles
+        rss: int | None
+        if cached is not None and handles is not None:
+            rss = handles.rss(pid)
+            if rss is not None:  # still the cached process
+                if rss:
+                    cached[3] = False
+                else:
+                    try:
+                        cached[3] = cached[0].status() == psutil.STATUS_ZOMBIE
+                    except psutil.ZombieProcess:
+                        cached[3] = True
+                    except psutil.Error:  # reaped meanwhile: the next read of its descriptor fails
+                        pass
+                return cached, rss
         if cached is None:
             retry = self._missing.get(pid)
             if retry is not None and self._clock() < retry:
                 return None
             self.lookups += 1
-        exits = self._exits
-        rss: int | None
         try:
-            if cached is not None and exits is not None and exits.watched(pid):
-                proc = cached[0]  # its pidfd says it has not exited: the pid is still its own
-            else:
-                proc = psutil.Process(pid)
-                if cached is None or cached[0] != proc:  # new, or its pid reused: another start time
-                    self._missing.pop(pid, None)
-                    if exits is not None:
-                        exits.forget(pid)
-                    with proc.oneshot():
-                        cached = self._cache[pid] = [proc, _name(proc), _user(proc), False]
+            proc = psutil.Process(pid)
+            if cached is None or cached[0] != proc:  # new, or its pid reused: another start time
+                self._missing.pop(pid, None)
+                if handles is not None:
+                    handles.forget(pid)
+                with proc.oneshot():
+                    cached = self._cache[pid] = [proc, _name(proc), _user(proc), False]
             try:
                 rss = proc.memory_info().rss
                 cached[3] = rss == 0 and proc.status() == psutil.STATUS_ZOMBIE
@@ -234,25 +246,23 @@ class ProcResolver:
         except psutil.AccessDenied:  # alive, but we may not say more
             self._drop(pid)
             return None
-        if exits is not None and not cached[3] and not exits.watched(pid) and exits.watch(pid):
-            # The pid may have changed hands between the read above and the pidfd: watch only the process read.
+        if handles is not None and pid not in handles and handles.open(pid):
+            # The pid may have changed hands between the read above and the open: keep only the process read.
             try:
                 same = psutil.Process(pid) == proc
             except psutil.Error:
                 same = False
             if not same:
-                exits.forget(pid)
+                handles.forget(pid)
         return cached, rss
 
     def _drop(self, pid: int) -> None:
         self._cache.pop(pid, None)
-        if self._exits is not None:
-            self._exits.forget(pid)
+        if self._handles is not None:
+            self._handles.forget(pid)
 
     def resolve(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
         out: dict[int, ProcInfo] = {}
-        if self._exits is not None:
-            self._exits.exited()  # the processes that exited are no longer watched: their pids are checked again
         for pid in pids:
             got = self._read(pid)
             if got is None:
@@ -268,10 +278,10 @@ class ProcResolver:
         return out
 
     def close(self) -> None:
-        """Release the pidfds (the cache stays usable: every pid is checked by start time from then on)."""
-        if self._exits is not None:
-            self._exits.close()
-            self._exits = None
+        """Release the kept descriptors (the cache stays usable: every pid is read through psutil from then on)."""
+        if self._handles is not None:
+            self._handles.close()
+            self._handles = None
 
     def states(self, pids: Sequence[int]) -> dict[int, HostState]:
         """Whether each pid still has a process here: a missing one is GONE in the host's pid namespace and

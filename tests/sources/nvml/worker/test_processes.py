@@ -347,18 +347,19 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfds", "start-times"])
-def test_exits_of_real_processes_with_and_without_pidfds(pidfds: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Cached processes are watched by pidfd (exit_watch): one that exits is no longer watched and its pid is
-    checked again (zombie, then gone), a pid no longer reported is released, and close() frees every descriptor.
-    Without pidfds (budget 0: an older kernel, a seccomp filter) the start-time check gives the same answers."""
-    from gpuwatchd.sources.nvml.worker import exit_watch
+@pytest.mark.parametrize("handles", [True, False], ids=["statm-handles", "psutil"])
+def test_exits_of_real_processes_with_and_without_kept_descriptors(handles: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cached processes are read through a kept statm descriptor (statm_handles): one that exits reads as a zombie
+    through it, then, reaped, loses it and is gone; a pid no longer reported is released, and close() frees every
+    descriptor. Without descriptors (budget 0: the soft limit spent) psutil's reads give the same answers."""
+    from gpuwatchd.sources.nvml.worker import statm_handles
 
-    if not pidfds:
-        monkeypatch.setattr(exit_watch, "MAX_PIDFDS", 0)
+    if not handles:
+        monkeypatch.setattr(statm_handles, "MAX_HANDLES", 0)
     fds_before = _open_fds()
     resolver = ProcResolver(host_namespace=True)
-    watch = resolver._exits
+    watch = resolver._handles
     assert watch is not None
     children = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
                 for _ in range(2)]
@@ -367,7 +368,7 @@ def test_exits_of_real_processes_with_and_without_pidfds(pidfds: bool, monkeypat
     try:
         got = resolver.resolve(pids)
         assert all(got[p][2] for p in pids)  # an RSS for each
-        assert len(watch) == (2 if pidfds and watch.enabled else 0)
+        assert len(watch) == (2 if handles else 0)
         for _ in range(3):  # while they run, each poll reads them as the same live processes
             again = resolver.resolve(pids)
             assert {p: again[p][:2] for p in pids} == {p: got[p][:2] for p in pids}  # name and user
@@ -379,14 +380,16 @@ def test_exits_of_real_processes_with_and_without_pidfds(pidfds: bool, monkeypat
             if psutil.Process(ending.pid).status() == psutil.STATUS_ZOMBIE:
                 break
             time.sleep(0.05)
-        resolver.resolve(pids)
+        got = resolver.resolve(pids)
         assert resolver.states(pids)[ending.pid][0] == "zombie"
-        assert not watch.watched(ending.pid)  # an exited process is not watched again
+        assert not got[ending.pid][2]  # a zombie holds no memory
+        assert (ending.pid in watch) == handles  # read through its descriptor while not reaped
         ending.wait()
         resolver.resolve(pids)
         assert resolver.states(pids)[ending.pid][0] == "gone"
+        assert ending.pid not in watch  # reaped: its descriptor failed and was released
         resolver.resolve([staying.pid])  # the other pid is no longer reported: released
-        assert len(watch) == (1 if pidfds and watch.enabled else 0)
+        assert len(watch) == (1 if handles else 0)
     finally:
         for child in children:
             child.kill()

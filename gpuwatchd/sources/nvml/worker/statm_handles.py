@@ -1,0 +1,98 @@
+"""Kept-open ``/proc/PID/statm`` descriptors of the GPU processes the worker knows: their RSS in one ``pread``.
+
+A descriptor of a ``/proc/PID`` file refers to the process, not to its pid: once that process has been reaped, a
+read of it fails with ``ESRCH``, and a pid can be reused only after its process has been reaped. So while a read
+of the kept descriptor answers, its pid still names the process it was opened for, and the resolver needs neither
+a start-time check nor an open of the file (psutil's ``memory_info`` opens, reads and closes ``statm`` at every
+call, ~8 us; the ``pread`` and its parse ~0.7 us). An exited process that is not yet reaped (a zombie) reads as
+all zeros, as psutil reads it: its memory was released before it became one.
+
+psutil has no call that reads an open descriptor, so this is the one read of /proc the worker makes by hand: the
+same file, the same fields and the same page size as psutil's ``memory_info().rss``
+(``tests/sources/nvml/worker/test_statm_handles.py`` compares them). Where a descriptor cannot be kept (the budget
+spent, no such process), the resolver reads through psutil as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import weakref
+
+# At most this many descriptors (every process 16 GPUs x top_n 256 keep), and never more than half the soft
+# descriptor limit: the worker's other descriptors are NVML's device files (a few per GPU), and a descriptor spent
+# here must not fail an NVML call. Processes beyond are read through psutil, with a start-time check, ~25x the CPU
+# each (docs/performance.md, "16x256 on a live fleet"). The unit's LimitNOFILE=8192 gives 4096.
+MAX_HANDLES = 4096
+# statm is seven decimal page counts: 7 x 20 digits and separators at most.
+READ_BYTES = 256
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _budget() -> int:
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 0
+    if soft == resource.RLIM_INFINITY:
+        return MAX_HANDLES
+    return max(0, min(MAX_HANDLES, soft // 2))
+
+
+def _close_all(fds: dict[int, int]) -> None:
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
+
+
+class StatmHandles:
+    """``pid -> descriptor of /proc/PID/statm`` for the processes the resolver keeps, within a budget."""
+
+    def __init__(self, proc_root: str = "/proc", limit: int | None = None) -> None:
+        self._root = proc_root
+        self._limit = _budget() if limit is None else limit
+        self._fds: dict[int, int] = {}
+        weakref.finalize(self, _close_all, self._fds)  # a resolver dropped without close() (tests) frees its fds
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def __contains__(self, pid: int) -> bool:
+        return pid in self._fds
+
+    def open(self, pid: int) -> bool:
+        """Keep a descriptor of the process that has ``pid`` now. False when it cannot be: the budget spent, no
+        such process, no descriptor to spare. The caller checks afterwards that the process is the one it means
+        (the pid may have been reused just before the open)."""
+        if pid in self._fds:
+            return True
+        if len(self._fds) >= self._limit:
+            return False
+        try:
+            fd = os.open(f"{self._root}/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # ENOENT: gone; EACCES: a hardened /proc; EMFILE/ENFILE: none to spare now
+            return False
+        self._fds[pid] = fd
+        return True
+
+    def rss(self, pid: int) -> int | None:
+        """The RSS in bytes of the process kept for ``pid``; None when there is no descriptor for it, or the read
+        failed (the process was reaped: ``ESRCH``), in which case the descriptor is released."""
+        fd = self._fds.get(pid)
+        if fd is None:
+            return None
+        try:
+            return int(os.pread(fd, READ_BYTES, 0).split(None, 2)[1]) * PAGE_SIZE
+        except (OSError, IndexError, ValueError):
+            self.forget(pid)
+            return None
+
+    def forget(self, pid: int) -> None:
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        _close_all(self._fds)
