@@ -19,6 +19,7 @@ import contextlib
 import os
 import resource
 import weakref
+from collections.abc import Iterable
 
 # At most this many descriptors (every process 16 GPUs x top_n 256 keep), and never more than half the soft
 # descriptor limit: the worker's other descriptors are NVML's device files (a few per GPU), and a descriptor spent
@@ -88,6 +89,25 @@ class StatmHandles:
         except (OSError, IndexError, ValueError):
             self.forget(pid)
             return None
+
+    def rss_of(self, pids: Iterable[int]) -> dict[int, int]:
+        """:meth:`rss` of each of ``pids`` that has a descriptor which reads, in one pass (the resolver's per-poll
+        loop); those whose read failed are released and left out, as are those without a descriptor."""
+        fds = self._fds
+        pread = os.pread
+        out: dict[int, int] = {}
+        failed = []
+        for pid in pids:
+            fd = fds.get(pid)
+            if fd is None:
+                continue
+            try:
+                out[pid] = int(pread(fd, READ_BYTES, 0).split(None, 2)[1]) * PAGE_SIZE
+            except (OSError, IndexError, ValueError):
+                failed.append(pid)
+        for pid in failed:
+            self.forget(pid)
+        return out
 
     def forget(self, pid: int) -> None:
         fd = self._fds.pop(pid, None)

@@ -397,3 +397,60 @@ def test_exits_of_real_processes_with_and_without_kept_descriptors(handles: bool
     resolver.close()
     assert len(watch) == 0
     assert _open_fds() == fds_before
+
+
+def test_more_kept_processes_than_a_poll_reads_are_read_in_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With more kept processes than READS_PER_POLL, each is read through its descriptor at every rounds-th resolve
+    (its turn: pid % rounds), keeping its last RSS between; a process that exits is seen at its next turn."""
+    from gpuwatchd.sources.nvml.worker import processes
+
+    monkeypatch.setattr(processes, "READS_PER_POLL", 2)
+    children = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline();"
+                                  "b = bytearray(40 << 20); sys.stdin.read()"], stdin=subprocess.PIPE)
+                for _ in range(4)]  # 4 pids, 2 reads a poll: rounds = 2
+    pids = [c.pid for c in children]
+    resolver = ProcResolver(host_namespace=True)
+    handles = resolver._handles
+    assert handles is not None
+    reads: list[list[int]] = []
+    rss_of = handles.rss_of
+
+    def counting(pids_read: list[int]) -> dict[int, int]:
+        reads.append(sorted(pids_read))
+        return rss_of(pids_read)
+
+    monkeypatch.setattr(handles, "rss_of", counting)
+    try:
+        first = resolver.resolve(pids)  # every pid is new: read through psutil, and kept
+        assert len(handles) == 4 and all(first[p][2] for p in pids)
+        for _ in range(4):
+            resolver.resolve(pids)
+        # each call read only the pids of its turn, and every pid had its turn every second call
+        assert all(len(r) <= 4 and all(p % 2 == (i + 2) % 2 for p in r) for i, r in enumerate(reads))
+        assert sorted(p for r in reads[-2:] for p in r) == sorted(pids)
+        grower = children[0]
+        assert grower.stdin is not None
+        grower.stdin.write(b"grow\n")
+        grower.stdin.flush()
+        before = first[grower.pid][2]
+        assert before is not None
+        seen = []
+        for _ in range(200):  # it allocates 40 MB: the new RSS shows at its turn, and stays between turns
+            got = resolver.resolve(pids)[grower.pid][2]
+            assert got is not None
+            seen.append(got)
+            if len(seen) >= 2 and seen[-1] > before + (30 << 20) and seen[-2] > before + (30 << 20):
+                break
+            time.sleep(0.02)
+        assert seen[-1] > before + (30 << 20)
+        ending = children[1]
+        ending.kill()
+        ending.wait()  # reaped: its descriptor fails at its next turn, and the pid is gone
+        states = [resolver.resolve(pids) and resolver.states(pids)[ending.pid][0] for _ in range(2)]
+        assert "gone" in states
+        assert ending.pid not in handles
+    finally:
+        for child in children:
+            child.kill()
+            child.communicate()
+        resolver.close()
