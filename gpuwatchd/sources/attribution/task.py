@@ -248,11 +248,22 @@ class AttributionTask:
         now = time.monotonic() if now is None else now
         layout = [(g.uuid, g.index, g.parent_uuid, [p.pid for p in g.processes]) for g in snap.gpus]
         last = self._last
-        if last is not None and now < self._recheck_at and last[0] == self._inputs and last[1] == layout:
+        same = last is not None and last[0] == self._inputs and last[1] == layout
+        if last is not None and same and now < self._recheck_at:
             return Attribution(timestamp=snap.timestamp, owners=last[2], pods=self.pods, errors=dict(self.errors))
+        self._rereads = max(CGROUP_REREADS_MIN, len(self._cgroups) // 10)
+        if last is not None and same:
+            # The same pids and answers, and re-reads due: the owners change only if a re-read finds another
+            # cgroup. At 16 x 256 the re-reads are spread over polls (CGROUP_REREADS_MIN), so this is most polls:
+            # the re-reads alone instead of every process' owner again (~4 ms a poll there).
+            if not self._reread_due(snap, now):
+                if not self._cgroup_failed:
+                    self._failing["cgroup"] = False
+                self._recheck_at = min((c[0] for c in self._cgroups.values()), default=now) + CGROUP_RECHECK_SECONDS
+                return Attribution(timestamp=snap.timestamp, owners=last[2], pods=self.pods, errors=dict(self.errors))
+            self._rereads = 0  # done: the owners are made again from what was read, as a resolve would have
         owners: dict[tuple[str, int], ProcessOwner] = {}
         index_by_uuid = {g.uuid: g.index for g in snap.gpus}
-        self._rereads = max(CGROUP_REREADS_MIN, len(self._cgroups) // 10)
         pids: set[int] = set()
         for g in snap.gpus:
             for p in g.processes:
@@ -273,6 +284,25 @@ class AttributionTask:
         self._last = (self._inputs, layout, owners)
         self._recheck_at = min((c[0] for c in self._cgroups.values()), default=now) + CGROUP_RECHECK_SECONDS
         return Attribution(timestamp=snap.timestamp, owners=owners, pods=self.pods, errors=dict(self.errors))
+
+    def _reread_due(self, snap: Snapshot, now: float) -> bool:
+        """Re-read the due cgroups of ``snap``'s processes as :meth:`resolve` would (in its order, within this
+        resolve's re-reads); True when one of them found another owner than the cached one."""
+        if not self._read_proc:
+            return False
+        cgroups = self._cgroups
+        changed = False
+        for g in snap.gpus:
+            for p in g.processes:
+                if self._rereads <= 0:
+                    return changed
+                cached = cgroups.get(p.pid)
+                if cached is None:
+                    self._cgroup(p.pid, now)
+                    changed = True
+                elif now - cached[0] >= CGROUP_RECHECK_SECONDS and self._cgroup(p.pid, now) != cached[1]:
+                    changed = True
+        return changed
 
     def _owner(self, g: GpuSample, pid: int, now: float, index_by_uuid: dict[str, int]) -> ProcessOwner | None:
         c = self._cgroup(pid, now)

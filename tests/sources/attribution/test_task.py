@@ -199,3 +199,54 @@ def test_same_pids_reuse_the_owners_until_a_recheck_or_new_answers_are_due(tree:
     asyncio.run(task._refresh_jobs())
     jobs = task.resolve(_snap((G0, 0, [100]), (G1, 1, [200, 201, 300]), (G2, 2, [400, 401, 500, 600])), now=32.0)
     assert jobs.owners[(G2, 400)].labels() == {"hpc_job": "778"}
+
+
+def test_rereads_that_find_nothing_new_keep_the_owners_a_full_resolve_would_make(
+        tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fast path (same pids and answers, due re-reads, none finding another cgroup) against a task that makes
+    # every owner again at every resolve, over two simulated minutes of processes moving between host, Docker,
+    # Kubernetes (with and without runtime files) and Slurm cgroups, some unreadable, on a GPU shared by pods.
+    import random
+
+    from gpuwatchd.sources.attribution import task as task_module
+
+    monkeypatch.setattr(task_module, "CGROUP_REREADS_MIN", 3)
+    shapes = [
+        KUBE_A.format(u="7d3a5c1e_2b4f_4c6d_8e9f_0a1b2c3d4e5f", c=CID),
+        KUBE_A.format(u="aaaa5c1e_2b4f_4c6d_8e9f_0a1b2c3d4e5f", c="a" * 64),
+        KUBE_A.format(u="bbbb5c1e_2b4f_4c6d_8e9f_0a1b2c3d4e5f", c="b" * 64),
+        (FIXTURES / "host-session-v2.cgroup").read_text(),
+        (FIXTURES / "docker-v2-systemd.cgroup").read_text(),
+        (FIXTURES / "slurm-v2.cgroup").read_text(),
+        None,  # unreadable: gone from /proc
+    ]
+    rng = random.Random(20)
+    pids = list(range(2000, 2040))
+
+    def place(pid: int) -> None:
+        shape = rng.choice(shapes)
+        target = tree / "proc" / str(pid) / "cgroup"
+        if shape is None:
+            target.unlink(missing_ok=True)
+        else:
+            _proc(tree / "proc", pid, shape)
+
+    for pid in pids:
+        place(pid)
+    snap = _snap((G0, 0, pids[:10]), (G1, 1, pids[10:25]), (G2, 2, pids[25:]), (M0, 3, pids[:3]))
+    fast = AttributionTask(_cfg(tree))
+    full = AttributionTask(_cfg(tree))
+    # the reference re-reads alike, then makes every owner again at every resolve with re-reads due
+    monkeypatch.setattr(full, "_reread_due", lambda snap, now: AttributionTask._reread_due(full, snap, now) or True)
+    fast_paths = 0
+    now = 0.0
+    while now < 120.0:
+        before = fast._last[2] if fast._last is not None else None
+        a, b = fast.resolve(snap, now=now), full.resolve(snap, now=now)
+        assert a.owners == b.owners, now
+        assert a.errors == b.errors
+        fast_paths += a.owners is before and now >= 30.0
+        if rng.random() < 0.15:  # now and then a pid is reused by a process elsewhere
+            place(rng.choice(pids))
+        now += rng.choice([0.5, 1.0, 1.0, 2.0, 7.0])
+    assert fast_paths > 10  # the path under test was taken
