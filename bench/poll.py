@@ -1,6 +1,6 @@
 """NVML worker CPU time per poll vs a bare pynvml loop making the same calls, against the same stand-in state.
 
-    python bench/poll.py [--quick]
+    python bench/poll.py [--quick] [--interval 1 --sizes 8x32 --pairs 3]
 
 Both run as child processes with the stand-in on LD_LIBRARY_PATH. Each child measures its own CPU time
 (``time.process_time()``, CLOCK_PROCESS_CPUTIME_ID: precise, unlike tick-granular rusage) over the steady-state
@@ -14,6 +14,7 @@ the figures as name=value pairs.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -26,6 +27,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from footprint import fleet_state  # noqa: E402
 
 from gpuwatchd.sim.build import build_standin  # noqa: E402
 from gpuwatchd.sim.gpm_state import GPM_METRICS  # noqa: E402
@@ -35,6 +39,7 @@ from gpuwatchd.sim.worker import WORKER_MODULE  # noqa: E402  (process names fro
 
 SIZES = [(8, 32, 1000), (16, 256, 150)]  # GPUs, processes per GPU, polls measured per child
 WARMUP = 20  # polls before measuring: imports, first-poll capability learning, buffers grown, caches warm
+WARMUP_APART = 5  # the same with --interval: the first polls learn what is absent; caches stay cold anyway
 PAIRS = 7  # worker/bare children run interleaved (ABAB...) so machine-load drift hits both alike
 TOP_N = 10  # the daemon's default processes.top_n
 # An H100 SXM's 18 NVLinks, all up with counters: both loops read every link's state and put the per-link field
@@ -123,9 +128,13 @@ def supported(calls):
     keep = []
     for fn, a in calls:
         try:
-            fn(*a)
+            r = fn(*a)
         except E as e:
             if e.value in ABSENT:
+                continue
+        else:
+            # field values: the worker stops asking ids answered NOT_SUPPORTED, and the call when none is left
+            if fn is N.nvmlDeviceGetFieldValues and all(v.nvmlReturn in ABSENT for v in r):
                 continue
         keep.append((fn, a))
     return keep
@@ -212,6 +221,8 @@ for poll in range(opts["max_polls"]):
     except E:
         pass
     N.nvmlDeviceGetCount()
+    if opts.get("interval"):
+        time.sleep(opts["interval"])
 cpu = time.process_time() - cpu0
 print(json.dumps({"cpu_seconds": cpu, "polls": opts["max_polls"] - opts["measure_after"], "calls": counts}))
 '''
@@ -265,10 +276,11 @@ def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
     return r
 
 
-def worker_per_poll(env: dict[str, str], polls: int) -> float:
+def worker_per_poll(env: dict[str, str], polls: int, interval: float = 0.0) -> float:
     """CPU seconds per steady-state poll, measured by the worker itself (``measure_after``), run as the daemon
     runs it: same poll, JSON line to a pipe, resolver, event drain."""
-    opts = {"interval": 0.0, "top_n": TOP_N, "max_polls": WARMUP + polls, "measure_after": WARMUP}
+    warmup = WARMUP_APART if interval else WARMUP
+    opts = {"interval": interval, "top_n": TOP_N, "max_polls": warmup + polls, "measure_after": warmup}
     r = _run([sys.executable, "-m", WORKER_MODULE, json.dumps(opts)], env)
     m = MEASURED.search(r.stderr)
     if m is None:
@@ -276,8 +288,9 @@ def worker_per_poll(env: dict[str, str], polls: int) -> float:
     return float(m["cpu"]) / int(m["polls"])
 
 
-def bare_per_poll(env: dict[str, str], polls: int) -> float:
-    opts = {"max_polls": WARMUP + polls, "measure_after": WARMUP, "nvlinks": NVLINKS}
+def bare_per_poll(env: dict[str, str], polls: int, interval: float = 0.0) -> float:
+    warmup = WARMUP_APART if interval else WARMUP
+    opts = {"max_polls": warmup + polls, "measure_after": warmup, "nvlinks": NVLINKS, "interval": interval}
     r = _run([sys.executable, "-c", BARE, json.dumps(opts)], env)
     out = json.loads(r.stdout.splitlines()[-1])
     return float(out["cpu_seconds"]) / int(out["polls"])
@@ -302,26 +315,44 @@ def call_diff(env: dict[str, str]) -> dict[str, tuple[int, int]]:
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer polls and 2 pairs")
+    ap.add_argument("--interval", type=float, default=0.0,
+                    help="seconds between polls in both children (default 0: back to back). At 1, the daemon's "
+                         "default, each poll runs on cold caches, as it does in the daemon; the bare loop at that "
+                         "interval is the floor of any pynvml poller making these calls")
+    ap.add_argument("--polls", type=int, help="polls measured per child (default: per size; 20 with --interval)")
+    ap.add_argument("--pairs", type=int, help=f"worker/bare pairs per size (default {PAIRS}; 2 with --quick)")
+    ap.add_argument("--fleet", choices=("full", "footprint"), default="full",
+                    help="full: every reading (18 NVLinks, MIG, GPM); footprint: bench/footprint.py's fleet (PCIe "
+                         "GPUs without NVLink, MIG or GPM), to set beside its figures")
+    ap.add_argument("--sizes", default=",".join(f"{g}x{p}" for g, p, _ in SIZES),
+                    help="GPUs x processes, comma-separated (default: %(default)s)")
+    args = ap.parse_args()
+    quick, interval = args.quick, args.interval
+    wanted = args.sizes.split(",")
+    sizes = [(g, p, n) for g, p, n in SIZES if f"{g}x{p}" in wanted]
+    sizes += [(int(w.split("x")[0]), int(w.split("x")[1]), 150) for w in wanted
+              if w not in {f"{g}x{p}" for g, p, _ in SIZES}]
     libdir = build_standin()
     figures: dict[str, float] = {}
     worst = []
     with tempfile.TemporaryDirectory() as tmp:
-        for gpus, procs, polls in SIZES:
+        for gpus, procs, polls in sizes:
             tag = f"{gpus}x{procs}"
             state_path = Path(tmp) / f"state-{tag}"
-            write_state(state_path, bench_state(gpus, procs))
+            write_state(state_path, fleet_state(gpus, procs) if args.fleet == "footprint" else bench_state(gpus, procs))
             env = {**os.environ, "LD_LIBRARY_PATH": str(libdir), STATE_ENV: str(state_path), "PYTHONPATH": str(ROOT)}
             diff = call_diff(env)
             if diff:
                 raise SystemExit(f"{tag}: the bare loop does not make the worker's NVML calls "
                                  f"(symbol: (worker, bare)): {diff}")
-            n = max(polls // 10, 5) if quick else polls
-            pairs = 2 if quick else PAIRS
+            n = args.polls or (20 if interval else max(polls // 10, 5) if quick else polls)
+            pairs = args.pairs or (2 if quick else PAIRS)
             ratios, workers, bares = [], [], []
             for _ in range(pairs):
-                w = worker_per_poll(env, n)
-                b = bare_per_poll(env, n)
+                w = worker_per_poll(env, n, interval)
+                b = bare_per_poll(env, n, interval)
                 workers.append(w)
                 bares.append(b)
                 ratios.append(w / b)
@@ -335,7 +366,7 @@ def main() -> None:
             print(f"{tag}: same NVML calls per poll (traced); worker {figures[f'worker_ms_{tag}']:.3f} ms/poll, "
                   f"bare pynvml {figures[f'bare_ms_{tag}']:.3f} ms/poll (medians); ratio median {ratio:.3f} "
                   f"[min {min(ratios):.3f}, max {max(ratios):.3f}] over {pairs} interleaved pairs of "
-                  f"{n} polls after {WARMUP} warm-up", flush=True)
+                  f"{n} polls after {WARMUP_APART if interval else WARMUP} warm-up, {interval:g} s apart", flush=True)
     head = {"poll_ratio": max(worst)}
     print(" ".join(f"{k}={v:.3f}" for k, v in {**head, **figures}.items()))
 
