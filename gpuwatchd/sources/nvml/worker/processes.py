@@ -33,6 +33,7 @@ MISSING_RECHECK_SECONDS = 60.0
 # ``top_n`` 256 is 4,096), each is read every ceil(n / READS_PER_POLL) polls, at 1 s polling within the 5 s step
 # of the rule history; a host with fewer GPU processes kept has every one read at every poll.
 READS_PER_POLL = 1024
+_NONE_KEPT: frozenset[int] = frozenset()
 MAX_NAME_CHARS = 255  # NAME_MAX: argv[0] can be 128 KiB; its base name becomes a label value
 
 
@@ -144,6 +145,7 @@ def process_dicts_per_gpu(
 
 
 _NO_STATE: HostState = (None, None)
+_LIVE: HostState = (LIVE, None)
 
 
 def _dicts(top: Sequence[tuple[int, str, int | None]], infos: Mapping[int, ProcInfo],
@@ -180,7 +182,7 @@ class ProcResolver:
     def __init__(self, recheck: float = MISSING_RECHECK_SECONDS,
                  clock: Callable[[], float] = time.monotonic, *, host_namespace: bool | None = None,
                  proc_root: ProcRoot = "/proc") -> None:
-        # pid -> [psutil.Process, name, user, zombie at the last read, RSS at the last read]
+        # pid -> [psutil.Process, name, user, zombie at the last read, RSS at the last read, the facts resolved last]
         self._cache: dict[int, list[Any]] = {}
         self._missing: dict[int, float] = {}  # pid -> when to look it up again
         self._recheck = recheck
@@ -239,7 +241,7 @@ class ProcResolver:
                 if handles is not None:
                     handles.forget(pid)
                 with proc.oneshot():
-                    cached = self._cache[pid] = [proc, _name(proc), _user(proc), False, None]
+                    cached = self._cache[pid] = [proc, _name(proc), _user(proc), False, None, UNKNOWN]
             try:
                 rss = proc.memory_info().rss
                 cached[3] = rss == 0 and proc.status() == psutil.STATUS_ZOMBIE
@@ -285,24 +287,24 @@ class ProcResolver:
             fresh = handles.rss_of(pids if rounds <= 1 else [p for p in pids if p % rounds == turn])
         else:
             fresh = {}
+        kept = handles.kept() if handles is not None and rounds > 1 else _NONE_KEPT
         for pid in pids:
+            if pid in kept and pid % rounds != turn:  # not its turn: the facts of its last turn
+                out[pid] = cache[pid][5]
+                continue
             rss = fresh.get(pid)
             if rss:  # the kept process, alive (a zombie reads 0: _read looks at its status)
                 entry = cache[pid]
                 entry[3] = False
                 entry[4] = rss
-                out[pid] = (entry[1], entry[2], rss)
-                continue
-            if rss is None and rounds > 1 and pid % rounds != turn and handles is not None and pid in handles:
-                entry = cache[pid]  # not its turn: its facts of its last turn
-                out[pid] = (entry[1], entry[2], entry[4])
+                out[pid] = entry[5] = (entry[1], entry[2], rss)
                 continue
             got = self._read(pid)
             if got is None:
                 out[pid] = UNKNOWN
                 continue
             entry, rss = got
-            out[pid] = (entry[1], entry[2], rss)
+            out[pid] = entry[5] = (entry[1], entry[2], rss)
         wanted = set(pids)
         for gone in [p for p in self._cache if p not in wanted]:
             self._drop(gone)  # keep the cache bounded by the current top-N set
@@ -333,7 +335,7 @@ class ProcResolver:
                 state = ZOMBIE
             if state == LIVE:
                 since.pop(pid, None)
-                out[pid] = (LIVE, None)
+                out[pid] = _LIVE
             else:
                 out[pid] = (state, now - since.setdefault(pid, now))
         wanted = set(pids)

@@ -19,7 +19,7 @@ import contextlib
 import os
 import resource
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, KeysView
 
 # At most this many descriptors (every process 16 GPUs x top_n 256 keep), and never more than half the soft
 # descriptor limit: the worker's other descriptors are NVML's device files (a few per GPU), and a descriptor spent
@@ -62,6 +62,10 @@ class StatmHandles:
 
     def __contains__(self, pid: int) -> bool:
         return pid in self._fds
+
+    def kept(self) -> KeysView[int]:
+        """The pids with a descriptor, as a live view (membership tests in C: the resolver's per-pid loop)."""
+        return self._fds.keys()
 
     def open(self, pid: int) -> bool:
         """Keep a descriptor of the process that has ``pid`` now. False when it cannot be: the budget spent, no
