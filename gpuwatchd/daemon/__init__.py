@@ -28,6 +28,7 @@ from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.model import ConfigReload, DockChange, LinkChange, NvmlCounters
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.probes.service import ProbeService
+from gpuwatchd.rules import leak
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.rules.metrics import AlertsCollector
 from gpuwatchd.runtime.gc_tuning import freeze_survivors, keep_frozen
@@ -65,6 +66,8 @@ class Daemon(DataPath, Evaluation, Reload, HttpWiring):
         self._engine = RulesEngine(cfg.rules, host=cfg.host)
         self.history = HistoryFile(self.state_dir, self.store, self.clock)
         self.history.load()
+        if self.history.restored:
+            leak.prime(self.store, cfg.rules.leak.host_rss)  # the first evaluation reads only what came since
         self.registry.register(self.history.collector())
         self._dispatcher = Dispatcher(cfg.notify, state_dir=self.state_dir, clock=self.clock, host=cfg.host)
         self.probes = ProbeService(cfg, self.store, self.clock, self.state_dir, sim=self._probe_sim)

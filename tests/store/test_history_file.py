@@ -15,6 +15,7 @@ import yaml
 
 from gpuwatchd.config.loader import load_config
 from gpuwatchd.daemon import Daemon
+from gpuwatchd.rules import leak
 from gpuwatchd.runtime.clock import ManualClock
 from gpuwatchd.sim.standin_abi import STATE_ENV
 from gpuwatchd.sim.state import make_state
@@ -67,6 +68,12 @@ async def test_history_survives_a_restart_and_gone_pids_are_dropped(
     second = daemon_for(tmp_path, standin_libdir, path)
     await second.start()
     try:
+        # primed at the restore (rules.leak.prime), before any evaluation: the first one reads only what came since
+        # (the first daemon's evaluations left keys alike: the anchors must be points of this store's rings)
+        for key in ((uuid, 4242), (uuid, 4343)):
+            anchor = leak._FLAT._memo[key][0]
+            assert second.store.process_history_after(*key, anchor)[1]
+
         async def restored() -> bool:
             return second.store.latest is not None and second.history is not None and second.history.restored > 0
         await wait_for(restored, "a snapshot after the restore")

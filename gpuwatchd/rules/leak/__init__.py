@@ -398,6 +398,19 @@ HOST_RSS_DESCRIPTION = (
 _FLAT = FlatSeries()
 
 
+def prime(view: RuleView, host_rss: bool) -> int:
+    """Fold the history of every process series in ``view`` into the flat-series memo, once, at start after the
+    rule history was restored and before the daemon serves: the first evaluation then reads only the points since,
+    as every later one does. Without it the first evaluation after a restart read every series whole on the event
+    loop (at 16 GPUs x 256 processes with an hour of history, 345-700 ms, one scrape's wait). Returns the series
+    read; a series whose process is gone by the first snapshot is dropped from the memo at that evaluation."""
+    keys = view.process_keys()
+    for uuid, pid in keys:
+        _FLAT.flat(view, uuid, pid, host_rss)
+    _FLAT.done()
+    return len(keys)
+
+
 def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
     """Leak conditions for every present GPU and every process it lists."""
     cfg = config.leak

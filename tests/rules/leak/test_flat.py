@@ -85,3 +85,54 @@ def test_a_series_read_from_the_memo_turns_flat_and_back() -> None:
     assert not flat._memo  # two values settled: forgotten, read whole next time
     assert flat.flat(store, "GPU-no-such", 7, True)  # no history: nothing to judge
     assert not flat.flat(object(), gpu().uuid, 7, True)  # a view that cannot say: unsure
+
+
+class CountingReads:
+    """The store, counting the points ``process_history_after`` hands out (what the flat memo reads)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.points: dict[tuple[str, int], int] = {}
+
+    def process_history_after(self, uuid: str, pid: int, anchor: object) -> Any:
+        points, found, mutable = self._store.process_history_after(uuid, pid, anchor)
+        self.points[(uuid, pid)] = self.points.get((uuid, pid), 0) + len(points)
+        return points, found, mutable
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+@pytest.mark.parametrize("host_rss", [True, False])
+def test_a_primed_memo_after_a_restore_reads_only_what_came_since(host_rss: bool,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon primes the memo after restoring the rule history (rules.leak.prime): the first evaluation after a
+    restart then reads the points since, not every series whole, and says what a whole read says."""
+    config = validate(RulesConfig, {"leak": {"host_rss": host_rss, "window": "10m"}})
+    before = Store()
+    t = T0
+    while t <= T0 + 30 * 60:  # half an hour of history, as a save would have kept it
+        before.apply(_fleet(t))
+        t += 5.0
+    saved_procs = {k: before.process_history(*k) for k in before.process_keys()}
+    saved_gpus = {u: before.gpu_history(u) for u in before.gpu_keys()}
+
+    after = Store()  # the restarted daemon: the history restored, then its first polls
+    after.restore_history(saved_gpus, saved_procs)
+    monkeypatch.setattr(leak, "_FLAT", FlatSeries())
+    assert leak.prime(after, host_rss) == len(saved_procs)
+    for i in range(1, 4):
+        after.apply(_fleet(t + 5.0 * i))
+    now = t + 15.0
+    reads = CountingReads(after)
+    first = leak.conditions(reads, now, config)  # type: ignore[arg-type]
+    flat_series = set(leak._FLAT._memo)
+    assert len(flat_series) >= 2  # the flat processes were answered from the memo ...
+    assert all(reads.points[k] <= 4 for k in flat_series)  # ... from the points since the restore, not 360 each
+    monkeypatch.setattr(leak, "_FLAT", FlatSeries())
+    whole = leak.conditions(WholeReads(after), now, config)  # type: ignore[arg-type]
+    assert first == whole
+    cold = CountingReads(after)
+    monkeypatch.setattr(leak, "_FLAT", FlatSeries())
+    leak.conditions(cold, now, config)  # type: ignore[arg-type]
+    assert all(cold.points[k] > 300 for k in flat_series)  # without the prime: every flat series read whole
