@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -25,7 +26,7 @@ from gpuwatchd.model import Snapshot
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.state_files import StateFileError, read_bytes, set_aside
 from gpuwatchd.store import Store, persist
-from gpuwatchd.store.journal import Journal
+from gpuwatchd.store.journal import Journal, Mark
 
 MAX_FILE_BYTES = 64 * 1024 * 1024  # compressed; what it decompresses to is bounded by persist.MAX_BYTES
 # A file written afresh cuts the history into this many blocks by time, so it ages out a block at a time.
@@ -83,6 +84,15 @@ def _cut(path: Path, extents: list[_Extent], horizon: float) -> list[_Extent]:
     return extents[n:]
 
 
+def _saved(mark: Mark) -> list[Any]:
+    """The points a journal mark holds: its anchor (when it has one) and the points after it."""
+    return [mark.anchor, *mark.tail] if mark.anchor is not None else list(mark.tail)
+
+
+def _ends_with(rows: list[list[Any]], tail: list[list[Any]]) -> bool:
+    return len(rows) >= len(tail) and rows[len(rows) - len(tail):] == tail
+
+
 class HistoryFile:
     """``<state_dir>/rule-history.z`` for one daemon run."""
 
@@ -120,6 +130,29 @@ class HistoryFile:
         self.restored = persist.restore(self._store, hist, self._clock.now())
         self._pending_prune = True
         log.info("rule history: %d series restored from %s", self.restored, self.path)
+        self._adopt(hist, len(data))
+
+    def _adopt(self, hist: persist.History, size: int) -> None:
+        """Go on with the file just loaded as if this run had written it: its blocks become this run's, and the
+        journal's marks the rings as restored, so the first save appends what came since instead of writing the
+        file afresh (at 16 GPUs x 256 processes with an hour of history a full encode is 1.7-5 s of CPU and ~21 MB
+        written at every start). Only when the file is version 2 and loaded whole, and every restored ring ends
+        with the points the file's ring ends with (restoring drops points past now, from a clock that went back,
+        and sorts): otherwise the first save writes it afresh, as before. Rings restored and then pruned (gone by
+        the first snapshot) are listed as gone by that save; rings the file holds that were not restored (aged out)
+        go with their blocks."""
+        if hist.blocks is None or hist.torn is not None or size != len(persist.MAGIC) + sum(b for b, _ in hist.blocks):
+            return
+        delta = self._journal.collect(self._store, full=True)
+        for gpu_key, mark in delta.gpu_marks.items():
+            if not _ends_with(persist.gpu_rows(hist.gpus.get(gpu_key, ())), persist.gpu_rows(_saved(mark))):
+                return
+        for proc_key, pmark in delta.proc_marks.items():
+            if not _ends_with(persist.proc_rows(hist.procs.get(proc_key, ())), persist.proc_rows(_saved(pmark))):
+                return
+        self._journal.commit(delta)
+        self._extents = [_Extent(b, expires) for b, expires in hist.blocks]
+        self.saved_bytes = size
 
     def _load_failed(self, why: str) -> None:
         self.load_errors += 1

@@ -66,6 +66,8 @@ class History:
     gpus: dict[str, list[GpuPoint]] = field(default_factory=dict)
     procs: dict[tuple[str, int], list[ProcessPoint]] = field(default_factory=dict)
     torn: str | None = None  # what was dropped from the end of the file, cut short or damaged
+    # version 2: (bytes, expires) of each block loaded, as Block.size and Block.expires give them; None: version 1
+    blocks: list[tuple[int, float]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +129,11 @@ def encode(store: Store, now: float) -> bytes:
 _DUMPS = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _gpu_rows(pts: Iterable[GpuPoint]) -> list[list[Any]]:
+def gpu_rows(pts: Iterable[GpuPoint]) -> list[list[Any]]:
     return [[p.t, p.memory_used_bytes, p.memory_total_bytes, p.processes_memory_bytes] for p in pts]
 
 
-def _proc_rows(pts: Iterable[ProcessPoint]) -> list[list[Any]]:
+def proc_rows(pts: Iterable[ProcessPoint]) -> list[list[Any]]:
     return [[p.t, p.used_memory_bytes, p.host_rss_bytes] for p in pts]
 
 
@@ -184,8 +186,8 @@ def encode_delta(delta: Delta, now: float) -> Block:
         "saved_at": now,
         "gone_gpus": delta.gone_gpus,
         "gone_procs": [[u, pid] for u, pid in delta.gone_procs],
-        "gpus": [[g.key, g.drop, _gpu_rows(g.points)] for g in delta.gpus],
-        "procs": [[p.key[0], p.key[1], p.drop, _proc_rows(p.points)] for p in delta.procs],
+        "gpus": [[g.key, g.drop, gpu_rows(g.points)] for g in delta.gpus],
+        "procs": [[p.key[0], p.key[1], p.drop, proc_rows(p.points)] for p in delta.procs],
     }
     payload = zlib.compress(_DUMPS(doc).encode(), LEVEL)
     newest = max((*(_newest(g.points) for g in delta.gpus), *(_newest(p.points) for p in delta.procs)),
@@ -224,11 +226,11 @@ def encode_full(delta: Delta, now: float, width: float) -> list[Block]:
         return w
 
     for g in delta.gpus:
-        rows = _gpu_rows(g.points)
+        rows = gpu_rows(g.points)
         for i, (s, a, b) in enumerate(_runs([r[0] for r in rows], width)):
             writer(s).add(False, [g.key, None if i == 0 else 0, rows[a:b]], max(r[0] for r in rows[a:b]))
     for p in delta.procs:
-        prows = _proc_rows(p.points)
+        prows = proc_rows(p.points)
         for i, (s, a, b) in enumerate(_runs([r[0] for r in prows], width)):
             writer(s).add(True, [p.key[0], p.key[1], None if i == 0 else 0, prows[a:b]],
                           max(r[0] for r in prows[a:b]))
@@ -355,7 +357,10 @@ def _decode_log(data: bytes) -> History:
             raise HistoryError(f"more than {MAX_BLOCKS} blocks")
         used, doc = _inflate(payload, budget)
         budget -= used
-        hist = _apply_block(hist, doc)
+        hist, newest = _apply_block(hist, doc)
+        if hist.blocks is None:
+            hist.blocks = []
+        hist.blocks.append((FRAME.size + length, newest))
         pos += FRAME.size + length
     else:
         torn = None
@@ -373,8 +378,9 @@ def _drop(x: Any) -> int | None:
     return x
 
 
-def _apply_block(hist: History | None, doc: Any) -> History:
-    """Replay one block on the history so far (``_BlockWriter`` describes the layout)."""
+def _apply_block(hist: History | None, doc: Any) -> tuple[History, float]:
+    """Replay one block on the history so far (``_BlockWriter`` describes the layout); with the block's expiry as
+    the writer set it (its newest point's time, the save's if it has none)."""
     if not isinstance(doc, dict):
         raise HistoryError("block: not a mapping")
     saved_at = _num(doc.get("saved_at"), "saved_at")
@@ -382,6 +388,7 @@ def _apply_block(hist: History | None, doc: Any) -> History:
         hist = History(saved_at)
     hist.saved_at = saved_at
     gpus, procs = hist.gpus, hist.procs
+    newest = -math.inf
     for u in _list(doc.get("gone_gpus"), "gone_gpus", MAX_SERIES):
         gpus.pop(_str(u, "gone gpu"), None)
     for item in _list(doc.get("gone_procs"), "gone_procs", MAX_SERIES):
@@ -394,16 +401,20 @@ def _apply_block(hist: History | None, doc: Any) -> History:
         if len(entry) != 3:
             raise HistoryError("gpu: [uuid, drop, points] expected")
         uuid = _str(entry[0], "gpu")
-        _splice(gpus, uuid, _drop(entry[1]), _gpu_points(entry[2], f"gpu {uuid[:64]}"))
+        gpts = _gpu_points(entry[2], f"gpu {uuid[:64]}")
+        newest = max(newest, _newest(gpts))
+        _splice(gpus, uuid, _drop(entry[1]), gpts)
     for raw in _list(doc.get("procs"), "procs", MAX_SERIES):
         pentry = _list(raw, "process", 4)
         if len(pentry) != 4:
             raise HistoryError("process: [uuid, pid, drop, points] expected")
         key = (_str(pentry[0], "process"), _pid(pentry[1]))
-        _splice(procs, key, _drop(pentry[2]), _proc_points(pentry[3], f"process {key[1]}"))
+        ppts = _proc_points(pentry[3], f"process {key[1]}")
+        newest = max(newest, _newest(ppts))
+        _splice(procs, key, _drop(pentry[2]), ppts)
     if len(gpus) > MAX_SERIES or len(procs) > MAX_SERIES:
         raise HistoryError(f"more than {MAX_SERIES} series")
-    return hist
+    return hist, newest if newest > -math.inf else saved_at
 
 
 def _splice(rings: dict[Any, list[Any]], key: Any, drop: int | None, points: list[Any]) -> None:

@@ -307,3 +307,77 @@ async def test_a_file_near_the_load_limit_is_cut_at_every_block_that_aged_out(
         assert aged_out() == 0
     again, _ = restarted(tmp_path, clock)
     assert held(again) == held(store)
+
+
+def gpu_held(store: Store) -> dict[str, list[tuple[float, int | None]]]:
+    return {u: [(p.t, p.memory_used_bytes) for p in store.gpu_history(u)] for u in store.gpu_keys()}
+
+
+async def test_a_restart_goes_on_appending_to_the_file_it_loaded(tmp_path: Path) -> None:
+    """The file a restart loads whole is adopted (history_file._adopt): the first save appends what came since
+    (no full encode, no rewrite), lists the processes pruned at the first snapshot as gone, and a later restart
+    loads exactly what the store held; saves after it still append and cut as before."""
+    clock = ManualClock(T0)
+    store = Store(retention_seconds=RETENTION, step_seconds=5.0)
+    hf = HistoryFile(tmp_path, store, clock)
+    for minute in range(12):
+        polled(store, clock, 60, [1, 2, 3] if minute < 8 else [1, 2, 3, 4])
+        await hf.save()
+    await hf.save()
+    on_disk = hf.path.read_bytes()
+
+    clock.t += 20.0  # down for 20 s
+    again, hf2 = restarted(tmp_path, clock)
+    assert hf2._extents is not None and hf2.saved_bytes == len(on_disk)  # adopted
+    first = snap(clock.t + 1.0, with_processes(gpu(), [proc(p, GIB, rss=GIB) for p in (1, 2, 4)]))
+    hf2.on_snapshot(first)  # pid 3 is gone: pruned
+    again.apply(first)
+    clock.t += 1.0
+    polled(again, clock, 90, [1, 2, 4])
+    await hf2.save()
+    after = hf2.path.read_bytes()
+    assert after.startswith(on_disk) and len(after) > len(on_disk)  # appended, not written afresh
+    assert hf2.saved_bytes == len(after)
+    for _ in range(15):  # the retention turns over: the adopted blocks age out and are cut like any
+        polled(again, clock, 60, [1, 2, 4])
+        await hf2.save()
+    assert not hf2.path.read_bytes().startswith(on_disk[:len(persist.MAGIC) + 64])
+
+    third, hf3 = restarted(tmp_path, clock)
+    assert hf3.load_errors == 0
+    assert held(third) == held(again)  # pid 3's ring is gone from the file too
+    assert (UUID, 3) not in held(third)
+    assert gpu_held(third) == gpu_held(again)
+
+
+@pytest.mark.parametrize("why", ["torn", "past_now", "version_1"])
+async def test_a_file_that_cannot_be_continued_is_written_afresh_by_the_first_save(
+        tmp_path: Path, why: str) -> None:
+    """Not adopted: a file whose last block was cut short, one with points past the restarted daemon's clock
+    (restoring drops them, so the file's rings no longer end where the store's do), a version 1 file. The first
+    save writes the file afresh, and a restart loads what the store held."""
+    clock = ManualClock(T0)
+    store = Store(retention_seconds=RETENTION, step_seconds=5.0)
+    hf = HistoryFile(tmp_path, store, clock)
+    for _ in range(4):
+        polled(store, clock, 60, [1, 2])
+        await hf.save()
+    if why == "torn":
+        polled(store, clock, 60, [1, 2])
+        before = hf.path.read_bytes()
+        await hf.save()
+        whole = hf.path.read_bytes()
+        hf.path.write_bytes(whole[:len(before) + (len(whole) - len(before)) // 2])
+    elif why == "past_now":
+        clock.t -= 30.0  # the clock went back 30 s across the restart: the newest points are in its future
+    else:
+        hf.path.write_bytes(persist.encode(store, clock.t))  # written before the upgrade
+    on_disk = hf.path.read_bytes()
+    again, hf2 = restarted(tmp_path, clock)
+    assert hf2.restored > 0 and hf2._extents is None  # not adopted
+    clock.t += 40.0
+    polled(again, clock, 30, [1, 2])
+    await hf2.save()
+    assert not hf2.path.read_bytes().startswith(on_disk)  # written afresh
+    third, _ = restarted(tmp_path, clock)
+    assert held(third) == held(again)
