@@ -1,5 +1,7 @@
-"""The first rule-history save after a restart: the file written afresh (before) or the loaded file adopted and
-appended to (``HistoryFile._adopt``), at 16 GPUs x 256 processes with a full hour of history.
+"""A restart with a full hour of rule history at 16 GPUs x 256 processes: the load, and the first save after it,
+as before (the collector running through the load; the first save writing the file afresh) and as the daemon does
+now (the load under ``gc_tuning.paused(freeze=True)``; the loaded file adopted and appended to,
+``HistoryFile._adopt``).
 
     python bench/restart_save.py [--rounds 3]
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import shutil
 import statistics
 import sys
@@ -28,9 +31,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 from history_save import POINTS, STEP, Fleet  # noqa: E402
 
 from gpuwatchd.runtime.clock import ManualClock  # noqa: E402
-from gpuwatchd.runtime.gc_tuning import freeze_survivors, hold_full_collections  # noqa: E402
+from gpuwatchd.runtime.gc_tuning import freeze_survivors, hold_full_collections, paused  # noqa: E402
 from gpuwatchd.store import Store, persist  # noqa: E402
 from gpuwatchd.store.history_file import HistoryFile  # noqa: E402
+
+
+def fresh_start(thresholds: tuple[int, int, int]) -> None:
+    """The collector as a daemon has it when it loads the history at start: nothing frozen, the default
+    thresholds (``keep_frozen``, which holds full collections, starts after the load)."""
+    gc.unfreeze()
+    gc.collect()
+    gc.set_threshold(*thresholds)
 
 
 async def first_save(saved: Path, work: Path, fleet: Fleet, adopt: bool) -> tuple[float, float, int]:
@@ -43,13 +54,18 @@ async def first_save(saved: Path, work: Path, fleet: Fleet, adopt: bool) -> tupl
     store = Store(step_seconds=STEP)
     hf = HistoryFile(work, store, clock)
     c0 = time.process_time()
-    hf.load()
+    if adopt:
+        with paused(freeze=True):  # as Daemon.start loads it
+            hf.load()
+    else:
+        hf.load()
     load = time.process_time() - c0
     if not adopt:  # as before: the first save of a run writes the file afresh
         hf._extents = None
         hf._journal.reset()
     elif hf._extents is None:
         raise SystemExit("the saved file was not adopted")
+    hold_full_collections()  # from here on as the running daemon
     i = POINTS + 4
     first = fleet.snapshot(i)
     hf.on_snapshot(first)
@@ -70,22 +86,28 @@ async def first_save(saved: Path, work: Path, fleet: Fleet, adopt: bool) -> tupl
 
 async def main_async(rounds: int) -> None:
     fleet = Fleet(16, 256)
-    store = Store(step_seconds=STEP)
-    store.restore_history(*fleet.history())
-    freeze_survivors(2)
-    hold_full_collections()
+    defaults = gc.get_threshold()
     with tempfile.TemporaryDirectory() as tmp:
         saved = Path(tmp) / "saved"
         saved.mkdir()
+        store = Store(step_seconds=STEP)
+        store.restore_history(*fleet.history())
+        freeze_survivors(2)
+        hold_full_collections()
         await HistoryFile(saved, store, ManualClock(fleet.t(POINTS - 1))).save()
+        del store
+        fresh_start(defaults)
         got: dict[str, list[tuple[float, float, int]]] = {"afresh": [], "adopted": []}
         for _ in range(rounds):
             for mode in ("afresh", "adopted"):
                 got[mode].append(await first_save(saved, Path(tmp) / mode, fleet, mode == "adopted"))
+                fresh_start(defaults)
     med = {mode: [statistics.median(r[k] for r in rows) for k in range(3)] for mode, rows in got.items()}
     for mode, (load, save, written) in med.items():
-        print(f"{mode}: load {load:.2f} s, first save {save:.3f} s of CPU, {written / 1e6:.2f} MB written")
-    print(f"load_cpu_s={med['adopted'][0]:.3f} first_save_afresh_cpu_s={med['afresh'][1]:.3f} "
+        label = "before" if mode == "afresh" else "after"
+        print(f"{label}: load {load:.2f} s, first save {save:.3f} s of CPU, {written / 1e6:.2f} MB written")
+    print(f"load_before_cpu_s={med['afresh'][0]:.3f} load_after_cpu_s={med['adopted'][0]:.3f} "
+          f"first_save_afresh_cpu_s={med['afresh'][1]:.3f} "
           f"first_save_adopted_cpu_s={med['adopted'][1]:.3f} written_afresh_mb={med['afresh'][2] / 1e6:.2f} "
           f"written_adopted_mb={med['adopted'][2] / 1e6:.3f} ratio={med['adopted'][1] / med['afresh'][1]:.3f}")
 

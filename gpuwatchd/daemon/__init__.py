@@ -31,7 +31,7 @@ from gpuwatchd.probes.service import ProbeService
 from gpuwatchd.rules import leak
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.rules.metrics import AlertsCollector
-from gpuwatchd.runtime.gc_tuning import freeze_survivors, keep_frozen
+from gpuwatchd.runtime.gc_tuning import freeze_survivors, keep_frozen, paused
 from gpuwatchd.runtime.startup import DaemonError, ListenError, StateDirError, resolve_state_dir
 from gpuwatchd.sources.attribution.task import AttributionTask, socket_explicit
 from gpuwatchd.sources.kmsg.task import KernelLogTask
@@ -65,9 +65,10 @@ class Daemon(DataPath, Evaluation, Reload, HttpWiring):
         self.store.ingest(ConfigReload(True, self.clock.now()))
         self._engine = RulesEngine(cfg.rules, host=cfg.host)
         self.history = HistoryFile(self.state_dir, self.store, self.clock)
-        self.history.load()
-        if self.history.restored:
-            leak.prime(self.store, cfg.rules.leak.host_rss)  # the first evaluation reads only what came since
+        with paused(freeze=self._freeze_gc):  # millions of lasting, acyclic points: no collection walks them
+            self.history.load()
+            if self.history.restored:
+                leak.prime(self.store, cfg.rules.leak.host_rss)  # the first evaluation reads only what came since
         self.registry.register(self.history.collector())
         self._dispatcher = Dispatcher(cfg.notify, state_dir=self.state_dir, clock=self.clock, host=cfg.host)
         self.probes = ProbeService(cfg, self.store, self.clock, self.state_dir, sim=self._probe_sim)

@@ -38,8 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from gpuwatchd.model import Snapshot
-from gpuwatchd.store import GpuPoint, ProcessPoint, Store
+from gpuwatchd.store import GpuPoint, ProcessPoint, Store, _proc_point
 from gpuwatchd.store.journal import Delta
 
 log = logging.getLogger(__name__)
@@ -245,10 +247,13 @@ def _num(x: Any, what: str) -> float:
     return float(x)
 
 
+_MAX_BYTE_COUNT = 2**63
+
+
 def _bytes(x: Any, what: str) -> int | None:
     if x is None:
         return None
-    if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < 2**63:
+    if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < _MAX_BYTE_COUNT:
         raise HistoryError(f"{what}: not a byte count")
     return x
 
@@ -259,6 +264,9 @@ def _list(x: Any, what: str, limit: int) -> list[Any]:
     if len(x) > limit:
         raise HistoryError(f"{what}: {len(x)} entries, more than {limit}")
     return x
+
+
+_DECODE = msgspec.json.Decoder().decode
 
 
 def _inflate(data: bytes, limit: int) -> Any:
@@ -272,8 +280,9 @@ def _inflate(data: bytes, limit: int) -> Any:
             raise HistoryError("truncated")
         if z.unused_data:
             raise HistoryError("data after the end of a compressed document")
-        return len(raw), json.loads(raw)
-    except (zlib.error, ValueError, RecursionError) as e:
+        # msgspec's decoder (the config's library): ~3x json.loads on the 100+ MB an hour of 16 x 256 holds
+        return len(raw), _DECODE(raw)
+    except (zlib.error, ValueError, RecursionError, msgspec.MsgspecError) as e:
         if isinstance(e, HistoryError):
             raise
         raise HistoryError(f"not a history file ({type(e).__name__})") from None
@@ -291,8 +300,27 @@ def _gpu_points(items: Any, what: str) -> list[GpuPoint]:
 
 
 def _proc_points(items: Any, what: str) -> list[ProcessPoint]:
+    """The points of one process ring, each checked; the loop a restart runs ~3 M times at 16 x 256 with an hour
+    of history: plain rows are checked inline and built through the store's slot setters, and any row that is not
+    one sends the whole list to the checks that say what is wrong with it."""
+    rows = _list(items, what, MAX_POINTS)
+    out: list[ProcessPoint] = []
+    append = out.append
+    for row in rows:
+        if type(row) is not list or len(row) != 3:
+            return _proc_points_checked(rows)
+        t, used, rss = row
+        if type(t) is not float or t - t != 0.0 \
+                or not (used is None or (type(used) is int and 0 <= used < _MAX_BYTE_COUNT)) \
+                or not (rss is None or (type(rss) is int and 0 <= rss < _MAX_BYTE_COUNT)):
+            return _proc_points_checked(rows)  # an int time, a bool, a float count, out of range, not finite ...
+        append(_proc_point(t, used, rss))
+    return out
+
+
+def _proc_points_checked(items: list[Any]) -> list[ProcessPoint]:
     out = []
-    for item in _list(items, what, MAX_POINTS):
+    for item in items:
         row = _list(item, "process point", 3)
         if len(row) != 3:
             raise HistoryError("process point: 3 fields expected")

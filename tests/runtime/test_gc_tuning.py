@@ -53,3 +53,37 @@ def test_full_collections_are_held_and_run_by_keep_frozen() -> None:
     r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=False,
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+PAUSED = r"""
+import gc
+from gpuwatchd.runtime import gc_tuning
+
+runs = []
+gc.callbacks.append(lambda phase, info: runs.append(info["generation"]) if phase == "stop" else None)
+gc.collect()
+runs.clear()
+with gc_tuning.paused():
+    loaded = [[i, float(i), None] for i in range(200_000)]  # a bulk load: no collection walks it
+    assert not gc.isenabled()
+    during = list(runs)
+assert during == [], during
+assert gc.isenabled()  # as it was
+frozen = gc.get_freeze_count()
+runs.clear()
+with gc_tuning.paused(freeze=True):
+    more = [[i] for i in range(100_000)]
+    during = list(runs)
+assert gc.get_freeze_count() >= frozen + len(more) and during == [] and gc.isenabled()
+gc.disable()
+with gc_tuning.paused():
+    pass
+assert not gc.isenabled()  # a collector that was off stays off
+print("ok")
+"""
+
+
+def test_paused_runs_no_collection_and_restores_the_collector() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", PAUSED], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
