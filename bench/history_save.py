@@ -73,6 +73,14 @@ class Fleet:
                  for u in self.uuids for p in self.pids[u]}
         return gpus, procs
 
+    def minute(self, store: Store, clock: ManualClock, i: int) -> int:
+        """A minute of polls at the history step from point ``i`` (12 snapshots), the clock at the last; the next i."""
+        for _ in range(12):
+            store.apply(self.snapshot(i))
+            i += 1
+        clock.t = self.t(i - 1)
+        return i
+
     def snapshot(self, i: int) -> Snapshot:
         gpus = []
         for g, u in enumerate(self.uuids):
@@ -83,6 +91,14 @@ class Fleet:
                                   memory_total_bytes=80 * GIB, memory_used_bytes=used + 500 * MIB,
                                   processes=procs, processes_total=len(procs)))
         return Snapshot(timestamp=self.t(i), nvml_ok=True, gpus=tuple(gpus))
+
+
+async def timed_save(hf: HistoryFile) -> float:
+    """CPU seconds of one save (its thread included), after a young collection as the daemon's freezer leaves it."""
+    freeze_survivors(2)
+    c0 = time.process_time()
+    await hf.save()
+    return time.process_time() - c0
 
 
 class TimedJournal(Journal):
@@ -138,14 +154,8 @@ async def run(name: str, gpus: int, procs: int, rounds: int, old_every: int) -> 
         cuts: list[float] = []  # the saves that cut off aged-out blocks (a copy of the file)
         old_bytes = 0
         for r in range(rounds):
-            for _ in range(12):
-                store.apply(fleet.snapshot(i))
-                i += 1
-            clock.t = fleet.t(i - 1)
-            freeze_survivors(2)
-            c0 = time.process_time()
-            await hf.save()
-            new.append(time.process_time() - c0)
+            i = fleet.minute(store, clock, i)
+            new.append(await timed_save(hf))
             if sizes_new and hf.saved_bytes < sizes_new[-1]:
                 cuts.append(new[-1])
             sizes_new.append(hf.saved_bytes)

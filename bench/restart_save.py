@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from history_save import POINTS, STEP, Fleet  # noqa: E402
+from history_save import POINTS, STEP, Fleet, timed_save  # noqa: E402
 
 from gpuwatchd.runtime.clock import ManualClock  # noqa: E402
 from gpuwatchd.runtime.gc_tuning import freeze_survivors, hold_full_collections, paused  # noqa: E402
@@ -69,14 +69,8 @@ async def first_save(saved: Path, work: Path, fleet: Fleet, adopt: bool) -> tupl
     i = POINTS + 4
     first = fleet.snapshot(i)
     hf.on_snapshot(first)
-    for _ in range(12):
-        store.apply(fleet.snapshot(i))
-        i += 1
-    clock.t = fleet.t(i - 1)
-    freeze_survivors(2)
-    c0 = time.process_time()
-    await hf.save()
-    save = time.process_time() - c0
+    fleet.minute(store, clock, i)
+    save = await timed_save(hf)
     after = (work / persist.FILE_NAME).stat().st_size
     written = after - before if adopt else after
     if hf.save_errors:
