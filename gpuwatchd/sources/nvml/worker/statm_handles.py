@@ -51,8 +51,8 @@ def _close_all(fds: dict[int, int]) -> None:
 class StatmHandles:
     """``pid -> descriptor of /proc/PID/statm`` for the processes the resolver keeps, within a budget."""
 
-    def __init__(self, proc_root: str = "/proc", limit: int | None = None) -> None:
-        self._root = proc_root
+    def __init__(self, limit: int | None = None) -> None:
+        """Descriptors of the host's ``/proc`` only: a written tree's files would not fail once a process is reaped."""
         self._limit = _budget() if limit is None else limit
         self._fds: dict[int, int] = {}
         weakref.finalize(self, _close_all, self._fds)  # a resolver dropped without close() (tests) frees its fds
@@ -76,7 +76,7 @@ class StatmHandles:
         if len(self._fds) >= self._limit:
             return False
         try:
-            fd = os.open(f"{self._root}/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:  # ENOENT: gone; EACCES: a hardened /proc; EMFILE/ENFILE: none to spare now
             return False
         self._fds[pid] = fd
