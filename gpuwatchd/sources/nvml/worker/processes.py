@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
-from gpuwatchd.sources.nvml.worker.statm_handles import StatmHandles
+from gpuwatchd.sources.nvml.worker.proc_dirs import ProcDirs
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
 if TYPE_CHECKING:
@@ -167,10 +167,10 @@ class ProcResolver:
     reused pid is not mistaken for the process it replaced.
 
     A pid with no process here is remembered as missing (negative cache) and looked up again only after
-    ``recheck`` seconds; both caches are bounded by the pids of the last call. Each poll, per kept process: its RSS
-    from a kept ``/proc/PID/statm`` descriptor where it has one (a read that answers is the same process: the
-    descriptor fails once its process is reaped, and only then can the pid be reused), else through psutil, with
-    psutil's pid-reuse check (a fresh :class:`psutil.Process` compared with the cached one, as
+    ``recheck`` seconds; both caches are bounded by the pids of the last call. Each poll, per kept process: its
+    RSS from ``statm`` in a kept ``/proc/PID`` directory descriptor where it has one (a read that answers is the
+    same process: the open fails once its process is reaped, and only then can the pid be reused), else through
+    psutil, with psutil's pid-reuse check (a fresh :class:`psutil.Process` compared with the cached one, as
     :meth:`psutil.Process.is_running` does: the start time read again; the cached ``create_time()`` cannot tell), a
     changed one being a new process whose name and user are read again; and its status (zombie) only when the RSS is
     0 (:meth:`_read`). :meth:`close` releases the descriptors.
@@ -189,11 +189,11 @@ class ProcResolver:
         self._clock = clock
         root = os.fspath(proc_root)
         # A kept descriptor names its process only in a real procfs: not in a written /proc tree (tests)
-        self._handles: StatmHandles | None = None
+        self._handles: ProcDirs | None = None
         if os.path.normpath(root) != "/proc":
             psutil.PROCFS_PATH = root
         else:
-            self._handles = StatmHandles()
+            self._handles = ProcDirs()
         # Decided once: a worker does not change pid namespace. None: look at /proc/self/ns/pid.
         self.host_namespace = in_host_pid_namespace(proc_root) if host_namespace is None else host_namespace
         self._since: dict[int, float] = {}  # pid -> clock() when first seen not live
@@ -204,14 +204,14 @@ class ProcResolver:
         """The cache entry of ``pid`` (a new one when the pid is new or was reused) with its zombie flag refreshed,
         and its RSS; None when unknown.
 
-        A process with a kept ``statm`` descriptor (:mod:`~gpuwatchd.sources.nvml.worker.statm_handles`) that reads
-        is the cached one (a reaped process' descriptor fails, and its pid is reused only after that): one
-        ``pread``. Any other known pid takes two reads through psutil: a fresh ``psutil.Process`` (its start time,
-        from ``stat``; equal to the cached one exactly when the pid was not reused: psutil's own ``is_running``
-        check) and ``memory_info``. The status is read only for an RSS of 0: a zombie has released its memory
-        (``exit_mm`` comes before the exit notification), so every zombie reads 0, and a process holding any page
-        is no zombie. It was three reads per pid (``is_running``, then ``status`` and ``memory_info`` in a
-        ``oneshot``): ~30 us per pid, then ~7 with pidfds, ~1 with the descriptor (docs/performance.md)."""
+        A process with a kept ``/proc/PID`` descriptor (:mod:`~gpuwatchd.sources.nvml.worker.proc_dirs`) whose
+        ``statm`` reads is the cached one (a reaped process' directory fails, and its pid is reused only after that):
+        one ``openat`` and read. Any other known pid takes two reads through psutil: a fresh ``psutil.Process`` (its
+        start time, from ``stat``; equal to the cached one exactly when the pid was not reused: psutil's own
+        ``is_running`` check) and ``memory_info``. The status is read only for an RSS of 0: a zombie has released its
+        memory (``exit_mm`` comes before the exit notification), so every zombie reads 0, and a process holding any
+        page is no zombie. It was three reads per pid (``is_running``, then ``status`` and ``memory_info`` in a
+        ``oneshot``): ~30 us per pid, then ~7 with pidfds, ~2 with the directory (docs/performance.md)."""
         cached = self._cache.get(pid)
         handles = self._handles
         rss: int | None

@@ -347,16 +347,16 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-@pytest.mark.parametrize("handles", [True, False], ids=["statm-handles", "psutil"])
+@pytest.mark.parametrize("handles", [True, False], ids=["proc-dirs", "psutil"])
 def test_exits_of_real_processes_with_and_without_kept_descriptors(handles: bool,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Cached processes are read through a kept statm descriptor (statm_handles): one that exits reads as a zombie
+    """Cached processes are read through a kept /proc/PID descriptor (proc_dirs): one that exits reads as a zombie
     through it, then, reaped, loses it and is gone; a pid no longer reported is released, and close() frees every
     descriptor. Without descriptors (budget 0: the soft limit spent) psutil's reads give the same answers."""
-    from gpuwatchd.sources.nvml.worker import statm_handles
+    from gpuwatchd.sources.nvml.worker import proc_dirs
 
     if not handles:
-        monkeypatch.setattr(statm_handles, "MAX_HANDLES", 0)
+        monkeypatch.setattr(proc_dirs, "MAX_DIRS", 0)
     fds_before = _open_fds()
     resolver = ProcResolver(host_namespace=True)
     watch = resolver._handles

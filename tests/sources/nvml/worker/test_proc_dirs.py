@@ -1,4 +1,5 @@
-"""Kept-open /proc/PID/statm descriptors: psutil's RSS, a zombie's zeros, a reaped process' failure, the budget."""
+"""Kept-open /proc/PID directories: psutil's RSS from their statm, a zombie's zeros, a reaped process' failure,
+the budget."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuwatchd.sources.nvml.worker import statm_handles
-from gpuwatchd.sources.nvml.worker.statm_handles import StatmHandles
+from gpuwatchd.sources.nvml.worker import proc_dirs
+from gpuwatchd.sources.nvml.worker.proc_dirs import ProcDirs
 
 
 def _child() -> subprocess.Popen[bytes]:
@@ -21,7 +22,7 @@ def _child() -> subprocess.Popen[bytes]:
                              "c = bytearray(30 << 20); sys.stdin.read()"], stdin=subprocess.PIPE)
 
 
-def _settled_rss(proc: psutil.Process, handles: StatmHandles, pid: int) -> tuple[int | None, int]:
+def _settled_rss(proc: psutil.Process, handles: ProcDirs, pid: int) -> tuple[int | None, int]:
     """The descriptor's RSS and psutil's, read back to back until they agree twice (the child may be growing)."""
     last = (None, -1)
     for _ in range(200):
@@ -37,7 +38,7 @@ def test_rss_is_psutils_and_follows_the_process() -> None:
     child = _child()
     assert child.stdin is not None
     try:
-        handles = StatmHandles()
+        handles = ProcDirs()
         assert handles.open(child.pid)
         proc = psutil.Process(child.pid)
         mine, theirs = _settled_rss(proc, handles, child.pid)
@@ -59,7 +60,7 @@ def test_rss_is_psutils_and_follows_the_process() -> None:
 
 def test_a_zombie_reads_zero_and_a_reaped_process_fails_and_is_released() -> None:
     child = _child()
-    handles = StatmHandles()
+    handles = ProcDirs()
     assert handles.open(child.pid)
     before = len(os.listdir("/proc/self/fd"))
     child.kill()
@@ -78,7 +79,7 @@ def test_a_zombie_reads_zero_and_a_reaped_process_fails_and_is_released() -> Non
 
 
 def test_no_such_process_and_no_descriptor() -> None:
-    handles = StatmHandles()
+    handles = ProcDirs()
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     assert not handles.open(pid_max + 1)  # no such pid
     assert handles.rss(os.getpid()) is None  # never opened
@@ -89,12 +90,12 @@ def test_the_budget_is_half_the_soft_limit_and_at_most_max_handles(monkeypatch: 
     import resource
 
     monkeypatch.setattr(resource, "getrlimit", lambda _: (64, 1 << 20))
-    assert statm_handles._budget() == 32
+    assert proc_dirs._budget() == 32
     monkeypatch.setattr(resource, "getrlimit", lambda _: (1 << 20, 1 << 20))
-    assert statm_handles._budget() == statm_handles.MAX_HANDLES
+    assert proc_dirs._budget() == proc_dirs.MAX_DIRS
     monkeypatch.setattr(resource, "getrlimit", lambda _: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-    assert statm_handles._budget() == statm_handles.MAX_HANDLES
-    handles = StatmHandles(limit=1)
+    assert proc_dirs._budget() == proc_dirs.MAX_DIRS
+    handles = ProcDirs(limit=1)
     me = os.getpid()
     assert handles.open(me)
     assert handles.open(me)  # already kept: no second descriptor
