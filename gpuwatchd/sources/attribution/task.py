@@ -76,6 +76,9 @@ class AttributionTask:
         # container id -> (namespace, pod, container) once known: a container never changes pods, so its owner
         # outlives a kubelet outage or restart (alerts keep their labels instead of resolving and re-firing)
         self._pod_of: dict[str, tuple[str, str, str]] = {}
+        # Set when a resolve taught _pod_of a container's pod: a process of that container listed before the one
+        # that taught it did not get it in that pass, so the owners are made again at the next resolve.
+        self._pod_of_learned = False
         self.pods: tuple[GpuPod, ...] = ()
         self._pods_by_uuid: dict[str, list[GpuPod]] = {}
         self.jobs: dict[int, tuple[str, ...]] = {}
@@ -264,6 +267,7 @@ class AttributionTask:
             self._rereads = 0  # done: the owners are made again from what was read, as a resolve would have
         owners: dict[tuple[str, int], ProcessOwner] = {}
         index_by_uuid = {g.uuid: g.index for g in snap.gpus}
+        self._pod_of_learned = False
         pids: set[int] = set()
         for g in snap.gpus:
             for p in g.processes:
@@ -281,7 +285,9 @@ class AttributionTask:
             del self._pod_of[cid]
         if last is not None and owners == last[2]:
             owners = last[2]  # the same object: the /metrics collector reuses the per-process families while it is
-        self._last = (self._inputs, layout, owners)
+        # Owners made while _pod_of was still learning may lack a pod a later process taught it: not reused as they
+        # are (the fast path would keep them), made again at the next resolve.
+        self._last = (self._inputs, layout, owners) if not self._pod_of_learned else None
         self._recheck_at = min((c[0] for c in self._cgroups.values()), default=now) + CGROUP_RECHECK_SECONDS
         return Attribution(timestamp=snap.timestamp, owners=owners, pods=self.pods, errors=dict(self.errors))
 
@@ -319,7 +325,10 @@ class AttributionTask:
                 namespace, pod, container = cands[0].namespace, cands[0].pod, cands[0].container
         if c.container_id is not None:
             if pod is not None and namespace is not None:
-                self._pod_of[c.container_id] = (namespace, pod, container or "")
+                known = (namespace, pod, container or "")
+                if self._pod_of.get(c.container_id) != known:
+                    self._pod_of[c.container_id] = known
+                    self._pod_of_learned = True
             elif c.container_id in self._pod_of:
                 namespace, pod, container = self._pod_of[c.container_id]
                 container = container or None

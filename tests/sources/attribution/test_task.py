@@ -250,3 +250,25 @@ def test_rereads_that_find_nothing_new_keep_the_owners_a_full_resolve_would_make
             place(rng.choice(pids))
         now += rng.choice([0.5, 1.0, 1.0, 2.0, 7.0])
     assert fast_paths > 10  # the path under test was taken
+
+
+def test_a_pod_learned_from_a_later_process_reaches_the_earlier_ones_at_the_next_resolve(tree: Path) -> None:
+    # Process 101 shares a container (no runtime files) with 100. 101 is listed first, on a GPU two pods share, so
+    # it gets no pod of its own; 100, on a GPU one pod holds, then teaches the container's pod. The pass that learned
+    # it is not reused as it is: the next resolve (nothing due, the same pids) gives 101 the pod too, and every
+    # resolve after keeps it (found by review: the re-read fast path kept 101 without it for good).
+    from gpuwatchd.model import GpuPod
+
+    _proc(tree / "proc", 101, KUBE_A.format(u="7d3a5c1e_2b4f_4c6d_8e9f_0a1b2c3d4e5f", c=CID))
+    snap = _snap((G1, 0, [101]), (G0, 1, [100]))
+    pods = (GpuPod(G0, "ml", "trainer-0", "trainer"), GpuPod(G1, "ml", "notebook-a", "jupyter"),
+            GpuPod(G1, "research", "notebook-b", "jupyter"))
+    task = AttributionTask(_cfg(tree))
+    task._set_pods(pods)
+    first = task.resolve(snap, now=0.0)
+    assert first.owners[(G0, 100)].pod == "trainer-0"
+    for now in (1.0, 2.0, 31.0, 62.0, 200.0):
+        owners = task.resolve(snap, now=now).owners
+        assert owners[(G1, 101)].pod == "trainer-0", now
+        assert owners[(G1, 101)].namespace == "ml"
+    assert task.resolve(snap, now=201.0).owners is owners  # settled: reused again
