@@ -56,6 +56,8 @@ def paused(*, freeze: bool = False) -> Iterator[None]:
     its decoding took, bench/restart_save.py). A cycle made in the block is found by the next collection, or, once
     frozen, never: the block must make none that becomes garbage."""
     was = gc.isenabled()
+    if freeze:
+        gc.collect(1)  # as freeze_survivors: young garbage (a cycle from the imports, say) is not frozen for good
     gc.disable()
     try:
         yield

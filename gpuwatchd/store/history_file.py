@@ -89,8 +89,14 @@ def _saved(mark: Mark) -> list[Any]:
     return [mark.anchor, *mark.tail] if mark.anchor is not None else list(mark.tail)
 
 
-def _ends_with(rows: list[list[Any]], tail: list[list[Any]]) -> bool:
-    return len(rows) >= len(tail) and rows[len(rows) - len(tail):] == tail
+def _last(points: Sequence[Any], n: int) -> Sequence[Any]:
+    """The newest ``n`` points (a ring's rows are compared at its end only: 3 M points at 16 x 256)."""
+    return points[len(points) - n:] if n <= len(points) else points
+
+
+def _ends_with(tail_rows: list[list[Any]], ring_len: int, saved: list[list[Any]]) -> bool:
+    """Whether a ring of ``ring_len`` points whose newest rows are ``tail_rows`` ends with the rows ``saved``."""
+    return ring_len >= len(saved) and tail_rows == saved
 
 
 class HistoryFile:
@@ -145,10 +151,12 @@ class HistoryFile:
             return
         delta = self._journal.collect(self._store, full=True)
         for gpu_key, mark in delta.gpu_marks.items():
-            if not _ends_with(persist.gpu_rows(hist.gpus.get(gpu_key, ())), persist.gpu_rows(_saved(mark))):
+            saved, gring = _saved(mark), hist.gpus.get(gpu_key, [])
+            if not _ends_with(persist.gpu_rows(_last(gring, len(saved))), len(gring), persist.gpu_rows(saved)):
                 return
         for proc_key, pmark in delta.proc_marks.items():
-            if not _ends_with(persist.proc_rows(hist.procs.get(proc_key, ())), persist.proc_rows(_saved(pmark))):
+            psaved, pring = _saved(pmark), hist.procs.get(proc_key, [])
+            if not _ends_with(persist.proc_rows(_last(pring, len(psaved))), len(pring), persist.proc_rows(psaved)):
                 return
         self._journal.commit(delta)
         self._extents = [_Extent(b, expires) for b, expires in hist.blocks]

@@ -72,8 +72,10 @@ assert gc.isenabled()  # as it was
 frozen = gc.get_freeze_count()
 runs.clear()
 with gc_tuning.paused(freeze=True):
+    before = list(runs)  # a young collection first, so young garbage is not frozen for good
     more = [[i] for i in range(100_000)]
-    during = list(runs)
+    during = runs[len(before):]
+assert before == [1], before
 assert gc.get_freeze_count() >= frozen + len(more) and during == [] and gc.isenabled()
 gc.disable()
 with gc_tuning.paused():
