@@ -100,8 +100,8 @@ class Daemon(DataPath, Evaluation, Reload, HttpWiring):
             worker_module=self._worker_module,
         )
         self._spawn(self._supervisor.run(), SUPERVISOR_TASK)
-        self._spawn(watch_docks(lambda: self.config, self.clock, lambda docks: self.store.ingest(DockChange(docks))),
-                    "thunderbolt watch")
+        self._spawn(watch_docks(lambda: self.config, self.clock, lambda docks: self.store.ingest(DockChange(docks)),
+                                beat=self._supervisor.beat), "thunderbolt watch")
         if cfg.kernel_log.enabled:
             self.kernel_log = KernelLogTask(cfg.kernel_log, self.store, clock=self.clock, state_dir=self.state_dir,
                                             sysfs_root=cfg.sysfs.root, on_event=self._wakeup.set,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuwatchd.model import LinkSample
+from gpuwatchd.runtime.beat import Beat, next_turn
 from gpuwatchd.sources.sysfs.pcie import PciScanCache, SysfsUnreadable, nvidia_devices, read_links
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,11 @@ MIN_PERIOD_SECONDS = 0.1
 
 
 class SysfsWatch:
-    """Scans ``<root>/bus/pci/devices`` every ``period()`` real seconds (at least :data:`MIN_PERIOD_SECONDS`)."""
+    """Scans ``<root>/bus/pci/devices`` every ``period()`` real seconds (at least :data:`MIN_PERIOD_SECONDS`).
+
+    With a ``beat`` (the supervisor's, fired after each worker line) a scan runs on the beat, in the line's wake-up,
+    and on its own ``period()`` x 1.1 after the last one when no line comes (``runtime/beat.next_turn``).
+    """
 
     def __init__(
         self,
@@ -30,11 +35,13 @@ class SysfsWatch:
         period: Callable[[], float],
         on_change: Callable[[str], None],
         on_links: Callable[[list[LinkSample]], object] | None = None,
+        beat: Beat | None = None,
     ) -> None:
         self._root = root
         self._period = period
         self._on_change = on_change
         self._on_links = on_links
+        self._beat = beat
         self.seen: set[str] = set()
         self.bus_ids: list[str] = []  # the GPUs of the last snapshot, by PCI bus id: whose links to read
         self.unreadable = 0  # scans skipped because sysfs could not be read (EMFILE, EIO): state unknown
@@ -57,8 +64,11 @@ class SysfsWatch:
 
     async def run(self) -> None:
         """Until cancelled."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
         while True:
-            await asyncio.sleep(max(self._period(), MIN_PERIOD_SECONDS))
+            await next_turn(self._beat, self._period(), MIN_PERIOD_SECONDS, last)
+            last = loop.time()
             root = self._root()
             try:
                 current = nvidia_devices(root, self._scan_cache)

@@ -41,6 +41,7 @@ from typing import Any
 
 from gpuwatchd.config.loader import NvmlConfig, ProcessesConfig, SysfsConfig
 from gpuwatchd.model import LinkSample, Snapshot
+from gpuwatchd.runtime.beat import Beat
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.runtime.waits import within
 from gpuwatchd.sources.nvml import worker_process
@@ -133,8 +134,10 @@ class NvmlSupervisor:
         self._failing: str | None = None  # the reason of the failure episode logged at WARNING (not hangs)
         self._failures = 0  # failed workers in that episode
         self._stderr = StderrRelay()
+        # Fired after each line reached on_snapshot: the sysfs watches ride on it (runtime/beat.py).
+        self.beat = Beat()
         self._sysfs = SysfsWatch(lambda: self.sysfs.root, lambda: self._real(self.nvml.poll_interval),
-                                 self.request_restart, on_links)
+                                 self.request_restart, on_links, beat=self.beat)
         self._last_line_at = 0.0  # loop time of the last stdout line from the current worker
 
     @property
@@ -342,6 +345,7 @@ class NvmlSupervisor:
                     self.last_error = None
                     self._healthy(snap, delivered)
                 self.on_snapshot(snap)
+                self.beat.fire()
                 deadline = now + interval + hang_after
                 late_at = now + interval + late_slack
         finally:

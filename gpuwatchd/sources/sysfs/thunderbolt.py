@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwatchd.model import DockSample
+from gpuwatchd.runtime.beat import Beat, next_turn
 from gpuwatchd.sources.sysfs.pcie import (
     GONE_ERRNOS,
     PCI_DEVICES,
@@ -172,16 +173,21 @@ def read_docks(root: Path, gpu_bus_ids: Iterable[str] | None = None, *, strict: 
 
 
 async def watch_docks(
-    config: Callable[[], Config], clock: Clock, on_docks: Callable[[tuple[DockSample, ...]], object]
+    config: Callable[[], Config], clock: Clock, on_docks: Callable[[tuple[DockSample, ...]], object],
+    beat: Beat | None = None,
 ) -> None:
     """Read the docks every poll interval (``sysfs.root`` and the interval follow config reloads) until cancelled.
 
     Polled like the PCI tree's hot-plug scan: authorization and link training change without a PCI event, and a
-    handful of small sysfs reads per interval costs nothing.
+    handful of small sysfs reads per interval costs nothing. With a ``beat`` (the NVML supervisor's, fired after
+    each worker line) the reads run on it, in that line's wake-up, and on their own 1.1 intervals after the last
+    read when no line comes (``runtime/beat.next_turn``): the watch's own wake-up cost more than its reads.
     """
     unreadable = False
     pci_cache = PciScanCache()
+    loop = asyncio.get_running_loop()
     while True:
+        last = loop.time()
         cfg = config()
         try:
             on_docks(read_docks(cfg.sysfs.root, strict=True, pci_cache=pci_cache))
@@ -192,4 +198,4 @@ async def watch_docks(
             unreadable = True
         except Exception:  # a reader bug must not end the watch (the daemon stops when a core task dies)
             log.exception("reading Thunderbolt devices under %s failed", cfg.sysfs.root)
-        await asyncio.sleep(max(cfg.nvml.poll_interval / clock.speed, WATCH_MIN_SECONDS))
+        await next_turn(beat, config().nvml.poll_interval / clock.speed, WATCH_MIN_SECONDS, last)

@@ -225,6 +225,21 @@ async def test_egpu_unplug_scenario(standin_libdir: Path, write_sim_state: State
     assert any(link.pci_bus_id == "0000:41:00.0" and link.current_width == 4 for ls in h.links for link in ls)
 
 
+async def test_links_are_read_on_the_beat_of_each_line(standin_libdir: Path, write_sim_state: StateWriter,
+                                                      tmp_path: Path) -> None:
+    """The hot-plug scan and the links ride on the worker's lines (runtime/beat.py): each line fires the beat,
+    and a scan follows it in that wake-up. With a two-minute poll interval, the first line (at the worker's start)
+    is the only thing that can bring a scan within the test: the scan's own timer is 132 s away."""
+    st = make_state(1)
+    plug(tmp_path, "0000:0c:00.0")
+    async with Harness(fast_nvml(standin_libdir, poll_interval=120.0), write_sim_state(st), tmp_path) as h:
+        await h.next_snapshot()
+        await h.until(lambda: bool(h.links), "the links read after the first line")
+        fired = h.sup.beat.fired
+    assert fired >= 1 and len(h.snaps) >= 1
+    assert [(link.pci_bus_id, link.current_width) for link in h.links[0]] == [("0000:0c:00.0", 4)]
+
+
 async def test_device_count_change_seen_by_fresh_worker(standin_libdir: Path, write_sim_state: StateWriter,
                                                         tmp_path: Path) -> None:
     plug(tmp_path, "0000:0c:00.0")

@@ -9,6 +9,7 @@ from typing import Any
 from gpuwatchd.config.loader import Config, SysfsConfig
 from gpuwatchd.config.types import replace
 from gpuwatchd.model import DockSample
+from gpuwatchd.runtime.beat import Beat
 from gpuwatchd.runtime.clock import RealClock
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.state import make_state
@@ -108,3 +109,26 @@ async def test_watch_reports_the_docks_every_interval(tmp_path: Path) -> None:
     finally:
         task.cancel()
     assert [d.unique_id for d in seen[-1]] == ["uid-1"]
+
+
+async def test_watch_reads_on_the_beat_of_the_nvml_lines(tmp_path: Path) -> None:
+    """With the supervisor's beat, a read follows each worker line (in its wake-up) instead of a timer of its own:
+    with a two-minute poll interval, only the beat can bring the second read within the test."""
+    mirror_sysfs(tmp_path, _state([_dock("0-1", "uid-1", [])], n=1))
+    cfg = replace(Config(), sysfs=SysfsConfig(root=tmp_path), nvml=replace(Config().nvml, poll_interval=120.0))
+    seen: list[tuple[DockSample, ...]] = []
+    beat = Beat()
+    task = asyncio.create_task(watch_docks(lambda: cfg, RealClock(), seen.append, beat=beat))
+
+    async def reads(n: int) -> None:
+        while len(seen) < n:
+            await asyncio.sleep(0.01)
+
+    try:
+        await asyncio.wait_for(reads(1), 30)  # at start, as always
+        for n in (2, 3):
+            beat.fire()
+            await asyncio.wait_for(reads(n), 30)
+    finally:
+        task.cancel()
+    assert len(seen) == 3 and [d.unique_id for d in seen[-1]] == ["uid-1"]
