@@ -1,6 +1,7 @@
 """CPU of the daemon and its NVML worker, this tree beside a baseline tree, on one live fleet at the same time.
 
     python bench/cpu_pair.py --baseline /path/to/other/checkout [--gpus 16 --procs 256 --top-n 256] [--rounds 3]
+        [--pci-tree]
 
 Both daemons run together against the same stand-in fleet of real processes (``footprint.fleet``), with 1 s
 polling, so the machine's load and the state of its caches hit both alike; each round starts them in the other
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from footprint import Daemon, compile_tree, fleet  # noqa: E402
+from footprint import Daemon, add_pci_tree_option, compile_tree, fleet, sysfs_root  # noqa: E402
 
 from gpuwatchd.sim.build import build_standin  # noqa: E402
 from gpuwatchd.sim.state import write_state  # noqa: E402
@@ -60,6 +61,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--settle-seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
+    add_pci_tree_option(ap)
     args = ap.parse_args()
 
     trees = {"this": ROOT, "base": args.baseline.resolve()}
@@ -73,7 +75,7 @@ def main() -> int:
         state_path = tmp / "sim-state"
         write_state(state_path, state)
         config: dict[str, object] = {"nvml": {"library_path": str(libdir), "poll_interval": "1s"},
-                                     "sysfs": {"root": str(tmp / "sysfs")}}
+                                     "sysfs": {"root": str(sysfs_root(tmp, state, args.pci_tree))}}
         if args.top_n is not None:
             config["processes"] = {"top_n": args.top_n}
         for r in range(args.rounds):
@@ -106,7 +108,7 @@ def main() -> int:
         out[f"{name}_worker_cpu_pct"] = statistics.median(w for _, w in rows)
     out["ratio"] = out["this_cpu_pct"] / out["base_cpu_pct"] if out["base_cpu_pct"] else float("nan")
     print(f"fleet: {args.gpus} GPUs x {args.procs} processes, live pids, top_n {args.top_n or 'default'}, "
-          f"{args.rounds} rounds of {args.seconds:g} s")
+          f"{'PCI tree, ' if args.pci_tree else ''}{args.rounds} rounds of {args.seconds:g} s")
     print(" ".join(f"{k}={v:.3f}" for k, v in out.items()))
     return 0
 

@@ -16,6 +16,10 @@ The checkout's modules are byte-compiled first (:func:`compile_tree`), as ``pip 
 ``PYTHONDONTWRITEBYTECODE`` set (developer shells, CI images) every start would otherwise compile all of gpuwatchd
 from source, which an installed daemon never does (it cost the worker ~1.7 MB of RSS and the start ~0.1 s).
 
+``--pci-tree`` lays the fleet's GPUs out under ``sysfs.root`` as a host's sysfs shows them, so the hot-plug scan
+and the link reads (each GPU's link every poll interval) cost what they cost on a real server; without it the root
+is an empty directory, as in the figures issue 20 set its goals by.
+
 The fleet's processes are real ones by default (``--pids live``: one ``sleep`` per GPU process, so the worker reads
 them through psutil as on a user's host); ``--pids dead`` lists fictitious pids instead, so every process is gone
 and GpuMemoryHeldByDeadProcess fires for each: the daemon's worst case (figures before issue 20's 8x32 step were
@@ -49,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuwatchd.sim.build import build_standin  # noqa: E402
+from gpuwatchd.sim.pci_tree import mirror_sysfs  # noqa: E402
 from gpuwatchd.sim.standin_abi import STATE_ENV  # noqa: E402
 from gpuwatchd.sim.state import make_state, write_state  # noqa: E402
 
@@ -111,6 +116,25 @@ PIDS_HELP = ("live: the fleet's processes are real (sleep) processes, as on a us
 def add_pids_option(ap: argparse.ArgumentParser) -> None:
     """``--pids live|dead`` (default live), shared by the benches that build a fleet with :func:`fleet`."""
     ap.add_argument("--pids", choices=("live", "dead"), default="live", help=PIDS_HELP)
+
+
+PCI_TREE_HELP = ("lay out the fleet's GPUs as a host's sysfs shows them (sim/pci_tree.mirror_sysfs: each GPU's PCI "
+                 "function with its link files), so the daemon's hot-plug scan and link reads cost what they cost on "
+                 "a real server; without it sysfs.root is an empty directory, as in the figures issue 20 set its "
+                 "goals by")
+
+
+def add_pci_tree_option(ap: argparse.ArgumentParser) -> None:
+    """``--pci-tree``, shared by the benches that build a fleet: see :data:`PCI_TREE_HELP`."""
+    ap.add_argument("--pci-tree", action="store_true", help=PCI_TREE_HELP)
+
+
+def sysfs_root(tmp: Path, state: dict[str, Any], pci_tree: bool) -> Path:
+    """The ``sysfs.root`` for a fleet's daemons: with ``pci_tree``, the fleet's GPUs mirrored under it."""
+    root = tmp / "sysfs"
+    if pci_tree:
+        mirror_sysfs(root, state)
+    return root
 
 
 @contextlib.contextmanager
@@ -228,6 +252,7 @@ def main() -> int:
     ap.add_argument("--soak-seconds", type=float, default=60.0)
     ap.add_argument("--warmup-seconds", type=float, default=10.0)
     ap.add_argument("--top-n", type=int, help="processes.top_n (default: the config's; 256: every process at 16x256)")
+    add_pci_tree_option(ap)
     add_pids_option(ap)
     ap.add_argument("--tree", type=Path, default=ROOT,
                     help="the gpuwatchd checkout to run (default: this one; another for a before/after)")
@@ -238,9 +263,12 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwatchd-bench-")))
         state_path = tmp / "sim-state"
-        write_state(state_path, stack.enter_context(fleet(args.gpus, args.procs, args.pids)))
-        print(f"fleet: {args.gpus} GPUs x {args.procs} processes, pids {args.pids}", flush=True)
-        base: dict[str, Any] = {"nvml": {"library_path": str(libdir)}, "sysfs": {"root": str(tmp / "sysfs")}}
+        state = stack.enter_context(fleet(args.gpus, args.procs, args.pids))
+        write_state(state_path, state)
+        print(f"fleet: {args.gpus} GPUs x {args.procs} processes, pids {args.pids}"
+              f"{', PCI tree' if args.pci_tree else ''}", flush=True)
+        base: dict[str, Any] = {"nvml": {"library_path": str(libdir)},
+                                "sysfs": {"root": str(sysfs_root(tmp, state, args.pci_tree))}}
         if args.top_n is not None:
             base["processes"] = {"top_n": args.top_n}
 

@@ -20,6 +20,7 @@ from gpuwatchd.gpu.bus_id import sysfs_bus_id
 from gpuwatchd.model import LinkSample
 
 PCI_DEVICES = Path("sys/bus/pci/devices")
+_PCI_DEVICES = str(PCI_DEVICES)
 NVIDIA_VENDOR = "0x10de"
 # PCI base class 0x03 = display controller (VGA 0x0300, 3D 0x0302): the GPU functions, not the HDMI audio one.
 DISPLAY_CLASS_PREFIX = "0x03"
@@ -29,6 +30,7 @@ GENERATION_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 # (the 6-bit Negotiated Link Width field of the PCIe Link Status register reads 0x3f).
 DEAD_LINK_WIDTH = 63
 DEAD_VENDOR = "0xffff"
+_DEAD_WIDTH_TEXT = str(DEAD_LINK_WIDTH)
 # The widest link the PCIe spec defines (x32); anything wider is garbage, like the dead link's 63.
 MAX_LINK_WIDTH = 32
 # A sysfs attribute is at most one page (the kernel's show() buffer is PAGE_SIZE).
@@ -43,11 +45,11 @@ class SysfsUnreadable(OSError):
     """sysfs could not be read (not: the device is gone). The state is unknown; keep the last one."""
 
 
-def _unreadable(path: Path, e: OSError) -> SysfsUnreadable:
+def _unreadable(path: str | Path, e: OSError) -> SysfsUnreadable:
     return SysfsUnreadable(e.errno, f"cannot read {path}: {e.strerror or e}")
 
 
-def _read_small(path: Path) -> str:
+def _read_small(path: str | Path) -> str:
     """One sysfs attribute: a regular file of at most a page, read once, never blocking.
 
     The kernel serves an attribute in one read of at most PAGE_SIZE. Anything else under the root (a FIFO or a
@@ -64,7 +66,7 @@ def _read_small(path: Path) -> str:
     return data.decode("utf-8", errors="replace").strip()
 
 
-def read_attr(path: Path) -> str | None:
+def read_attr(path: str | Path) -> str | None:
     """A sysfs attribute's text, stripped; None when it cannot be read (gone, no permission, not a file)."""
     try:
         return _read_small(path)
@@ -72,7 +74,7 @@ def read_attr(path: Path) -> str | None:
         return None
 
 
-def read_attr_or_gone(path: Path) -> str | None:
+def read_attr_or_gone(path: str | Path) -> str | None:
     """A sysfs attribute's text, stripped; None when it is gone; :class:`SysfsUnreadable` for any other failure."""
     try:
         return _read_small(path)
@@ -107,31 +109,36 @@ def parse_width(text: str | None) -> int | None:
     return width
 
 
-def read_link(root: Path, bus_id: str) -> LinkSample:
-    """One device's link; ``present=False`` when the directory is gone or the device reads as dead."""
+def read_link(root: str | Path, bus_id: str) -> LinkSample:
+    """One device's link; ``present=False`` when the directory is gone or the device reads as dead.
+
+    Paths are plain strings: the hot-plug watch reads every GPU's link each poll interval, and building ``Path``
+    objects for its six file names was ~40 % of that (1.07 -> 0.62 ms a scan of 8 GPUs, polls a second apart;
+    docs/performance.md, "8x32").
+    """
     bdf = sysfs_bus_id(bus_id)
-    d = root / PCI_DEVICES / bdf
+    d = os.path.join(root, _PCI_DEVICES, bdf)
     try:
         os.stat(d)
     except OSError as e:
         if e.errno in GONE_ERRNOS:
             return LinkSample(pci_bus_id=bdf, present=False)
         raise _unreadable(d, e) from None
-    vendor = read_attr_or_gone(d / "vendor")
-    cur_speed = read_attr(d / "current_link_speed")
-    cur_width_raw = read_attr(d / "current_link_width")
-    dead = vendor == DEAD_VENDOR or (cur_speed or "").lower() == "unknown" or cur_width_raw == str(DEAD_LINK_WIDTH)
+    vendor = read_attr_or_gone(d + "/vendor")
+    cur_speed = read_attr(d + "/current_link_speed")
+    cur_width_raw = read_attr(d + "/current_link_width")
+    dead = vendor == DEAD_VENDOR or (cur_speed or "").lower() == "unknown" or cur_width_raw == _DEAD_WIDTH_TEXT
     return LinkSample(
         pci_bus_id=bdf,
         current_generation=parse_speed(cur_speed),
-        max_generation=parse_speed(read_attr(d / "max_link_speed")),
+        max_generation=parse_speed(read_attr(d + "/max_link_speed")),
         current_width=parse_width(cur_width_raw),
-        max_width=parse_width(read_attr(d / "max_link_width")),
+        max_width=parse_width(read_attr(d + "/max_link_width")),
         present=not dead,
     )
 
 
-def read_links(root: Path, bus_ids: Iterable[str]) -> list[LinkSample]:
+def read_links(root: str | Path, bus_ids: Iterable[str]) -> list[LinkSample]:
     """PCIe link of each device (NVML or sysfs bus id form), in the order given; SysfsUnreadable when unknown."""
     return [read_link(root, b) for b in bus_ids]
 
@@ -174,13 +181,13 @@ def nvidia_devices(root: Path, cache: PciScanCache | None = None) -> set[str]:
                 if known.get(name) == ino:
                     skip[name] = ino
                     continue
-                d = base / name
-                vendor = read_attr_or_gone(d / "vendor")
+                d = entry.path  # a string: no Path objects per function and file (read_link)
+                vendor = read_attr_or_gone(d + "/vendor")
                 if vendor != NVIDIA_VENDOR:
                     if vendor is not None and vendor != DEAD_VENDOR:
                         skip[name] = ino
                     continue
-                cls = read_attr(d / "class")
+                cls = read_attr(d + "/class")
                 if cls is not None and cls.lower().startswith(DISPLAY_CLASS_PREFIX):
                     found.add(name.lower())
                 elif cls is not None and cls.lower() != "0xffffff":  # NVIDIA, not a GPU: its HDMI audio function

@@ -171,8 +171,9 @@ def test_a_steady_host_costs_one_listing_a_scan(tmp_path: Path, monkeypatch: pyt
     reads: list[str] = []
     real_read = sysfs_pcie._read_small
 
-    def counted(path: Path) -> str:
-        reads.append(f"{path.parent.name}/{path.name}")
+    def counted(path: str | Path) -> str:
+        p = Path(path)  # the scan reads through plain string paths
+        reads.append(f"{p.parent.name}/{p.name}")
         return real_read(path)
 
     monkeypatch.setattr(sysfs_pcie, "_read_small", counted)
