@@ -169,11 +169,17 @@ def probe_next(h, empty, turn):
     i = empty[turn[0] % len(empty)]
     turn[0] += 1
     N.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+# a board's constants (the worker's readings.STATIC_READINGS): read once at start, by supported() below, as the worker
+# reads them when it opens a GPU (and again a minute later, beyond what this loop measures)
+STATIC = (N.nvmlDeviceGetTemperatureThreshold, N.nvmlDeviceGetPowerManagementLimitConstraints,
+          N.nvmlDeviceGetPowerManagementDefaultLimit, N.nvmlDeviceGetMaxClockInfo,
+          N.nvmlDeviceGetSupportedClocksEventReasons, N.nvmlDeviceGetMaxPcieLinkGeneration,
+          N.nvmlDeviceGetMaxPcieLinkWidth)
 calls = []
 for h in hs:
     mc, n_mig = mig_calls(h)
     dc = [x for x in device_calls(h) if not n_mig or x[0] not in GPU_PROCESS_CALLS]
-    calls.append(supported(dc) + mc)
+    calls.append([x for x in supported(dc) if x[0] not in STATIC] + mc)
 GPM_IDS = [getattr(N, "NVML_GPM_METRIC_" + k) for k in (
     "GRAPHICS_UTIL", "SM_UTIL", "SM_OCCUPANCY", "ANY_TENSOR_UTIL", "HMMA_TENSOR_UTIL", "IMMA_TENSOR_UTIL",
     "DFMA_TENSOR_UTIL", "DMMA_TENSOR_UTIL", "DRAM_BW_UTIL", "FP64_UTIL", "FP32_UTIL", "FP16_UTIL", "INTEGER_UTIL",

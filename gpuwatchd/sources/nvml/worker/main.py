@@ -27,8 +27,10 @@ other GPUs keep their schedule; :mod:`gpuwatchd.sources.nvml.worker.stall_watch`
 these, for the supervisor's retry of GPUs that hung), ``gpm_min_interval`` (real seconds: GPM samples are taken at
 least this far apart, nvml.h's 100 ms refresh rate under the daemon; polls in between repeat the last GPM metrics;
 default 0, every poll), ``same_as_last`` (send a process unchanged since the last line as its bare pid:
-``protocol.SameAsLast``; the daemon's supervisor sets it, other readers of the lines leave it off). Commands come on
-stdin (``worker_protocol``).
+``protocol.SameAsLast``; the daemon's supervisor sets it, other readers of the lines leave it off),
+``static_refresh_seconds`` (real seconds: what a board is rather than what it does, ``readings.STATIC_READINGS``,
+is read when a GPU is opened and again after this long, its last values sent in between; default 60, 0 reads
+them every poll). Commands come on stdin (``worker_protocol``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from gpuwatchd.sources.nvml.protocol import (
 from gpuwatchd.sources.nvml.worker.errors import reason
 from gpuwatchd.sources.nvml.worker.gpm import GpmSampler
 from gpuwatchd.sources.nvml.worker.processes import ProcResolver
-from gpuwatchd.sources.nvml.worker.readings import worker_log
+from gpuwatchd.sources.nvml.worker.readings import STATIC_REFRESH_SECONDS, worker_log
 from gpuwatchd.sources.nvml.worker.session import DEFAULT_HANG_AFTER_SECONDS, Worker
 from gpuwatchd.sources.nvml.worker.stall_watch import Position, watch
 
@@ -187,7 +189,7 @@ def run(opts: dict[str, Any], resolver: Resolver) -> int:
     only = {int(i) for i in opts["only"]} if opts.get("only") is not None else None
     GpmSampler.min_interval = float(opts.get("gpm_min_interval", 0.0))
     worker = Worker(int(opts.get("top_n", 10)), resolver, progress_fd=opts.get("progress_fd"), hang_after=hang_after,
-                    only=only)
+                    only=only, static_refresh=float(opts.get("static_refresh_seconds", STATIC_REFRESH_SECONDS)))
     library = opts.get("library_path")
     try:
         if library is not None and not os.path.exists(library):

@@ -13,6 +13,7 @@ import ctypes
 import os
 import struct
 import sys
+import time
 from collections.abc import Callable
 
 import pynvml as N
@@ -502,22 +503,62 @@ class ProcessLister:
         return [(t[0], None if t[1] == _NOT_AVAILABLE else t[1]) for t in self._struct.iter_unpack(raw)]
 
 
+# Readings of what a board is, not what it does: constant while the driver has the device open (the VBIOS's
+# temperature thresholds, the power limits' bounds and default, the maximum clocks, the clock-event reasons the board
+# supports, the PCIe link it is capable of). Each is read when the device is opened and every
+# STATIC_REFRESH_SECONDS after (``static_refresh_seconds``, a worker option), its last values given in between:
+# 13 of the ~49 calls a GPU costs each poll (docs/performance.md, "8x32"). A fresh worker (re-enumeration,
+# reconfiguration, a restart) reads them afresh. What an administrator sets (the enforced power limit, ECC mode,
+# application clocks) is not here: it is read every poll.
+STATIC_READINGS = frozenset({
+    "temperature_slowdown_celsius",
+    "temperature_shutdown_celsius",
+    "temperature_gpu_max_celsius",
+    "temperature_memory_max_celsius",
+    "power_max_limit_watts",  # nvmlDeviceGetPowerManagementLimitConstraints: the settable limit's bounds
+    "power_default_limit_watts",
+    "max_clocks_hz.graphics",
+    "max_clocks_hz.sm",
+    "max_clocks_hz.memory",
+    "max_clocks_hz.video",
+    "clocks_event_reasons_supported",
+    "pcie_link_max_generation",
+    "pcie_link_max_width",
+})
+STATIC_REFRESH_SECONDS = 60.0
+
+
 class _Slot:
-    __slots__ = ("confirmed", "impls", "index", "name")
+    __slots__ = ("confirmed", "impls", "index", "kept", "kept_at", "name", "static")
 
     def __init__(self, name: str, impls: tuple[Reader, ...]) -> None:
         self.name = name
         self.impls = impls
         self.index = 0
         self.confirmed = False  # has worked at least once on this device
+        self.static = name in STATIC_READINGS
+        self.kept: Out | None = None  # a static reading's last values (what its reader wrote), while fresh
+        self.kept_at = 0.0  # time.monotonic() they were read
+
+
+def _merge(out: Out, values: Out) -> None:
+    """Put a reading's values into ``out`` as its reader would have (the clocks' dicts are shared by four)."""
+    for key, value in values.items():
+        if type(value) is dict:
+            out.setdefault(key, {}).update(value)
+        else:
+            out[key] = value
 
 
 class DeviceReadings:
     """The readings of one device and what has been learned about them (the capability cache)."""
 
-    def __init__(self, handle: Handle, only: frozenset[str] | None = None) -> None:
-        """``only``: the names of the readings to take (a MIG device: sources/nvml/worker/mig.py); None: all."""
+    def __init__(self, handle: Handle, only: frozenset[str] | None = None,
+                 static_refresh: float = STATIC_REFRESH_SECONDS) -> None:
+        """``only``: the names of the readings to take (a MIG device: sources/nvml/worker/mig.py); None: all.
+        ``static_refresh``: seconds a :data:`STATIC_READINGS` value is given again before it is read again."""
         self.handle = handle
+        self.static_refresh = static_refresh
         self._slots = [_Slot(n, i) for n, i in readings() if only is None or n in only]
         self.absent: list[str] = []  # names learned absent, in the order learned (logged once)
         self.fallbacks: dict[str, int] = {}  # name -> index of the fallback in use (0 = preferred)
@@ -570,10 +611,23 @@ class DeviceReadings:
         """
         h = self.handle
         dropped = False
+        now = time.monotonic()
         for slot in self._slots:
+            if slot.static:
+                kept = slot.kept
+                if kept is not None and now - slot.kept_at < self.static_refresh:
+                    _merge(out, kept)
+                    continue
+                slot.kept = None
             while True:
                 try:
-                    slot.impls[slot.index](h, out)
+                    if slot.static:
+                        kept = {}
+                        slot.impls[slot.index](h, kept)
+                        _merge(out, kept)
+                        slot.kept, slot.kept_at = kept, now
+                    else:
+                        slot.impls[slot.index](h, out)
                 except N.NVMLError as e:
                     code = e.value
                     if code in ABSENT_CODES and not slot.confirmed:

@@ -33,7 +33,7 @@ from gpuwatchd.sources.nvml.worker.processes import (
     process_dicts_per_gpu,
     top_processes,
 )
-from gpuwatchd.sources.nvml.worker.readings import DeviceReadings, worker_log
+from gpuwatchd.sources.nvml.worker.readings import STATIC_REFRESH_SECONDS, DeviceReadings, worker_log
 from gpuwatchd.sources.nvml.worker.stall_watch import Position, Stuck
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, which mypy reads the same, without importing typing (docs/performance.md)
@@ -56,7 +56,7 @@ def _addr(handle: Any) -> int | None:
 class _Device:
     __slots__ = ("addr", "handle", "index", "mig", "name", "pci_bus_id", "readings", "serial", "uuid")
 
-    def __init__(self, index: int, handle: Any) -> None:
+    def __init__(self, index: int, handle: Any, static_refresh: float = STATIC_REFRESH_SECONDS) -> None:
         self.index = index
         self.handle = handle
         self.addr = _addr(handle)
@@ -65,7 +65,7 @@ class _Device:
         pci = _optional(N.nvmlDeviceGetPciInfo, handle)
         self.pci_bus_id: str | None = pci.busId if pci is not None else None
         self.serial: str | None = _optional(N.nvmlDeviceGetSerial, handle)
-        self.readings = DeviceReadings(handle)
+        self.readings = DeviceReadings(handle, static_refresh=static_refresh)
         self.mig = MigSet.open(handle)  # its MIG devices (sources/nvml/worker/mig.py); None: not MIG-capable
 
 
@@ -87,8 +87,10 @@ class Worker:
     """
 
     def __init__(self, top_n: int, resolver: Resolver | None, *, progress_fd: int | None = None,
-                 hang_after: float = DEFAULT_HANG_AFTER_SECONDS, only: set[int] | None = None) -> None:
+                 hang_after: float = DEFAULT_HANG_AFTER_SECONDS, only: set[int] | None = None,
+                 static_refresh: float = STATIC_REFRESH_SECONDS) -> None:
         self.top_n = top_n
+        self.static_refresh = static_refresh  # readings.STATIC_READINGS: seconds between their reads
         self.only = only  # the GPU indices to open (a retry of GPUs that hung); None: all
         self.hang_after = hang_after
         # One int32 the supervisor reads after a missed deadline: the index of the GPU being called (-1: none).
@@ -154,7 +156,7 @@ class Worker:
                 self._answered(pos)
                 return False
             try:
-                dev: _Device | None = _Device(i, N.nvmlDeviceGetHandleByIndex(i))
+                dev: _Device | None = _Device(i, N.nvmlDeviceGetHandleByIndex(i), self.static_refresh)
             except N.NVMLError as e:
                 # Listed but unusable (lost, no permission, ...): report it and poll the others.
                 dev = None
