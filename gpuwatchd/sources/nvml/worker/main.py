@@ -119,6 +119,7 @@ class _Runner:
         self.polls = 0
         self.cpu0 = 0.0
         self.done = threading.Event()
+        self.next_start: float | None = None  # time.monotonic() the poller plans to start its next poll
         self.code = EXIT_STOPPED
         self._emit_lock = threading.Lock()
 
@@ -147,7 +148,9 @@ class _Runner:
                 self.done.set()
                 self.worker.activity.set()  # wakes the stall watch sleeping between polls
                 return
-            time.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+            pause = max(0.0, self.interval - (time.monotonic() - started))
+            self.next_start = time.monotonic() + pause  # the stall watch sleeps until then (stall_watch.watch)
+            time.sleep(pause)
             if pos.gen != worker.gen:
                 return
 
@@ -206,7 +209,7 @@ def run(opts: dict[str, Any], resolver: Resolver) -> int:
     threading.Thread(target=_read_commands, args=(worker,), name="commands", daemon=True).start()
     runner.start(worker.pos)
     watch(lambda: worker.pos, lambda: worker.stuck, runner.set_aside, runner.done, stall_after,
-          activity=worker.activity)
+          activity=worker.activity, next_start=lambda: runner.next_start)
     if worker.stuck:
         # A thread is still inside a blocked NVML call: nvmlShutdown could block behind it, and interpreter
         # shutdown would wait on nothing useful. The snapshot lines are flushed; leave now.

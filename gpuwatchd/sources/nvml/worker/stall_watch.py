@@ -67,6 +67,7 @@ def watch(
     stall_after: float,
     *,
     activity: threading.Event | None = None,
+    next_start: Callable[[], float | None] | None = None,
 ) -> None:
     """Until ``done``: time the current poller's call and every stuck call; set aside a call past ``stall_after``.
 
@@ -74,6 +75,13 @@ def watch(
     sleeps on it while the poller is between polls and nothing is stuck: a few wake-ups per poll instead of one
     every check period for the whole interval. The event is cleared BEFORE the position is read, so a call
     entered after that read sets it again and the wait returns at once. Whoever sets ``done`` sets it too.
+
+    With ``next_start`` too (the ``time.monotonic()`` the poller plans to start its next poll, published before
+    it sleeps; None when unknown), the watch does not wake when the poll starts: it sleeps until one check period
+    into the poll and looks then, which is when it would have looked first anyway (after waking at the start, it
+    waited a period). A poll done by then (most take milliseconds) costs the watch that one wake-up instead of two
+    (``bench/wakeups.py``, ``thread_one``/``thread_two``); a poll still in a call is timed from there exactly as
+    before. A poller later than it planned is waited for on ``activity``, as without ``next_start``.
     """
     check = check_period(stall_after)
     seen: tuple[int, int] = (-1, -1)
@@ -83,6 +91,17 @@ def watch(
         if activity is not None and not stuck():
             activity.clear()
             if current().index == NOT_IN_A_GPU_CALL:
+                planned = next_start() if next_start is not None else None
+                wake = planned + check - time.monotonic() if planned is not None else 0.0
+                if wake > 0:
+                    if done.wait(wake):
+                        break
+                    last = time.monotonic()
+                    pos = current()
+                    # In a call: this is the first look, as after a wake at the start and a check period.
+                    seen = (pos.gen, pos.seq) if pos.index != NOT_IN_A_GPU_CALL else (-1, -1)
+                    blocked = 0.0
+                    continue
                 activity.wait()
                 seen, blocked, last = (-1, -1), 0.0, time.monotonic()
                 continue
