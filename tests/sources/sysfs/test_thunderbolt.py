@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import os
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpuwatchd.config.loader import Config, SysfsConfig
 from gpuwatchd.config.types import replace
@@ -14,7 +18,8 @@ from gpuwatchd.runtime.clock import RealClock
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.state import make_state
 from gpuwatchd.sim.tb_tree import default_device
-from gpuwatchd.sources.sysfs.thunderbolt import domain_security, parse_speed, read_docks, watch_docks
+from gpuwatchd.sources.sysfs import thunderbolt
+from gpuwatchd.sources.sysfs.thunderbolt import ResolvedLinks, domain_security, parse_speed, read_docks, watch_docks
 
 
 def _dock(route: str, uid: str, gpus: list[str], **over: Any) -> dict[str, Any]:
@@ -132,3 +137,46 @@ async def test_watch_reads_on_the_beat_of_the_nvml_lines(tmp_path: Path) -> None
     finally:
         task.cancel()
     assert len(seen) == 3 and [d.unique_id for d in seen[-1]] == ["uid-1"]
+
+
+def test_kept_links_give_the_same_docks_through_a_detach_and_a_replug_elsewhere(tmp_path: Path) -> None:
+    """The watch's ResolvedLinks: the docks read with it are those read without, each time, while the GPU is
+    detached and plugged back at another bus behind the dock (its bus entry then links elsewhere)."""
+    links = ResolvedLinks()
+    st = _state([_dock("0-1", "uid-1", [])], n=1)
+    st["thunderbolt"]["devices"][0]["gpus"] = [st["devices"][0]["uuid"]]
+    gone = dict(st, devices=[], thunderbolt={"security": "user", "devices": []})
+    moved = copy.deepcopy(st)
+    moved["devices"][0]["pci"]["bus"] = 0x71
+    for state, behind in ((st, ("0000:0c:00.0",)), (st, ("0000:0c:00.0",)), (gone, None), (moved, ("0000:71:00.0",)),
+                          (moved, ("0000:71:00.0",))):
+        mirror_sysfs(tmp_path, state)
+        kept = read_docks(tmp_path, links=links)
+        assert kept == read_docks(tmp_path)
+        assert (kept[0].gpu_bus_ids if kept else None) == behind
+
+
+def test_resolved_links_read_one_link_when_nothing_moved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = tmp_path / "devices/pci0000:00/0000:00:01.0/0000:05:00.0"
+    real.mkdir(parents=True)
+    (tmp_path / "bus").mkdir()
+    entry = tmp_path / "bus/0000:05:00.0"
+    entry.symlink_to("../devices/pci0000:00/0000:00:01.0/0000:05:00.0")
+    links = ResolvedLinks()
+    assert links.realpath(entry) == os.path.realpath(entry)
+    calls: list[str] = []
+    real_realpath = thunderbolt.os.path.realpath
+
+    def counted(p: Any) -> str:
+        calls.append(os.fspath(p))
+        return real_realpath(p)
+
+    monkeypatch.setattr(thunderbolt.os.path, "realpath", counted)
+    assert links.realpath(entry) == real_realpath(entry) and calls == []  # kept: one readlink
+    other = tmp_path / "devices/pci0000:00/0000:00:02.0/0000:05:00.0"
+    other.mkdir(parents=True)
+    entry.unlink()
+    entry.symlink_to("../devices/pci0000:00/0000:00:02.0/0000:05:00.0")  # the device came back elsewhere
+    assert links.realpath(entry) == real_realpath(other) and len(calls) == 1
+    assert links.realpath(real) == real_realpath(real) and len(calls) == 2  # not a link: resolved every time
+    assert links.realpath(real) == real_realpath(real) and len(calls) == 3
