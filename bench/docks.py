@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from pci_scan import alternate  # noqa: E402
 
 CHILD = r'''
 import json, statistics, sys, tempfile, time
@@ -70,16 +73,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tree", type=Path, help="another checkout, measured alternately")
     a = ap.parse_args()
-    trees = [("", ROOT)] + ([("old_", a.tree.resolve())] if a.tree else [])
-    best: dict[str, dict[str, float]] = {}
-    for r in range(a.rounds):
-        for prefix, tree in trees:
-            res = run(tree, a.reads, a.apart_reads, a.apart)
-            print(f"round {r + 1} {tree}: {res['read_us']:.0f} us back to back, {res['apart_us']:.0f} us "
-                  f"{a.apart:g} s apart", flush=True)
-            if prefix not in best or res["read_us"] < best[prefix]["read_us"]:
-                best[prefix] = res
-    print(" ".join(f"{p}{k}={v:.0f}" for p, res in best.items() for k, v in res.items()))
+    alternate(a.tree, a.rounds, lambda tree: run(tree, a.reads, a.apart_reads, a.apart),
+              lambda res: f"{res['read_us']:.0f} us back to back, {res['apart_us']:.0f} us {a.apart:g} s apart",
+              "read_us")
 
 
 if __name__ == "__main__":

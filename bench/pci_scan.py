@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,14 +112,22 @@ def main() -> None:
     ap.add_argument("--apart", type=float, default=0.0, help="seconds between scans (the watch: one a second)")
     ap.add_argument("--tree", type=Path, help="another checkout, measured alternately")
     a = ap.parse_args()
-    trees = [("", ROOT)] + ([("old_", a.tree.resolve())] if a.tree else [])
+    alternate(a.tree, a.rounds, lambda tree: run(tree, a.devices, a.gpus, a.scans, a.apart),
+              lambda res: (f"scan {res['scan_us']:.0f} us, {res['opens']:.0f} opens a steady scan, "
+                           f"links {res['links_us']:.0f} us"), "scan_us")
+
+
+def alternate(other: Path | None, rounds: int, measure: Callable[[Path], dict[str, float]],
+              describe: Callable[[dict[str, float]], str], key: str) -> None:
+    """Measure this checkout and ``other`` (when given) in turn, ``rounds`` times, printing each round; then the best
+    round of each (the lowest ``key``) as name=value pairs, ``old_`` for ``other`` (bench/docks.py uses it too)."""
+    trees = [("", ROOT)] + ([("old_", other.resolve())] if other else [])
     best: dict[str, dict[str, float]] = {}
-    for r in range(a.rounds):
+    for r in range(rounds):
         for prefix, tree in trees:
-            res = run(tree, a.devices, a.gpus, a.scans, a.apart)
-            print(f"round {r + 1} {tree}: scan {res['scan_us']:.0f} us, {res['opens']:.0f} opens a steady scan, "
-                  f"links {res['links_us']:.0f} us")
-            if prefix not in best or res["scan_us"] < best[prefix]["scan_us"]:
+            res = measure(tree)
+            print(f"round {r + 1} {tree}: {describe(res)}", flush=True)
+            if prefix not in best or res[key] < best[prefix][key]:
                 best[prefix] = res
     print(" ".join(f"{p}{k}={v:.0f}" for p, res in best.items() for k, v in res.items()))
 
