@@ -240,6 +240,34 @@ async def test_links_are_read_on_the_beat_of_each_line(standin_libdir: Path, wri
     assert [(link.pci_bus_id, link.current_width) for link in h.links[0]] == [("0000:0c:00.0", 4)]
 
 
+async def test_hot_plug_is_seen_on_the_scan_timer_while_no_line_comes(
+        standin_libdir: Path, write_sim_state: StateWriter, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The sysfs watch rides on the worker's lines, but needs none: with the worker stopped (SIGSTOP, so no line
+    comes and its 60 s deadline is far off) a GPU unplugged from sysfs still asks for a fresh worker, on the scan's
+    own timer (the period, 0.5 s, x 1.1)."""
+    plug(tmp_path, "0000:0c:00.0")
+    plug(tmp_path, "0000:0d:00.0")
+    nvml = fast_nvml(standin_libdir, poll_interval=0.5, poll_timeout=60.0)
+    caplog.set_level("INFO", logger="gpuwatchd.sources.nvml.supervisor")
+    async with Harness(nvml, write_sim_state(make_state(2)), tmp_path) as h:
+        await h.next_snapshot(lambda s: len(s.gpus) == 2, "2 GPUs")
+        proc = h.sup._proc
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGSTOP)
+        fired = h.sup.beat.fired
+        # Two link readings more: the first may be the scan the last line's beat woke, the second ran on the timer.
+        n = len(h.links)
+        await h.until(lambda: len(h.links) >= n + 2, "the scan running on its own timer")
+        unplug(tmp_path, "0000:0d:00.0")
+        await h.until(lambda: "pci_devices_changed" in caplog.text, "the unplug seen by the sysfs watch")
+        assert h.sup.beat.fired == fired  # no line came: the scan ran on its own timer
+        # The restart's SIGTERM waits, as any signal does, for the stopped worker to run: let it.
+        os.kill(proc.pid, signal.SIGCONT)
+        await h.until(lambda: h.sup.spawned >= 2, "a fresh worker")
+    assert "removed=['0000:0d:00.0']" in caplog.text
+    assert h.stale == []  # replaced for the hot-plug, not as a hung worker
+
+
 async def test_device_count_change_seen_by_fresh_worker(standin_libdir: Path, write_sim_state: StateWriter,
                                                         tmp_path: Path) -> None:
     plug(tmp_path, "0000:0c:00.0")
