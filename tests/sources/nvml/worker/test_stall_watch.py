@@ -77,7 +77,9 @@ def test_one_look_a_poll_with_the_planned_start() -> None:
     without, with_plan = Poller(polls), Poller(polls)
     _run(without, planned=False)
     _run(with_plan, planned=True)
-    assert without.activity.waits >= polls - 1  # asleep on the event between every two polls
+    # asleep on the event between two polls (all of them on an idle machine; a watch late by a whole interval
+    # finds the next poll already under way and skips one)
+    assert without.activity.waits >= polls // 2
     assert with_plan.activity.waits <= polls // 3  # the first poll (no plan yet), and any the poller was late for
     assert with_plan.set_aside == [] and without.set_aside == []
 
