@@ -101,7 +101,11 @@ def signal_group(proc: asyncio.subprocess.Process | None, sig: int) -> None:
 
 
 async def terminate(proc: asyncio.subprocess.Process, grace: float) -> None:
-    """TERM the worker's process group, KILL it after ``grace`` real seconds, and reap it."""
+    """TERM the worker's process group, KILL it after ``grace`` real seconds, and reap it.
+
+    Cancelled during the grace (the daemon stopping while a retry worker ends: the supervisor cancels the retry
+    task, whose ``finally`` is here), it KILLs and reaps at once and then lets the cancel through: a worker left
+    running, possibly blocked in a GPU call, outlived the daemon's loop before."""
     if proc.returncode is None:
         signal_group(proc, signal.SIGTERM)
         try:
@@ -109,6 +113,10 @@ async def terminate(proc: asyncio.subprocess.Process, grace: float) -> None:
         except asyncio.TimeoutError:
             signal_group(proc, signal.SIGKILL)
             await proc.wait()
+        except asyncio.CancelledError:
+            signal_group(proc, signal.SIGKILL)
+            await proc.wait()
+            raise
 
 
 def is_stopped(pid: int, proc_root: Path = Path("/proc")) -> bool:
