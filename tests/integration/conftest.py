@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support import ROOT, DaemonProcess, free_port, wait_until
+from support import ROOT, START_SECONDS, DaemonProcess, free_port, wait_until
 
 from gpuwatchd.sim.standin_abi import STATE_ENV
 
@@ -50,7 +50,7 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
             except OSError:
                 return False
 
-        wait_until(healthy, "the daemon to serve /healthz")
+        wait_until(healthy, "the daemon to serve /healthz", START_SECONDS)
         return d
 
     yield start

@@ -17,6 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_SECONDS = 30.0  # upper bound for conditions on a loaded 2-core box; each test returns as soon as they hold
+# Upper bound for a daemon or sim process to start serving: a fresh interpreter, its imports, the stand-in driver's
+# build and the first NVML poll, beside the other test workers and whatever else shares the machine (CI saw a sim
+# take over 30 s to answer /healthz next to heavy jobs). A liveness bound: each wait returns as soon as it serves.
+START_SECONDS = 120.0
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
-from support import ROOT, free_port, wait_until
+from support import ROOT, START_SECONDS, free_port, wait_until
 from tls_files import TlsFiles
 
 from gpuwatchd.runtime.daemon_client import PASSWORD_ENV, DaemonClient
@@ -54,7 +54,7 @@ def tls_sim(tmp_path: Path, tls_files: TlsFiles) -> Iterator[tuple[Path, str]]:
         return len(status.get("gpus") or []) == 2
 
     try:
-        wait_until(serving, "gpuwatchd sim to serve its status over TLS")
+        wait_until(serving, "gpuwatchd sim to serve its status over TLS", START_SECONDS)
         yield cfg, url
     finally:
         proc.terminate()

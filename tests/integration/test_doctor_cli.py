@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, free_port, wait_until
+from support import ROOT, START_SECONDS, free_port, wait_until
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -46,7 +46,7 @@ def start_sim(sims: list[subprocess.Popen[bytes]], tmp: Path, scenario: str, *ar
         assert proc.poll() is None, (tmp / "sim.log").read_text()
         return (state_dir / "sim-host.json").exists()
 
-    wait_until(ready, f"gpuwatchd sim --scenario {scenario}")
+    wait_until(ready, f"gpuwatchd sim --scenario {scenario}", START_SECONDS)
     return state_dir
 
 

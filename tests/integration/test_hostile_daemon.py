@@ -23,7 +23,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import ROOT, DaemonProcess, free_port, labels_of, metrics_when, parse_metrics, value, wait_until
+from support import (
+    ROOT,
+    START_SECONDS,
+    DaemonProcess,
+    free_port,
+    labels_of,
+    metrics_when,
+    parse_metrics,
+    value,
+    wait_until,
+)
 
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.standin_abi import STATE_ENV
@@ -101,7 +111,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, standin_libdir: Path) -> It
             return False
 
     try:
-        wait_until(healthy, "the daemon to serve /healthz")
+        wait_until(healthy, "the daemon to serve /healthz", START_SECONDS)
         wait_until(lambda: value(d.metrics(), "gpuwatchd_kernel_log_up") == 1, "the kernel log to be read")
         yield d, kmsg
     finally:

@@ -27,7 +27,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
-from support import ROOT, Samples, free_port, parse_metrics, value, wait_until
+from support import ROOT, START_SECONDS, Samples, free_port, parse_metrics, value, wait_until
 from tls_files import make_tls_files
 
 DAEMON_NOFILE = 1024  # systemd's default soft limit for services
@@ -126,7 +126,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsDaemon]:
         return False
 
     try:
-        wait_until(serving, "gpuwatchd sim to serve over TLS")
+        wait_until(serving, "gpuwatchd sim to serve over TLS", START_SECONDS)
         wait_until(lambda: value(d.metrics(), "gpuwatchd_gpus") == 2, "both GPUs")
         yield d
     finally:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import ROOT, DaemonProcess, free_port, parse_metrics, value, wait_until
+from support import ROOT, START_SECONDS, DaemonProcess, free_port, parse_metrics, value, wait_until
 
 DAEMON_NOFILE = 1024  # systemd's default soft limit for services
 FLOOD = 2000
@@ -97,7 +97,7 @@ def _sim(tmp_path: Path, host: str) -> Iterator[DaemonProcess]:
         return False
 
     try:
-        wait_until(serving, "gpuwatchd sim to serve")
+        wait_until(serving, "gpuwatchd sim to serve", START_SECONDS)
         yield d
     finally:
         if proc.poll() is None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from aiohttp import web
-from support import ROOT, DaemonProcess, free_port, metrics_when, value, wait_until
+from support import ROOT, START_SECONDS, DaemonProcess, free_port, metrics_when, value, wait_until
 from test_sim_cli import interrupt, start_sim
 from test_sim_incidents import Slack
 
@@ -112,7 +112,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
             return False
 
     try:
-        wait_until(serving, "gpuwatchd sim to serve")
+        wait_until(serving, "gpuwatchd sim to serve", START_SECONDS)
         yield d
         assert interrupt(d) == 0
     finally:

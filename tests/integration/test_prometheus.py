@@ -22,7 +22,7 @@ import aiohttp
 import bcrypt
 import pytest
 import yaml
-from support import ROOT, WAIT_SECONDS, DaemonProcess, free_port, wait_until
+from support import ROOT, START_SECONDS, DaemonProcess, free_port, wait_until
 from tls_files import TlsFiles
 
 from gpuwatchd.sim.state import make_state
@@ -157,7 +157,7 @@ async def test_prometheus_scrapes_over_tls_with_basic_auth(
             except aiohttp.ClientError:
                 return False
 
-        deadline = time.monotonic() + WAIT_SECONDS
+        deadline = time.monotonic() + START_SECONDS
         while not await serving():
             assert time.monotonic() < deadline, "timed out waiting for gpuwatchd sim to serve over TLS"
             await asyncio.sleep(0.1)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import ROOT, DaemonProcess, Samples, free_port, labels_of, metrics_when, value, wait_until
+from support import ROOT, START_SECONDS, DaemonProcess, Samples, free_port, labels_of, metrics_when, value, wait_until
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def start_sim(running: list[DaemonProcess], tmp_path: Path, *args: str) -> Daemo
         except OSError:
             return False
 
-    wait_until(serving, "gpuwatchd sim to serve")
+    wait_until(serving, "gpuwatchd sim to serve", START_SECONDS)
     return d
 
 

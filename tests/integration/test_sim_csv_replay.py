@@ -76,7 +76,7 @@ def in_file_order(want: list[int], seen: dict[int, int]) -> None:
 # csv04 is 42 min long: at --speed 10 (the player writes every scenario second) its first 10 min are compared
 # second by second here (the start, the climb to 17-18 GB and the swinging that follows); the whole file runs at
 # --speed 50 below.
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)  # a hang guard above the start (START_SECONDS) and the replay wait (300 s)
 @pytest.mark.parametrize(("path", "upto"), [(CSV02, None), (CSV04, 600)], ids=["csv02", "csv04"])
 def test_replayed_memory_series_is_the_files_and_nothing_fires(
     sim: list[DaemonProcess], tmp_path: Path, path: Path, upto: int | None
@@ -100,7 +100,7 @@ def test_replayed_memory_series_is_the_files_and_nothing_fires(
 # compared second by second (that is the test above, and every second of the file goes through the leak rule in
 # tests/rules/test_leak_captures.py); what is checked is that every reading is the file's, in its order, and that
 # nothing fires over the 42 minutes. The wall-clock bound is the replay's own length plus a generous margin.
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)  # a hang guard above the start (START_SECONDS) and the replay wait (300 s)
 def test_whole_csv04_through_the_daemon_reads_the_files_values_and_nothing_fires(
     sim: list[DaemonProcess], tmp_path: Path
 ) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import bcrypt
 import pytest
 import yaml
-from support import ROOT, DaemonProcess, free_port, wait_until
+from support import ROOT, START_SECONDS, DaemonProcess, free_port, wait_until
 from test_status_watch import silence
 
 CHROMIUM = os.environ.get("GPUWATCHD_CHROMIUM", "/usr/bin/chromium")
@@ -122,7 +122,7 @@ def sims(tmp_path_factory: pytest.TempPathFactory, chat: str) -> Iterator[dict[s
 
     try:
         for d in running.values():
-            wait_until(lambda d=d: serving(d), "gpuwatchd sim to serve")
+            wait_until(lambda d=d: serving(d), "gpuwatchd sim to serve", START_SECONDS)
         yield running
     finally:
         _stop(*running.values())
@@ -270,7 +270,7 @@ def test_egpu_unplug_shows_the_lost_gpu(browser: Any, tmp_path: Path, shots: Pat
     # longer than that (a loaded machine: the leak test's page checks).
     d = _start(tmp_path / "unplug", "--scenario", "egpu-unplug", "--speed", "4")
     try:
-        wait_until(lambda: serving(d), "gpuwatchd sim to serve")
+        wait_until(lambda: serving(d), "gpuwatchd sim to serve", START_SECONDS)
         _egpu_unplug_shows_the_lost_gpu(browser, d, shots)
     finally:
         _stop(d)
@@ -304,14 +304,14 @@ def test_page_keeps_going_when_the_daemon_goes_away(browser: Any, tmp_path: Path
     d = _start(tmp_path, "--scenario", "idle", port=port)
     again: DaemonProcess | None = None
     try:
-        wait_until(lambda: serving(d), "gpuwatchd sim to serve")
+        wait_until(lambda: serving(d), "gpuwatchd sim to serve", START_SECONDS)
         ctx, page, log = open_page(browser, d.url, DESKTOP)
         d.proc.terminate()
         d.proc.wait(timeout=30)
         page.wait_for_selector("#conn.down", timeout=30_000)
         assert "not answering" in page.locator("#conn").inner_text()
         again = _start(tmp_path / "again", "--scenario", "dock-unauthorized", port=port)
-        wait_until(lambda: serving(again), "the second sim to serve")
+        wait_until(lambda: serving(again), "the second sim to serve", START_SECONDS)
         # Retries back off to 30 s at most: within a minute the page shows the new daemon's dock.
         page.wait_for_selector(".dock code:has-text('boltctl enroll')", timeout=60_000)
         assert page.locator("#conn").inner_text().startswith("live")
@@ -373,7 +373,7 @@ def test_hostile_names_render_as_text_under_the_csp(browser: Any, tmp_path: Path
     scenario.write_text(yaml.safe_dump(doc, allow_unicode=True))
     d = _start(tmp_path / "sim", "--scenario", str(scenario), "--speed", "30")
     try:
-        wait_until(lambda: serving(d), "gpuwatchd sim to serve")
+        wait_until(lambda: serving(d), "gpuwatchd sim to serve", START_SECONDS)
         check_csp(d)
 
         def leak_seen() -> bool:

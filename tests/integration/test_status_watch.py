@@ -18,7 +18,7 @@ import bcrypt
 import pexpect
 import pytest
 import yaml
-from support import ROOT, DaemonProcess, free_port, wait_until
+from support import ROOT, START_SECONDS, DaemonProcess, free_port, wait_until
 from tls_files import TlsFiles
 
 from gpuwatchd.runtime.daemon_client import PASSWORD_ENV
@@ -55,7 +55,7 @@ def start_sim(tmp: Path, port: int, *args: str) -> DaemonProcess:
         except OSError:
             return False
 
-    wait_until(ready, "gpuwatchd sim to serve")
+    wait_until(ready, "gpuwatchd sim to serve", START_SECONDS)
     return d
 
 
