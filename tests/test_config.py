@@ -34,6 +34,26 @@ def test_no_file_gives_defaults(tmp_path: Path) -> None:
     assert cfg.nvml.library_path is None
 
 
+def test_host_comes_from_the_environment_when_the_file_has_none(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """$GPUWATCHD_HOST (the DaemonSet's node name) is the default `host`; a file's own `host` wins; a blank value
+    falls back to the hostname; a bad one is refused under `host`, naming the variable."""
+    import socket
+
+    f = tmp_path / "c.yml"
+    f.write_text("listen: 127.0.0.1:9945\n")
+    monkeypatch.setenv("GPUWATCHD_HOST", " gpu-node-17 ")
+    assert load_config(f).host == "gpu-node-17" and load_config(None).host == "gpu-node-17"
+    assert config_from_dict({"host": "from-file"}, "t.yml").host == "from-file"
+    monkeypatch.setenv("GPUWATCHD_HOST", "   ")
+    assert load_config(f).host == socket.gethostname()
+    monkeypatch.setenv("GPUWATCHD_HOST", "node\x1b[2J")
+    assert _problems({}) == ["host: $GPUWATCHD_HOST must not contain control characters"]
+    assert config_from_dict({"host": "from-file"}, "t.yml").host == "from-file"  # the file's value is not the variable
+    monkeypatch.setenv("GPUWATCHD_HOST", "n" * 256)
+    assert _problems({}) == ["host: $GPUWATCHD_HOST is longer than 255 characters"]
+
+
 def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as ei:
         load_config(tmp_path / "absent.yml", required=True)

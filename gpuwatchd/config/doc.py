@@ -96,7 +96,7 @@ def _default(field: FieldInfo, path: str) -> str:
     if field.required:
         return "required"
     if path == "host":
-        return "this machine's hostname"
+        return "`$GPUWATCHD_HOST`, else this machine's hostname"
     value = field.default if field.default_factory is msgspec.NODEFAULT else field.default_factory()
     if isinstance(value, float) and _field_type(field) == "duration":
         return f"`{_fmt_seconds(value)}`"

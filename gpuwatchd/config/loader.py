@@ -11,6 +11,7 @@ are composed here.
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,6 +26,7 @@ from gpuwatchd.config.paths import DEFAULT_CONFIG_PATH
 from gpuwatchd.config.safe_yaml import load_yaml
 from gpuwatchd.config.types import (
     Duration,
+    FieldError,
     PositiveDuration,
     SafePath,
     Section,
@@ -103,14 +105,28 @@ class HistoryConfig(Section, frozen=True):
             raise ValueError(f"retention/step is more than {MAX_HISTORY_POINTS} points per series (memory)")
 
 
+# `host` when the file does not set it: this variable, else the hostname. Under Kubernetes the pod's hostname is the
+# pod's name (new at every restart); the DaemonSet sets the variable to the node's name (the downward API's
+# spec.nodeName), the name the fleet's rules and dashboards group by (deploy/kubernetes/daemonset.yaml).
+HOST_ENV = "GPUWATCHD_HOST"
+HOST_MAX_LENGTH = 255
+
+
+def default_host() -> str:
+    """``$GPUWATCHD_HOST`` when set and not blank, else this machine's hostname."""
+    return os.environ.get(HOST_ENV, "").strip() or socket.gethostname()
+
+
 class Config(Section, frozen=True):
     """The whole file. Every key is optional."""
 
     # HOST:PORT for /metrics, /healthz, /readyz and /api/v1/* (`[::]:9945`: IPv6 and IPv4); `run --listen` overrides it.
     # Changing it takes a restart.
     listen: str = DEFAULT_LISTEN
-    # The `host` label on alerts and in messages.
-    host: Annotated[str, msgspec.Meta(min_length=1, max_length=255)] = msgspec.field(default_factory=socket.gethostname)
+    # The `host` label on alerts and in messages. Unset: $GPUWATCHD_HOST (deploy/kubernetes sets it to the node's
+    # name), else the hostname.
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=HOST_MAX_LENGTH)] = msgspec.field(
+        default_factory=default_host)
     # Alert state and the notification outbox (SQLite). Unset: $STATE_DIRECTORY under systemd, else
     # /var/lib/gpuwatchd if writable, else ~/.local/state/gpuwatchd. Changing it takes a restart.
     state_dir: SafePath = DEFAULT_STATE_DIR
@@ -145,6 +161,17 @@ class Config(Section, frozen=True):
             except WebConfigError as e:
                 raise ValueError(f"{shown_path(v)}: {e}") from None
         return v
+
+    @classmethod
+    def before(cls, data: dict[str, Any]) -> dict[str, Any]:
+        # $GPUWATCHD_HOST stands in for an unset `host`: checked as the key would be, its error naming the variable.
+        env = os.environ.get(HOST_ENV, "").strip()
+        if "host" not in data and env:
+            if len(env) > HOST_MAX_LENGTH:
+                raise FieldError("host", f"${HOST_ENV} is longer than {HOST_MAX_LENGTH} characters")
+            if not env.isprintable():
+                raise FieldError("host", f"${HOST_ENV} must not contain control characters")
+        return data
 
     @classmethod
     def _check_host(cls, v: str, data: dict[str, Any]) -> str:
