@@ -160,6 +160,152 @@ def test_podmonitor_scrapes_the_container_port_and_keeps_owner_labels() -> None:
     assert drops and all(re.fullmatch(drops[0]["regex"], k) for k in ("namespace", "pod", "container"))
 
 
+def _sanitize(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+# PodMonitor keys the port below models; any other would change the job in ways it does not know.
+_MODELLED_SPEC = {"jobLabel", "selector", "podMetricsEndpoints"}
+_MODELLED_ENDPOINT = {"port", "path", "interval", "honorLabels", "relabelings", "metricRelabelings"}
+
+
+def _relabel(rc: dict[str, Any]) -> dict[str, Any]:
+    """A PodMonitor RelabelConfig as the operator writes it (promcfg.go generateRelabelConfig): snake_case keys,
+    the action lower-cased."""
+    keys = {"sourceLabels": "source_labels", "separator": "separator", "targetLabel": "target_label", "regex": "regex",
+            "modulus": "modulus", "replacement": "replacement", "action": "action"}
+    out = {keys[k]: v for k, v in rc.items()}
+    if "action" in out:
+        out["action"] = out["action"].lower()
+    return out
+
+
+def operator_scrape_job(pm: dict[str, Any]) -> dict[str, Any]:
+    """The scrape job the Prometheus Operator generates for a PodMonitor's single endpoint, ported from
+    pkg/prometheus/promcfg.go generatePodMonitorConfig (prometheus-operator 6adcebc, Aug 2026) for the keys this kit
+    uses, with the default selector mechanism (relabel) and one shard (its sharding rules, a no-op then, left out)."""
+    spec, ns, name = pm["spec"], pm["metadata"]["namespace"], pm["metadata"]["name"]
+    assert set(spec) <= _MODELLED_SPEC, set(spec) - _MODELLED_SPEC
+    (ep,) = spec["podMetricsEndpoints"]
+    assert set(ep) <= _MODELLED_ENDPOINT, set(ep) - _MODELLED_ENDPOINT
+    assert set(spec["selector"]) == {"matchLabels"}
+    relabel: list[dict[str, Any]] = [
+        {"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"},
+        {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"},
+    ]
+    for k in sorted(spec["selector"]["matchLabels"]):
+        relabel.append({"action": "keep", "source_labels": [f"__meta_kubernetes_pod_label_{_sanitize(k)}",
+                                                            f"__meta_kubernetes_pod_labelpresent_{_sanitize(k)}"],
+                        "regex": f"({spec['selector']['matchLabels'][k]});true"})  # fmt: skip
+    relabel.append({"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                    "regex": ep["port"]})  # fmt: skip
+    relabel += [
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"target_label": "job", "replacement": f"{ns}/{name}"},
+    ]
+    if spec.get("jobLabel"):
+        relabel.append({"source_labels": [f"__meta_kubernetes_pod_label_{_sanitize(spec['jobLabel'])}"],
+                        "target_label": "job", "regex": "(.+)", "replacement": "${1}"})  # fmt: skip
+    relabel.append({"target_label": "endpoint", "replacement": ep["port"]})
+    relabel += [_relabel(r) for r in ep.get("relabelings", [])]
+    job: dict[str, Any] = {
+        "job_name": f"podMonitor/{ns}/{name}/0",
+        "honor_labels": bool(ep.get("honorLabels", False)),
+        "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [ns]}}],
+    }
+    if ep.get("interval"):
+        job["scrape_interval"] = ep["interval"]
+    if ep.get("path"):
+        job["metrics_path"] = ep["path"]
+    job["relabel_configs"] = relabel
+    if ep.get("metricRelabelings"):
+        job["metric_relabel_configs"] = [_relabel(r) for r in ep["metricRelabelings"]]
+    return job
+
+
+def test_the_written_out_scrape_job_is_what_the_operator_makes_of_the_podmonitor() -> None:
+    """deploy/kubernetes/prometheus-scrape.yml is the PodMonitor's job, key for key (tests/integration/
+    test_kubernetes_fleet.py runs that file on a real Prometheus)."""
+    [job] = yaml.safe_load((DEPLOY / "prometheus-scrape.yml").read_text())["scrape_configs"]
+    assert job == operator_scrape_job(DOCS["PodMonitor"])
+    # the port itself can tell a change apart: without jobLabel the job would be "<namespace>/<name>"
+    bare = copy.deepcopy(DOCS["PodMonitor"])
+    del bare["spec"]["jobLabel"]
+    assert operator_scrape_job(bare) != job
+
+
+def _relabelled(job: dict[str, Any], meta: dict[str, str]) -> dict[str, str]:
+    """The target labels a job's relabel_configs give a discovered target (Prometheus' replace/keep/drop/labeldrop
+    with anchored regexes and ${1}); empty when it is dropped."""
+    labels = dict(meta)
+    for rc in job["relabel_configs"]:
+        action = rc.get("action", "replace")
+        regex = re.compile(rc.get("regex", "(.*)"))
+        if action == "labeldrop":
+            labels = {k: v for k, v in labels.items() if not regex.fullmatch(k)}
+            continue
+        value = rc.get("separator", ";").join(labels.get(x, "") for x in rc.get("source_labels", []))
+        m = regex.fullmatch(value)
+        if (action == "keep" and m is None) or (action == "drop" and m is not None):
+            return {}
+        if action == "replace" and m is not None:
+            repl = rc.get("replacement", "$1").replace("${1}", r"\1").replace("$1", r"\1")
+            labels[rc["target_label"]] = m.expand(repl)
+    return {k: v for k, v in labels.items() if not k.startswith("__")}
+
+
+def test_the_job_labels_every_target_gpuwatchd_and_by_its_node() -> None:
+    """The rules' `up{job="gpuwatchd"}` and `by (host)` see the kit's targets: job is the pod's app name, host the
+    node's name; the target's namespace/pod/container are gone (they name GPU processes' owners on the series)."""
+    [job] = yaml.safe_load((DEPLOY / "prometheus-scrape.yml").read_text())["scrape_configs"]
+    pod_labels = DS["spec"]["template"]["metadata"]["labels"]
+    meta = {"__address__": "10.244.3.7:9945", "__meta_kubernetes_namespace": "gpuwatchd",
+            "__meta_kubernetes_pod_name": "gpuwatchd-x7k2q", "__meta_kubernetes_pod_node_name": "gpu-node-17",
+            "__meta_kubernetes_pod_phase": "Running", "__meta_kubernetes_pod_container_name": CTR["name"],
+            "__meta_kubernetes_pod_container_port_name": CTR["ports"][0]["name"]}  # fmt: skip
+    for k, v in pod_labels.items():
+        meta[f"__meta_kubernetes_pod_label_{_sanitize(k)}"] = v
+        meta[f"__meta_kubernetes_pod_labelpresent_{_sanitize(k)}"] = "true"
+    assert _relabelled(job, meta) == {"job": "gpuwatchd", "host": "gpu-node-17", "endpoint": "metrics"}
+    assert _relabelled(job, {**meta, "__meta_kubernetes_pod_phase": "Failed"}) == {}
+    fleet_down = next(r for g in yaml.safe_load((ROOT / "deploy/prometheus/gpuwatchd-fleet.rules.yml").read_text())
+                      ["groups"] for r in g["rules"] if r.get("alert") == "GpuwatchdDown")  # fmt: skip
+    assert 'job="gpuwatchd"' in fleet_down["expr"]
+
+
+def test_the_daemon_is_told_its_node_name_through_the_downward_api() -> None:
+    from gpuwatchd.config.loader import HOST_ENV
+
+    env = {e["name"]: e for e in CTR["env"]}
+    assert env[HOST_ENV] == {"name": HOST_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    _, text = _config_text()
+    assert "host" not in yaml.safe_load(text)  # a `host:` in the shared ConfigMap would name every node alike
+
+
+def test_the_commented_receiver_posts_to_every_in_cluster_alertmanager(tmp_path: Path) -> None:
+    """Uncommented as a user would, the ConfigMap's notify section is valid and lists each member of the operator's
+    Alertmanager by its pod's name under the headless Service, never the Service itself."""
+    key, text = _config_text()
+    lines = text.splitlines()
+    start = lines.index("# notify:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        block.append(line[2:].split("   #")[0])
+    assert len(block) > 5
+    f = tmp_path / key
+    f.write_text(text + "\n" + "\n".join(block) + "\n")
+    cfg = load_config(f)
+    [rc] = cfg.notify.receivers
+    assert rc.type == "alertmanager" and len(rc.members) >= 2
+    for i, m in enumerate(rc.members):
+        assert re.fullmatch(rf"http://alertmanager-(\w+)-{i}\.alertmanager-operated\.(\w+)\.svc:9093",
+                            m.url.get_secret_value()), m.url.get_secret_value()  # fmt: skip
+
+
 async def test_the_daemon_serves_the_probed_and_scraped_paths(config: Config, standin_libdir: Path,
                                                               tmp_path: Path) -> None:
     """The ConfigMap's config, run for real (only host paths moved into the test's sandbox): the probe and
