@@ -116,6 +116,7 @@ class Dispatcher:
         self._session: aiohttp.ClientSession | None = None
         self._next_gc = clock.now()
         self._recent: dict[str, deque[dict[str, Any]]] = {}
+        self._delivered_at: dict[str, float] = {}  # per receiver member: when a row of it was last delivered
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -402,6 +403,8 @@ class Dispatcher:
 
     def _row_changed(self, row: OutboxRow, status: str) -> None:
         self._depths[row.receiver] = max(0, self._depths.get(row.receiver, 0) - 1)
+        if status == "delivered":
+            self._delivered_at[row.receiver] = self._clock.now()
         w = self._workers.get(row.receiver)
         self._recent.setdefault(row.receiver, deque(maxlen=RECENT_DELIVERIES)).append({
             "time": self._clock.now(),
@@ -479,8 +482,21 @@ class Dispatcher:
                 "queued": self._depths.get(rc.name, 0),
                 "last_error": w.last_error if w is not None else None,
                 "recent": list(reversed(self._recent.get(rc.name, ()))),
+                # Each URL of the receiver (an Alertmanager cluster has one per member), in `urls` order.
+                "members": [self._member_status(i, m) for i, m in enumerate(rc.members)],
             })
         return out
+
+    def _member_status(self, index: int, m: Member) -> dict[str, Any]:
+        """One member's own delivery health: ``failing`` (its last attempt failed: ``last_error`` says how), ``up``
+        (its last attempt was delivered) or ``unknown`` (nothing sent to it since the daemon started). Named by
+        its key and its place in ``urls``, never by its URL."""
+        w = self._workers.get(m.key)
+        error = w.last_error if w is not None else None
+        delivered = self._delivered_at.get(m.key)
+        health = "failing" if error else "up" if delivered is not None else "unknown"
+        return {"name": m.key, "index": index, "health": health, "last_error": error, "last_delivered": delivered,
+                "queued": self._depths.get(m.key, 0)}
 
     def last_errors(self) -> dict[str, str | None]:
         """Latest delivery error per receiver member (already redacted; cluster members are ``name#i``)."""

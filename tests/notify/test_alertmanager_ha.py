@@ -109,6 +109,15 @@ async def test_every_push_reaches_each_member_and_a_hung_member_delays_nothing(
         assert errors["fleet-am"] is None
         assert "HTTP 503" in (errors["fleet-am#2"] or "") and "alertmanager:fleet-am#2" in (errors["fleet-am#2"] or "")
         assert set(d._depths) >= {"fleet-am#1", "fleet-am#2"}  # the outbox depth gauge is per member
+        # /api/v1/status and the page list each member with its own health and last error, not only the first.
+        [st] = d.receivers_status()
+        members = st["members"]
+        assert [(m["name"], m["index"], m["health"]) for m in members] == [
+            ("fleet-am", 0, "up"), ("fleet-am#1", 1, "unknown"), ("fleet-am#2", 2, "failing")]
+        assert members[0]["last_error"] is None and members[0]["last_delivered"] is not None
+        assert "HTTP 503" in members[2]["last_error"] and "cluster member shutting down" in members[2]["last_error"]
+        assert members[2]["queued"] == 1 and members[2]["last_delivered"] is None
+        assert up.url not in repr(st) and refusing.url not in repr(st)  # members are named, never described
 
         # The refusing member recovers: it gets the push it missed, and its row is delivered.
         refusing.responder = None
@@ -120,6 +129,8 @@ async def test_every_push_reaches_each_member_and_a_hung_member_delays_nothing(
             await asyncio.sleep(0.05)
         assert [r.status for r in d.outbox.rows("fleet-am#2")] == ["delivered"]
         assert len(up.requests) == 1  # the healthy member was not re-sent anything meanwhile
+        recovered = d.receivers_status()[0]["members"][2]
+        assert (recovered["health"], recovered["last_error"], recovered["queued"]) == ("up", None, 0)
     finally:
         release.set()
         await d.stop()

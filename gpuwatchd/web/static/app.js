@@ -434,6 +434,12 @@
       h("strong", {}, r.name), h("span", { class: "muted" }, " (" + r.type + ")" + (r.queued ? ", " + r.queued +
         " queued" : "")),
       r.last_error ? h("p", { class: "bad" }, "Last error: " + r.last_error) : null,
+      (r.members || []).length > 1 ? h("ul", { class: "deliveries members" }, r.members.map((m) => h("li",
+        { class: "member " + m.health, data: { member: m.name } },
+        h("span", { class: "badge " + ({ up: "delivered", failing: "failed" }[m.health] || "pending") }, m.health),
+        " urls[" + m.index + "] (" + m.name + ")" + (m.queued ? " · " + m.queued + " queued" : "") +
+        (m.last_delivered ? " · last delivered " + clock(m.last_delivered) : ""),
+        m.last_error ? h("span", { class: "bad" }, " · " + m.last_error) : null))) : null,
       r.recent.length ? h("ul", { class: "deliveries" }, r.recent.map((d) => h("li", { class: d.status },
         h("span", { class: "badge " + d.status }, d.status), " " + clock(d.time) + " · " +
         (d.firing ? d.firing + " firing " : "") + (d.resolved ? d.resolved + " resolved " : "") +
