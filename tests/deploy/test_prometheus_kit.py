@@ -136,11 +136,27 @@ def engine_families() -> set[str]:
     return {line.split()[2] for line in generate_latest(reg).decode().splitlines() if line.startswith("# TYPE")}
 
 
+def notify_families() -> set[str]:
+    """Families of alert delivery (notify/metrics.py), with one receiver's counters touched so they have samples."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
+
+    m = NotifyMetrics(GaugeState)
+    m.outcome("fleet#1", "alertmanager", "retry", "connection")
+    m.latency.labels("fleet#1", "alertmanager").observe(0.1)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(m.collector())
+    text = generate_latest(reg).decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
 def test_rules_reference_only_exported_metrics(tmp_path: Path) -> None:
     recorded = {r["record"] for r in rules() if "record" in r}
     every_golden = {line.split()[2] for f in GOLDEN.glob("*.prom") for line in f.read_text().splitlines()
                     if line.startswith("# TYPE")}
     exported = golden_names() | every_golden | rule_engine_names() | engine_families() | state_db_names(tmp_path)
+    exported |= notify_families()
     exported |= {"up"}
     for rule in rules():
         for name in re.findall(r"\b(gpuwatchd[_:][a-z_:0-9]*|host:[a-z_:0-9]+|up)\b", rule["expr"]):
