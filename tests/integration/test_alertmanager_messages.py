@@ -7,8 +7,10 @@ when its eGPU's dock is pulled, the chat message Alertmanager sends carries what
 summary, the GPU, the advice, since when) and a link to Alertmanager's silence form whose filter silences exactly
 that alert on a real Alertmanager; the resolution says so and has no silence link. An alert posted with an `action`
 annotation has it rendered too. The daemon's receiver lists a second, dead member (nothing listens on its port):
-/api/v1/status and the status page (headless Chromium) show each member with its own health and last error.
-Loopback only; every process is started here and stopped here.
+/api/v1/status and the status page (headless Chromium) show each member with its own health and last error, and a
+real Prometheus scraping the daemon with the fleet rules (deploy/prometheus/gpuwatchd-fleet.rules.yml, `for:` holds
+of 3 s) raises GpuwatchdNotificationsFailing for that member only. Loopback only; every process is started here and
+stopped here.
 """
 
 from __future__ import annotations
@@ -25,11 +27,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import START_SECONDS, free_port, wait_until
+import yaml
+from support import ROOT, START_SECONDS, free_port, wait_until
 from test_fleet import Chat, Host, Proc, alertmanager_config, http_json, http_ok, spawn, start_chat, start_sim
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-pytestmark = pytest.mark.skipif(ALERTMANAGER is None, reason="needs Debian's prometheus-alertmanager (.ci/run)")
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(ALERTMANAGER is None or PROMETHEUS is None,
+                                reason="needs Debian's prometheus-alertmanager and prometheus (.ci/run)")
+FLEET_RULES = ROOT / "deploy" / "prometheus" / "gpuwatchd-fleet.rules.yml"
 EVENT_SECONDS = 120.0  # liveness bound on a loaded machine; each wait returns as soon as its condition holds
 HOST = Host("gpu-a", "egpu-unplug", 4)  # the dock is pulled at 58 s (GpuRemoved), re-plugged at 120 s (resolved)
 
@@ -41,6 +47,7 @@ class Kit:
     daemon: str
     procs: list[Proc]
     dead: str  # the receiver's second member: a port nothing listens on
+    prometheus: str
 
     def texts(self, title_prefix: str) -> list[str]:
         with self.chat.lock:
@@ -61,7 +68,7 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
     logs = tmp / "logs"
     logs.mkdir()
     chat = start_chat()
-    am_port, sim_port = free_port(), free_port()
+    am_port, sim_port, prom_port = free_port(), free_port(), free_port()
     am, dead = f"http://127.0.0.1:{am_port}", f"http://127.0.0.1:{free_port()}"
     procs: list[Proc] = []
     try:
@@ -70,12 +77,29 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
             f"--web.listen-address=127.0.0.1:{am_port}", f"--web.external-url={am}", "--cluster.listen-address=",
         ], logs))  # fmt: skip
         procs.append(start_sim(tmp, logs, HOST, sim_port, [am, dead]))
-        k = Kit(chat, am, f"http://127.0.0.1:{sim_port}", procs, dead)
+        rules = yaml.safe_load(FLEET_RULES.read_text())
+        for group in rules["groups"]:
+            for rule in group["rules"]:
+                if "for" in rule:
+                    rule["for"] = "3s"
+        (tmp / "fleet.rules.yml").write_text(yaml.safe_dump(rules))
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(tmp / "fleet.rules.yml")],
+            "scrape_configs": [{"job_name": "gpuwatchd", "static_configs": [
+                {"targets": [f"127.0.0.1:{sim_port}"], "labels": {"host": HOST.name}}],
+                "metric_relabel_configs": [{"action": "labeldrop", "regex": "exported_host"}]}],
+        }))  # fmt: skip
+        procs.append(spawn("prometheus", [
+            str(PROMETHEUS), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ], logs))  # fmt: skip
+        k = Kit(chat, am, f"http://127.0.0.1:{sim_port}", procs, dead, f"http://127.0.0.1:{prom_port}")
 
         def ready() -> bool:
             for p in procs:
                 p.alive()
-            return http_ok(f"{am}/-/ready") and http_ok(f"{k.daemon}/healthz")
+            return http_ok(f"{am}/-/ready") and http_ok(f"{k.daemon}/healthz") and http_ok(f"{k.prometheus}/-/ready")
 
         k.wait(ready, "Alertmanager and the daemon to serve", START_SECONDS)
         yield k
@@ -203,3 +227,15 @@ def test_each_member_of_the_cluster_is_listed_with_its_own_health(kit: Kit, tmp_
             ctx.close()
         finally:
             browser.close()
+
+
+def test_prometheus_says_which_member_fails(kit: Kit) -> None:
+    def firing() -> list[dict[str, Any]] | None:
+        q = urllib.parse.urlencode({"query": 'ALERTS{alertname="GpuwatchdNotificationsFailing", alertstate="firing"}'})
+        doc = http_json(f"{kit.prometheus}/api/v1/query?{q}") or {}
+        return (doc.get("data") or {}).get("result") or None
+
+    [alert] = kit.wait(firing, "GpuwatchdNotificationsFailing for the dead member")
+    assert alert["metric"]["receiver"] == "fleet#1" and alert["metric"]["host"] == HOST.name
+    q = urllib.parse.urlencode({"query": 'ALERTS{alertname="GpuwatchdNoReceivers"}'})
+    assert (http_json(f"{kit.prometheus}/api/v1/query?{q}") or {})["data"]["result"] == []
