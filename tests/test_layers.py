@@ -10,7 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpuwatchd"
 # config/loader.py assembles the sections each part owns (docs/architecture.md says why)
-ALLOWED = {("config", "notify"), ("config", "probes"), ("config", "rules"), ("config", "web")}
+ALLOWED = {("config", "notify"), ("config", "probes"), ("config", "rules"), ("config", "web"),
+           ("config", "remediation")}
 
 
 def _layers() -> dict[str, int]:

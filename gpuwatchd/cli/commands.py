@@ -1,4 +1,4 @@
-"""Command line: ``gpuwatchd run | check-config | status | probe | sim | doctor | notify test | silence``.
+"""Command line: ``gpuwatchd run | check-config | status | probe | sim | doctor | notify test | silence | health``.
 
 Thin: parsing, logging, exit codes.
 """
@@ -111,12 +111,14 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--resume", action="store_true",
                      help="with --state-dir: go on with the scenario where the last run there stopped")
     from gpuwatchd.cli.doctor import add_parser as add_doctor
+    from gpuwatchd.cli.health import add_parser as add_health
     from gpuwatchd.cli.notify_test import add_parser as add_notify
     from gpuwatchd.cli.silence import add_parser as add_silence
 
     add_doctor(sub)
     add_notify(sub)
     add_silence(sub)
+    add_health(sub)
     return p
 
 
@@ -345,4 +347,8 @@ def _main(argv: Sequence[str] | None) -> int:
         from gpuwatchd.cli.silence import cmd_silence
 
         return cmd_silence(args, default_status_url(args.config))
+    if args.command == "health":
+        from gpuwatchd.cli.health import cmd_health
+
+        return cmd_health(args, default_status_url(args.config))
     return cmd_sim(args)

@@ -37,6 +37,7 @@ from gpuwatchd.config.types import (
 )
 from gpuwatchd.notify.config import NotifyConfig
 from gpuwatchd.probes.config import ProbesConfig
+from gpuwatchd.remediation.config import RemediationConfig
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.web.config import ExporterConfig, HttpConfig
 
@@ -139,6 +140,8 @@ class Config(Section, frozen=True):
     kernel_log: KernelLogConfig = KernelLogConfig()
     probes: ProbesConfig = ProbesConfig()
     attribution: AttributionConfig = AttributionConfig()
+    # Acting on the GPUs' health: drain the Slurm node (docs/remediation.md). Off unless configured.
+    remediation: RemediationConfig = RemediationConfig()
     http: HttpConfig = HttpConfig()
     exporter: ExporterConfig = ExporterConfig()
     # TLS and basic auth for every endpoint: a web config file in the Prometheus exporter-toolkit format (the one

@@ -28,6 +28,7 @@ from gpuwatchd.exporter.collector import StoreCollector
 from gpuwatchd.model import ConfigReload, DockChange, LinkChange, NvmlCounters
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.probes.service import ProbeService
+from gpuwatchd.remediation.service import Remediation
 from gpuwatchd.rules import leak
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.rules.metrics import AlertsCollector
@@ -70,6 +71,8 @@ class Daemon(DataPath, Evaluation, Reload, HttpWiring):
             if self.history.restored:
                 leak.prime(self.store, cfg.rules.leak.host_rss)  # the first evaluation reads only what came since
         self.registry.register(self.history.collector())
+        self.remediation = Remediation(cfg.remediation, self.store, self.clock, self.state_dir, host=cfg.host)
+        self.registry.register(self.remediation.collector())
         self._dispatcher = Dispatcher(cfg.notify, state_dir=self.state_dir, clock=self.clock, host=cfg.host)
         self.probes = ProbeService(cfg, self.store, self.clock, self.state_dir, sim=self._probe_sim)
         self.registry.register(StoreCollector(self.store, now=self.clock.now))
@@ -120,6 +123,7 @@ class Daemon(DataPath, Evaluation, Reload, HttpWiring):
         self._spawn(self._evaluate_loop(), "rules evaluation")
         self._spawn(self.history.run(), "rule history")
         self._spawn(self.probes.run(), "probe scheduler")
+        self._spawn(self.remediation.run(), "remediation")
         if self.sd.watchdog_interval is not None:
             self._spawn(watchdog_loop(self.sd, self.sd.watchdog_interval), "systemd watchdog")
         if self._freeze_gc:

@@ -39,6 +39,9 @@ class Evaluation(StatusViews):
         now = self.clock.now()
         self.alerts = list(self._engine.evaluate(self.store, now))
         update_health(self.store, self.alerts, now)
+        if self.remediation is not None:
+            self.remediation.wake()  # it reads the new health; its own notifications go with the rules' alerts
+            self.alerts.extend(self.remediation.alerts())
         self._generation += 1
         self._dispatcher.update(self.alerts)
         status = self._status_line()

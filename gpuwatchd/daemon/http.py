@@ -12,6 +12,7 @@ from gpuwatchd.config.loader import parse_listen
 from gpuwatchd.daemon.status import StatusViews
 from gpuwatchd.notify.api import build_routes
 from gpuwatchd.probes.api import probe_routes
+from gpuwatchd.remediation.api import health_routes
 from gpuwatchd.runtime.startup import DaemonError, listen_error
 from gpuwatchd.web.http import make_app
 from gpuwatchd.web.server import start_server
@@ -26,7 +27,8 @@ class HttpWiring(StatusViews):
             registry=self.registry,
             status=self.status,
             ready=self.ready,
-            extra_routes=[*build_routes(self.dispatcher, lambda: self.alerts), *self._probe_routes()],
+            extra_routes=[*build_routes(self.dispatcher, lambda: self.alerts), *self._probe_routes(),
+                          *self._health_routes()],
             cache_key=self._metrics_cache_key,
         )
         tls, middlewares = None, []
@@ -71,6 +73,11 @@ class HttpWiring(StatusViews):
 
     def _probe_routes(self) -> list[web.RouteDef]:
         return probe_routes(self.probes, lambda: self.config.notify.api) if self.probes is not None else []
+
+    def _health_routes(self) -> list[web.RouteDef]:
+        if self.remediation is None:
+            return []
+        return health_routes(self.remediation, lambda: self.config.notify.api)
 
     def _metrics_cache_key(self) -> tuple[int, int, int]:
         # The store's version covers GPU data, our generation counter alerts and reloads; the notification counters

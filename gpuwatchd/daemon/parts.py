@@ -17,6 +17,7 @@ from gpuwatchd.model import Alert
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.probes.faults import ProbeSim
 from gpuwatchd.probes.service import ProbeService
+from gpuwatchd.remediation.service import Remediation
 from gpuwatchd.rules.engine import RulesEngine
 from gpuwatchd.rules.metrics import AlertsCollector
 from gpuwatchd.runtime.clock import Clock, RealClock
@@ -83,6 +84,7 @@ class DaemonParts:
         self.status_extra: Callable[[], dict[str, Any]] | None = None
         self._probe_sim = probe_sim  # gpuwatchd sim only: probes on the CPU device, faults from the scenario
         self.probes: ProbeService | None = None
+        self.remediation: Remediation | None = None  # acting on health: Slurm drain, escalation (remediation/)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._wakeup: asyncio.Event | None = None
