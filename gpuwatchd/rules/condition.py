@@ -54,9 +54,9 @@ class Condition:
     evidence: str | None = None
     # Who owns what the alert is about (the process' name, its container, pod, Slurm job: ``owner_labels``): labels
     # of the alert, never of its identity (issue 28). They can arrive after the alert fired (the kubelet answering
-    # late) or change; the engine tracks the alert by ``labels`` alone, follows these while it is pending, freezes
-    # them into its labels when it fires (what receivers and Alertmanager saw stays one alert), and puts the
-    # current ones in its annotations, so the next message says them (docs/alerts.md, "Identity").
+    # late) or change; the engine tracks the alert by ``labels`` alone, follows these while it is pending and
+    # freezes them into its labels when it fires (what receivers and Alertmanager saw stays one alert). The family
+    # puts the current owner in ``annotations`` too, so the next message says it (docs/alerts.md, "Identity").
     attribution: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -90,7 +90,7 @@ class RuleView(Protocol):
 def owner_labels(view: RuleView, uuid: str, pid: int) -> dict[str, str]:
     """The known owner labels of a GPU process (container_id, namespace, pod, container, hpc_job), so an
     Alertmanager route can send a process alert to the team owning the namespace; {} for a host process. A
-    condition carries them as ``attribution``, never as identity ``labels``."""
+    condition carries them as ``attribution`` (never as identity ``labels``) and in its ``annotations`` (current)."""
     owner = view.process_owner(uuid, pid)
     return owner.labels() if owner is not None else {}
 

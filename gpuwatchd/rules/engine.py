@@ -5,10 +5,10 @@ kind of evidence when a rule names it, ``Condition.evidence``; ``fired_at``) -> 
 ``keep_firing_for``; ``resolved_at``) -> gone after ``resolved_retention``.
 A pending alert whose condition clears vanishes silently (Prometheus semantics). An alert is identified by the
 fingerprint of its condition's identity labels (``Condition.labels``); ``active_at`` survives across evaluations.
-A condition returning after resolution starts a new alert (new ``active_at``). Attribution (``Condition.attribution``:
-the process' name and owner, which may arrive late or change) is never identity: the alert's labels follow it while
-pending and are frozen when it fires, the current facts go to its annotations (issue 28: pod labels arriving after
-a leak fired made one leak two alerts and three messages).
+A condition returning after resolution starts a new alert (new ``active_at``). Attribution
+(``Condition.attribution``: the process' name and owner, which may arrive late or change) is never identity: the
+alert's labels follow it while pending and are frozen when it fires; the family puts the current facts in its
+annotations (issue 28: pod labels arriving after a leak fired made one leak two alerts and three messages).
 
 A family that raises is logged and counted; its alerts keep their state (missing data is not "all clear") and
 the other families still run.
@@ -452,9 +452,9 @@ def _reworded(a: Alert, c: Condition, state: AlertState, fired_at: float | None,
 
 
 def _annotations(c: Condition) -> dict[str, str]:
-    """The alert's annotations: the condition's, and its current attribution (the owner facts known now, which
-    the alert's frozen labels may lack or state as they were when it fired)."""
-    return {**c.annotations, **c.attribution} if c.attribution else dict(c.annotations)
+    """The alert's annotations: the condition's (a family puts the owner facts known now there, which the alert's
+    frozen labels may lack or state as they were when it fired: rules/condition.py ``owner_labels``)."""
+    return dict(c.annotations)
 
 
 def _partial_note(notes: Iterable[Condition], a: Alert) -> Condition | None:

@@ -77,7 +77,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         base = gpu_labels(view, g.uuid)
         # the holder's pid is the identity; its name and owner are attribution (rules/condition.py)
         labels = {**base, "pid": str(p.pid)} if p is not None else base
-        attribution = {"process": p.name or "", **owner_labels(view, g.uuid, p.pid)} if p is not None else {}
+        owner = owner_labels(view, g.uuid, p.pid) if p is not None else {}
+        attribution = {"process": p.name or "", **owner} if p is not None else {}
         level: Level
         if share < cfg.min_memory_ratio:
             # clear: only the message of a resolution (the engine ignores it for an alert that is not active)
@@ -91,5 +92,5 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                        f"{what} is {fmt_share(ratio)}; the memory is held by {_who(p)}"
                        f"{owner_phrase(view, g.uuid, p.pid) if p is not None else ''}")
         out.append(Condition(NAME, "info", labels, summary, DESCRIPTION, value=ratio, level=level,
-                             attribution=attribution))
+                             attribution=attribution, annotations=owner))
     return out

@@ -33,7 +33,7 @@ class Owned:
         return [Condition("GpuMemoryLeak", "warning", {"uuid": UUID, "gpu": "0", "model": "NVIDIA A10G",
                                                        "pid": "4242", "kind": "gpu"},
                           f"python[4242]{who} grows", "d", level=self.level,
-                          attribution={"process": "python", **self.owner})]
+                          attribution={"process": "python", **self.owner}, annotations=dict(self.owner))]
 
 
 def make(for_: str = "60s") -> tuple[RulesEngine, Owned]:

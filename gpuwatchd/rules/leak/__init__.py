@@ -434,7 +434,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
             appeared = _appeared(hist, watched_from)
             # pid is the identity; its name and owner are attribution (condition.py): late pod labels never fork it
             labels = {**base, "pid": str(p.pid)}
-            attribution = {"process": _process_name(p), **owner_labels(view, g.uuid, p.pid)}
+            owner = owner_labels(view, g.uuid, p.pid)
+            attribution = {"process": _process_name(p), **owner}
             who = f"{_process_name(p)}[{p.pid}]{owner_phrase(view, g.uuid, p.pid)}"
             gpu_pts = [(x.t, float(x.used_memory_bytes)) for x in hist if x.used_memory_bytes is not None]
             judged = _judge(gpu_pts, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth,
@@ -450,7 +451,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                         GPU_DESCRIPTION,
                         value=v.eta_seconds,
                         level=level,
-                        annotations=_annotations(t, v),
+                        annotations={**_annotations(t, v), **owner},
                         hold_for=judged.hold_for,
                         fire_on_hold=False,
                         evidence=judged.evidence,
@@ -475,7 +476,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                             HOST_RSS_DESCRIPTION,
                             value=t.recent_rate,
                             level=level,
-                            annotations=_annotations(t, v),
+                            annotations={**_annotations(t, v), **owner},
                             hold_for=max(cfg.for_, cfg.host_rss_for),
                             fire_on_hold=False,
                             evidence=judged.evidence,
