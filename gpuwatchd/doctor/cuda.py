@@ -12,7 +12,7 @@ from typing import Any
 from gpuwatchd.doctor.context import Host
 from gpuwatchd.doctor.nvml_probe import NvmlFacts, run_child
 from gpuwatchd.doctor.report import Result, fail, ok, warn
-from gpuwatchd.doctor.wheels import FAMILY_MIN_DRIVER, choose, runs_on, text, upgrade_advice
+from gpuwatchd.doctor.wheels import FAMILY_MIN_DRIVER, choose, no_build_why, runs_on, text
 
 G = "cuda"
 # The probe worker's availability check (the one torch importer, as for the probes themselves): one JSON line.
@@ -71,17 +71,33 @@ def torch_facts(chk: dict[str, Any]) -> dict[str, Any]:
     return facts
 
 
-def install_advice(python: str, driver_version: str | None) -> str:
-    """The install line for the torch build this driver runs (``doctor/wheels.py``), or that the driver must be
-    upgraded first; without a known driver version, how to pick one."""
+def install_advice(python: str, driver_version: str | None, gpus: list[tuple[int, int]] | None = None) -> str:
+    """The install line for the torch build this driver runs with kernels for these GPUs' compute capabilities
+    (``doctor/wheels.py``), or that the driver must be upgraded first; without a known driver version, how to
+    pick one."""
     if driver_version is None:
         return (f"`{python} -m pip install torch --index-url https://download.pytorch.org/whl/cuXYZ` with the "
                 "cuXYZ your driver runs (docs/egpu.md, \"Which torch build fits the driver\")")
-    choice = choose(driver_version)
+    choice = choose(driver_version, gpus or ())
     if choice is None:
-        return f"driver {driver_version} runs no published CUDA build of torch: {upgrade_advice()}"
+        return no_build_why(driver_version, gpus or ())
+    cc = f" with kernels for compute capability {_ccs(gpus)}" if gpus else ""
     return (f"`{choice.pip(python)}` (torch {choice.torch} for CUDA {choice.build.cuda[0]}.{choice.build.cuda[1]}, "
-            f"the newest build driver {driver_version} runs)")
+            f"the newest build driver {driver_version} runs{cc})")
+
+
+def _ccs(gpus: list[tuple[int, int]]) -> str:
+    return ", ".join(f"{a}.{b}" for a, b in sorted(set(gpus)))
+
+
+def gpu_archs(nvml: NvmlFacts) -> list[tuple[int, int]]:
+    """The compute capabilities NVML reported for the GPUs ([] where it did not say)."""
+    out = []
+    for g in nvml.gpus:
+        cc = g.get("cuda_cc")
+        if isinstance(cc, list) and len(cc) == 2 and all(isinstance(x, int) for x in cc):
+            out.append((cc[0], cc[1]))
+    return out
 
 
 def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:
@@ -89,6 +105,7 @@ def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:
     drv = nvml.system.get("cuda_driver_version") if nvml.ok else None
     dver = nvml.system.get("driver_version") if nvml.ok else None
     driver_version = str(dver) if dver else None
+    archs = gpu_archs(nvml)
     if nvml.ok and drv is None:
         out.append(fail(
             G, "driver CUDA", "libcuda.so.1 not found: CUDA programs cannot run",
@@ -107,7 +124,7 @@ def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:
         out.append(warn(
             G, "torch", f"torch is not installed for {host.python}: CUDA/driver compatibility cannot be checked, "
             "and the health probes cannot run with it",
-            f"{install_advice(host.python, driver_version)}; or point `doctor --python` / probes.python at the "
+            f"{install_advice(host.python, driver_version, archs)}; or point `doctor --python` / probes.python at the "
             "environment that trains",
         ))  # fmt: skip
         return out
@@ -118,7 +135,7 @@ def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:
     if built is None:
         out.append(warn(
             G, "torch build", f"torch {t.get('version')} is a CPU-only build: it will never use the GPU",
-            f"install a CUDA build: {install_advice(host.python, driver_version)}",
+            f"install a CUDA build: {install_advice(host.python, driver_version, archs)}",
         ))  # fmt: skip
         return out
     need = _as_int(str(built))
@@ -135,7 +152,7 @@ def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:
         out.append(fail(
             G, "torch build", f"torch {t.get('version')} is built for CUDA {built}, but the driver supports "
             f"{supports} ({which}: \"CUDA driver version is insufficient\")",
-            f"{upgrade}, or install the build this driver runs: {install_advice(host.python, driver_version)}",
+            f"{upgrade}, or install the build this driver runs: {install_advice(host.python, driver_version, archs)}",
         ))  # fmt: skip
         return out
     compat = ""

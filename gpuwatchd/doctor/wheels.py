@@ -17,6 +17,7 @@ Sources (docs/egpu.md, "Which torch build fits the driver", has the table and th
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 INDEX_URL = "https://download.pytorch.org/whl/"
@@ -27,11 +28,13 @@ FAMILY_MIN_DRIVER: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 60,
 
 @dataclass(frozen=True, slots=True)
 class Build:
-    """One wheel index: its tag, its CUDA version, the torch minor releases published on it."""
+    """One wheel index: its tag, its CUDA version, the torch minor releases published on it, and the GPU
+    architectures (CUDA compute capabilities) its kernels are built for."""
 
     tag: str  # cu126
     cuda: tuple[int, int]  # (12, 6)
     torch: tuple[str, ...]  # "2.6", "2.7", ... oldest first
+    arch: tuple[tuple[int, int], tuple[int, int]]  # oldest and newest compute capability with kernels
 
     @property
     def min_driver(self) -> tuple[int, ...]:
@@ -42,16 +45,21 @@ class Build:
         return INDEX_URL + self.tag
 
 
-# pytorch/pytorch RELEASE.md, Release Compatibility Matrix (stable and experimental CUDA of each release, 2.0-2.14).
+# pytorch/pytorch RELEASE.md, Release Compatibility Matrix (stable and experimental CUDA of each release, 2.0-2.14);
+# architectures: RELEASE.md "PyTorch CUDA Support Matrix" (12.6: Maxwell 5.0 to Hopper 9.0; 13.x: Turing 7.5 to
+# Blackwell 12.0 + PTX) and the sm_ lists of the published 2.5-2.7 builds (cu118 from sm_37; cu128 sm_75-sm_120).
+# The cu128/cu129 range is the 2.7 build's, the narrowest; a newer GPU than a build's newest runs none of its
+# kernels (a 13.x build's PTX for 12.0 is JIT-compiled for newer ones).
+_HOPPER, _BLACKWELL, _NEWER = (9, 0), (12, 0), (12, 99)
 BUILDS: tuple[Build, ...] = (
-    Build("cu118", (11, 8), ("2.0", "2.1", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7")),
-    Build("cu121", (12, 1), ("2.1", "2.2", "2.3", "2.4", "2.5")),
-    Build("cu124", (12, 4), ("2.4", "2.5", "2.6")),
-    Build("cu126", (12, 6), ("2.6", "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14")),
-    Build("cu128", (12, 8), ("2.7", "2.8", "2.9", "2.10", "2.11")),
-    Build("cu129", (12, 9), ("2.8",)),
-    Build("cu130", (13, 0), ("2.9", "2.10", "2.11", "2.12", "2.13", "2.14")),
-    Build("cu132", (13, 2), ("2.12", "2.13", "2.14")),
+    Build("cu118", (11, 8), ("2.0", "2.1", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7"), ((3, 7), _HOPPER)),
+    Build("cu121", (12, 1), ("2.1", "2.2", "2.3", "2.4", "2.5"), ((5, 0), _HOPPER)),
+    Build("cu124", (12, 4), ("2.4", "2.5", "2.6"), ((5, 0), _HOPPER)),
+    Build("cu126", (12, 6), ("2.6", "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14"), ((5, 0), _HOPPER)),
+    Build("cu128", (12, 8), ("2.7", "2.8", "2.9", "2.10", "2.11"), ((7, 5), _BLACKWELL)),
+    Build("cu129", (12, 9), ("2.8",), ((7, 5), _BLACKWELL)),
+    Build("cu130", (13, 0), ("2.9", "2.10", "2.11", "2.12", "2.13", "2.14"), ((7, 5), _NEWER)),
+    Build("cu132", (13, 2), ("2.12", "2.13", "2.14"), ((7, 5), _NEWER)),
 )
 
 
@@ -93,18 +101,33 @@ class Choice:
         return f"{python} -m pip install {what} --index-url {self.build.url}"
 
 
-def choose(driver_version: str) -> Choice | None:
-    """The newest torch with a CUDA build this driver runs, on that torch's newest such build; None when no
-    published build runs on it (the driver must be upgraded first) or the version does not parse."""
+def _has_kernels(b: Build, gpus: Sequence[tuple[int, int]]) -> bool:
+    return all(b.arch[0] <= cc <= b.arch[1] for cc in gpus)
+
+
+def choose(driver_version: str, gpus: Sequence[tuple[int, int]] = ()) -> Choice | None:
+    """The newest torch with a CUDA build this driver runs and that has kernels for every GPU's compute capability
+    in ``gpus`` (none given: any), on that torch's newest such build; None when no published build fits (see
+    :func:`no_build_why`) or the version does not parse."""
     driver = driver_tuple(driver_version)
     if driver is None:
         return None
-    fits = [b for b in BUILDS if _meets(driver, b.min_driver)]
+    fits = [b for b in BUILDS if _meets(driver, b.min_driver) and _has_kernels(b, gpus)]
     if not fits:
         return None
     torch = max((t for b in fits for t in b.torch), key=_release)
     build = max((b for b in fits if torch in b.torch), key=lambda b: b.cuda)
     return Choice(build, torch)
+
+
+def no_build_why(driver_version: str, gpus: Sequence[tuple[int, int]] = ()) -> str:
+    """Why :func:`choose` found nothing: the driver is too old, or no build has kernels for these GPUs."""
+    driver = driver_tuple(driver_version)
+    if driver is not None and any(_meets(driver, b.min_driver) for b in BUILDS):
+        ccs = ", ".join(f"{a}.{b}" for a, b in sorted(set(gpus)))
+        return (f"no published torch build has kernels for compute capability {ccs} that driver {driver_version} "
+                "runs: build torch from source for it, or (a new GPU) upgrade the driver and take the newest index")
+    return f"driver {driver_version} runs no published CUDA build of torch: {upgrade_advice()}"
 
 
 def runs_on(cuda: str, driver_version: str) -> bool | None:

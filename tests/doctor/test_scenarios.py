@@ -102,11 +102,14 @@ DRIVERS: dict[str, tuple[int, str | None, bool]] = {
 }
 
 
-def _driver_scenario(tmp: Path, driver: str, cuda: int, torch: dict[str, Any]) -> Path:
+def _driver_scenario(tmp: Path, driver: str, cuda: int, torch: dict[str, Any],
+                     cc: tuple[int, int] | None = None) -> Path:
     base = yaml.safe_load((Path(gpuwatchd.sim.__file__).parent / "scenarios" / "cuda-too-old.yml").read_text())
     base["name"] = "driver-" + driver.replace(".", "-")
     base["system"].update({"driver_version": driver, "nvml_version": f"{cuda // 1000}.{driver}",
                            "cuda_driver_version": cuda, "torch": torch})
+    if cc is not None:
+        base["devices"][0]["cuda_compute_capability"] = list(cc)
     path = tmp / f"driver-{driver}.yml"
     path.write_text(yaml.safe_dump(base))
     return path
@@ -132,3 +135,23 @@ def test_torch_advice_follows_the_driver(driver: str, sim_host: SimHost, tmp_pat
         assert (f"whl/{tag}`" in b.fix) if tag is not None else "runs no published CUDA build" in b.fix, b
     elif cuda < 12040:
         assert "minor version compatibility" in b.detail, b
+
+
+# The GPU's compute capability (nvmlDeviceGetCudaComputeCapability on the stand-in) narrows the builds to those with
+# kernels for it: a Pascal card on a 580 driver gets cu126 (the 13.x builds start at Turing), a Blackwell card on a
+# 570 driver cu128 with torch 2.11 (cu126 has no kernels for it), a Kepler card none.
+ARCHS: dict[tuple[str, tuple[int, int]], str] = {
+    ("580.65.06", (6, 1)): "whl/cu126`",
+    ("580.65.06", (8, 9)): "whl/cu132`",
+    ("570.124.06", (12, 0)): "'torch==2.11.*' --index-url https://download.pytorch.org/whl/cu128`",
+    ("470.256.02", (3, 5)): "no published torch build has kernels for compute capability 3.5",
+}
+
+
+@pytest.mark.parametrize(("driver", "cc"), sorted(ARCHS))
+def test_torch_advice_follows_the_gpus_architecture(driver: str, cc: tuple[int, int], sim_host: SimHost,
+                                                   tmp_path: Path) -> None:
+    cuda = {"580.65.06": 13000, "570.124.06": 12080, "470.256.02": 11040}[driver]
+    path = _driver_scenario(tmp_path, driver, cuda, {"installed": False}, cc)
+    (r,) = [r for r in run_checks(sim_host(str(path), 5.0)) if (r.group, r.check) == ("cuda", "torch")]
+    assert r.status == "warn" and ARCHS[(driver, cc)] in r.fix, r

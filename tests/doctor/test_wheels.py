@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwatchd.doctor.wheels import BUILDS, FAMILY_MIN_DRIVER, NEWEST_TORCH, choose, driver_tuple, runs_on
+from gpuwatchd.doctor.wheels import BUILDS, FAMILY_MIN_DRIVER, NEWEST_TORCH, choose, driver_tuple, no_build_why, runs_on
 
 
 @pytest.mark.parametrize(("driver", "tag", "torch"), [
@@ -56,3 +56,27 @@ def test_driver_versions_parse_as_nvidia_writes_them() -> None:
     assert driver_tuple("470.256.02") == (470, 256, 2)
     assert driver_tuple("550.54") == (550, 54)
     assert driver_tuple("r550") is None and driver_tuple("") is None
+
+
+@pytest.mark.parametrize(("driver", "gpus", "tag", "torch"), [
+    ("580.65.06", [(6, 1)], "cu126", NEWEST_TORCH),  # Pascal: the 13.x builds start at Turing
+    ("580.65.06", [(7, 5), (6, 0)], "cu126", NEWEST_TORCH),  # every GPU of the host must have kernels
+    ("580.65.06", [(12, 0)], "cu132", NEWEST_TORCH),
+    ("570.124.06", [(12, 0)], "cu128", "2.11"),  # Blackwell on a 12.x driver: cu126 has no kernels for it
+    ("570.124.06", [(9, 0)], "cu126", NEWEST_TORCH),
+    ("535.183.01", [(5, 2)], "cu126", NEWEST_TORCH),  # Maxwell
+    ("470.256.02", [(7, 5)], "cu118", "2.7"),  # cuda-too-old's T4
+    ("470.256.02", [(3, 7)], "cu118", "2.7"),
+    ("470.256.02", [(3, 5)], None, None),  # Kepler GK110: no wheel has kernels for it
+    ("525.60.12", [(12, 0)], None, None),
+])
+def test_index_from_driver_and_gpus(driver: str, gpus: list[tuple[int, int]], tag: str | None,
+                                    torch: str | None) -> None:
+    c = choose(driver, gpus)
+    if tag is None:
+        assert c is None
+        why = no_build_why(driver, gpus)
+        assert f"compute capability {gpus[0][0]}.{gpus[0][1]}" in why and "upgrade the NVIDIA driver first" not in why
+        return
+    assert c is not None and (c.build.tag, c.torch) == (tag, torch)
+    assert "upgrade the NVIDIA driver first" in no_build_why("418.39", gpus)

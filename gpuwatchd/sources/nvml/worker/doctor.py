@@ -11,7 +11,7 @@ the parent still has everything before it and knows which GPU it was (the last `
     {"gpu": {"index", "uuid", "name", "pci_bus_id", "pcie_gen", "pcie_max_gen", "pcie_width", "pcie_max_width",
              "utilization_gpu", "persistence_mode", "power_limit_mw", "power_default_limit_mw",
              "remap_pending", "remap_failure", "retired_pending", "clocks_event_reasons", "pcie_replay_counter",
-             "error"}}
+             "cuda_cc" ([major, minor]), "error"}}
     {"replays": {"index", "counter", "seconds"}}  per GPU, the replay counter read again --replay-window seconds
                                                   after its first read (a rate: issue 28)
     {"done": true}
@@ -80,6 +80,7 @@ def _gpu(i: int) -> dict[str, Any]:
         "retired_pending": None if retired is None else bool(retired),
         "clocks_event_reasons": reasons,
         "pcie_replay_counter": _try(lambda: N.nvmlDeviceGetPcieReplayCounter(h)),
+        "cuda_cc": _try(lambda: list(N.nvmlDeviceGetCudaComputeCapability(h))),
         "error": None,
     }
 
