@@ -12,6 +12,7 @@ from typing import Any
 from gpuwatchd.doctor.context import Host
 from gpuwatchd.doctor.nvml_probe import NvmlFacts, run_child
 from gpuwatchd.doctor.report import Result, fail, ok, warn
+from gpuwatchd.doctor.wheels import FAMILY_MIN_DRIVER, choose, no_build_why, runs_on, text
 
 G = "cuda"
 # The probe worker's availability check (the one torch importer, as for the probes themselves): one JSON line.
@@ -70,9 +71,41 @@ def torch_facts(chk: dict[str, Any]) -> dict[str, Any]:
     return facts
 
 
+def install_advice(python: str, driver_version: str | None, gpus: list[tuple[int, int]] | None = None) -> str:
+    """The install line for the torch build this driver runs with kernels for these GPUs' compute capabilities
+    (``doctor/wheels.py``), or that the driver must be upgraded first; without a known driver version, how to
+    pick one."""
+    if driver_version is None:
+        return (f"`{python} -m pip install torch --index-url https://download.pytorch.org/whl/cuXYZ` with the "
+                "cuXYZ your driver runs (docs/egpu.md, \"Which torch build fits the driver\")")
+    choice = choose(driver_version, gpus or ())
+    if choice is None:
+        return no_build_why(driver_version, gpus or ())
+    cc = f" with kernels for compute capability {_ccs(gpus)}" if gpus else ""
+    return (f"`{choice.pip(python)}` (torch {choice.torch} for CUDA {choice.build.cuda[0]}.{choice.build.cuda[1]}, "
+            f"the newest build driver {driver_version} runs{cc})")
+
+
+def _ccs(gpus: list[tuple[int, int]]) -> str:
+    return ", ".join(f"{a}.{b}" for a, b in sorted(set(gpus)))
+
+
+def gpu_archs(nvml: NvmlFacts) -> list[tuple[int, int]]:
+    """The compute capabilities NVML reported for the GPUs ([] where it did not say)."""
+    out = []
+    for g in nvml.gpus:
+        cc = g.get("cuda_cc")
+        if isinstance(cc, list) and len(cc) == 2 and all(isinstance(x, int) for x in cc):
+            out.append((cc[0], cc[1]))
+    return out
+
+
 def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:
     out: list[Result] = []
     drv = nvml.system.get("cuda_driver_version") if nvml.ok else None
+    dver = nvml.system.get("driver_version") if nvml.ok else None
+    driver_version = str(dver) if dver else None
+    archs = gpu_archs(nvml)
     if nvml.ok and drv is None:
         out.append(fail(
             G, "driver CUDA", "libcuda.so.1 not found: CUDA programs cannot run",
@@ -91,9 +124,8 @@ def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:
         out.append(warn(
             G, "torch", f"torch is not installed for {host.python}: CUDA/driver compatibility cannot be checked, "
             "and the health probes cannot run with it",
-            f"`{host.python} -m pip install torch --index-url https://download.pytorch.org/whl/cu124` (pick the cuXYZ "
-            "at or below the driver's CUDA version), or point `doctor --python` / probes.python at the environment "
-            "that trains",
+            f"{install_advice(host.python, driver_version, archs)}; or point `doctor --python` / probes.python at the "
+            "environment that trains",
         ))  # fmt: skip
         return out
     if t.get("installed") is None or t.get("error"):
@@ -103,20 +135,31 @@ def check_cuda(host: Host, nvml: NvmlFacts) -> list[Result]:
     if built is None:
         out.append(warn(
             G, "torch build", f"torch {t.get('version')} is a CPU-only build: it will never use the GPU",
-            "install a CUDA build: `pip install torch --index-url https://download.pytorch.org/whl/cu124` (pick the "
-            "cuXYZ at or below the driver's CUDA version)",
+            f"install a CUDA build: {install_advice(host.python, driver_version, archs)}",
         ))  # fmt: skip
         return out
     need = _as_int(str(built))
-    if drv is not None and need is not None and need > int(drv):
+    # Minor version compatibility: a build runs on any driver of its CUDA major's minimum, even one whose own CUDA
+    # version is older (doctor/wheels.py); only below that minimum is it "CUDA driver version is insufficient".
+    runs = runs_on(str(built), driver_version) if driver_version is not None else None
+    newer = drv is not None and need is not None and need > int(drv)
+    floor = FAMILY_MIN_DRIVER.get(need // 1000) if need is not None else None
+    if runs is False or (runs is None and newer):
+        upgrade = (f"upgrade the NVIDIA driver to >= {text(floor)} (the oldest that runs CUDA {built} builds)"
+                   if floor is not None else f"upgrade the NVIDIA driver to one that supports CUDA {built}")
+        which = f"driver {driver_version}" if driver_version is not None else "the driver"
+        supports = f"only up to {cuda_text(int(drv))}" if drv is not None else "an older CUDA"
         out.append(fail(
-            G, "torch build", f"torch {t.get('version')} is built for CUDA {built}, but the driver supports only up "
-            f"to {cuda_text(int(drv))} (\"CUDA driver version is insufficient\")",
-            f"upgrade the NVIDIA driver to one that supports CUDA {built} (`nvidia-smi` shows the supported version), "
-            f"or install a torch build for CUDA {cuda_text(int(drv))} or older (https://pytorch.org/get-started/locally)",
+            G, "torch build", f"torch {t.get('version')} is built for CUDA {built}, but the driver supports "
+            f"{supports} ({which}: \"CUDA driver version is insufficient\")",
+            f"{upgrade}, or install the build this driver runs: {install_advice(host.python, driver_version, archs)}",
         ))  # fmt: skip
         return out
-    out.append(ok(G, "torch build", f"torch {t.get('version')} built for CUDA {built}"))
+    compat = ""
+    if runs and newer and drv is not None and floor is not None:
+        compat = (f" (newer than the driver's CUDA {cuda_text(int(drv))}: it runs under CUDA minor version "
+                  f"compatibility, driver {driver_version} >= {text(floor)})")
+    out.append(ok(G, "torch build", f"torch {t.get('version')} built for CUDA {built}{compat}"))
     if nvml.ok and not nvml.system.get("count"):
         out.append(ok(G, "torch.cuda", "no GPU for torch to use: NVML lists none (see the lines above)"))
         return out

@@ -17,6 +17,9 @@ from typing import Any
 from gpuwatchd.doctor.context import Host
 
 PROBE_MODULE = "gpuwatchd.sources.nvml.worker.doctor"
+# Each GPU's PCIe replay counter is read again this long after its first read: replays in a few seconds say more
+# than a total since the driver loaded (a healthy Gen3 x4 link allows ~2 a minute; a bad cable makes 100+).
+REPLAY_WINDOW_SECONDS = 2.0
 
 
 @dataclass
@@ -25,6 +28,8 @@ class NvmlFacts:
     init_message: str = ""
     system: dict[str, Any] = field(default_factory=dict)
     gpus: list[dict[str, Any]] = field(default_factory=list)
+    # GPU index -> (replays counted over the window, its seconds): the second read of each GPU's replay counter
+    replays: dict[int, tuple[int, float]] = field(default_factory=dict)
     timed_out: bool = False
     hung_gpu: int | None = None  # index of the GPU the probe was reading when the deadline passed
     error: str | None = None  # the probe itself failed (could not start, crashed)
@@ -70,7 +75,7 @@ def run_child(host: Host, argv: list[str]) -> ChildRun:
 def probe_nvml(host: Host) -> NvmlFacts:
     facts = NvmlFacts()
     try:
-        run = run_child(host, [host.python, "-m", PROBE_MODULE])
+        run = run_child(host, [host.python, "-m", PROBE_MODULE, "--replay-window", f"{REPLAY_WINDOW_SECONDS:g}"])
     except OSError as e:
         facts.error = f"could not start the NVML probe: {e}"
         return facts
@@ -89,6 +94,12 @@ def probe_nvml(host: Host) -> NvmlFacts:
             current = msg["gpu_start"]
         elif "gpu" in msg:
             facts.gpus.append(msg["gpu"])
+            current = None
+        elif "replays" in msg:
+            r = msg["replays"]
+            before = next((g.get("pcie_replay_counter") for g in facts.gpus if g.get("index") == r.get("index")), None)
+            if isinstance(before, int) and isinstance(r.get("counter"), int):
+                facts.replays[r["index"]] = (r["counter"] - before, float(r.get("seconds") or 0.0))
             current = None
     if facts.timed_out:
         facts.hung_gpu = current

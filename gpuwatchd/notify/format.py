@@ -9,7 +9,7 @@ import math
 import re
 from datetime import datetime, timezone
 
-from gpuwatchd.model import Alert
+from gpuwatchd.model import OWNER_LABELS, Alert, ProcessOwner
 from gpuwatchd.notify.notification import Notification
 
 ELLIPSIS = "…"
@@ -64,6 +64,14 @@ def gpu_line(alert: Alert) -> str:
     return " · ".join(parts)
 
 
+def owner_line(alert: Alert) -> str:
+    """``pod ml/trainer-0 container trainer`` (or ``container 3f2a9c1b7d4e``, ``job 4242``): who owns the process
+    now, from the alert's annotations (the engine keeps them current; its labels are frozen when it fired, so an
+    owner learnt later is only there: docs/alerts.md, "Identity"); "" for a host process or an unknown one."""
+    facts = {k: alert.annotations.get(k) or alert.labels.get(k) for k in OWNER_LABELS}
+    return ProcessOwner(**facts).describe().strip().removeprefix("in ")
+
+
 def utc(ts: float | None) -> str:
     """``2026-11-21 23:13:29 UTC`` (empty for None)."""
     if ts is None:
@@ -100,6 +108,9 @@ def alert_text(alert: Alert, *, bold: str = "*", external_url: str = "") -> str:
     gpu = gpu_line(alert)
     if gpu:
         lines.append(f"GPU: {gpu}")
+    owner = owner_line(alert)
+    if owner:
+        lines.append(f"Owner: {owner}")
     spark = alert.annotations.get("sparkline")
     if spark:
         lines.append(f"Trend: {render_sparkline(spark)}")

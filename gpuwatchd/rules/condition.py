@@ -52,6 +52,12 @@ class Condition:
     # one kind that opened it and was then withdrawn to a ``hold`` lends its age to no other (issue 22: a
     # stalling poller's saturating job). None: one kind, timed from the alert's ``active_at`` as before.
     evidence: str | None = None
+    # Who owns what the alert is about (the process' name, its container, pod, Slurm job: ``owner_labels``): labels
+    # of the alert, never of its identity (issue 28). They can arrive after the alert fired (the kubelet answering
+    # late) or change; the engine tracks the alert by ``labels`` alone, follows these while it is pending and
+    # freezes them into its labels when it fires (what receivers and Alertmanager saw stays one alert). The family
+    # puts the current owner in ``annotations`` too, so the next message says it (docs/alerts.md, "Identity").
+    attribution: Mapping[str, str] = field(default_factory=dict)
 
 
 class RuleView(Protocol):
@@ -83,7 +89,8 @@ class RuleView(Protocol):
 
 def owner_labels(view: RuleView, uuid: str, pid: int) -> dict[str, str]:
     """The known owner labels of a GPU process (container_id, namespace, pod, container, hpc_job), so an
-    Alertmanager route can send a process alert to the team owning the namespace; {} for a host process."""
+    Alertmanager route can send a process alert to the team owning the namespace; {} for a host process. A
+    condition carries them as ``attribution`` (never as identity ``labels``) and in its ``annotations`` (current)."""
     owner = view.process_owner(uuid, pid)
     return owner.labels() if owner is not None else {}
 

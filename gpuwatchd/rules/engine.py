@@ -4,8 +4,11 @@ inactive -> pending (condition raised; ``active_at``) -> firing (held at every e
 kind of evidence when a rule names it, ``Condition.evidence``; ``fired_at``) -> resolved (not held for
 ``keep_firing_for``; ``resolved_at``) -> gone after ``resolved_retention``.
 A pending alert whose condition clears vanishes silently (Prometheus semantics). An alert is identified by the
-fingerprint of its labels; ``active_at`` survives across evaluations. A condition returning after resolution
-starts a new alert (new ``active_at``).
+fingerprint of its condition's identity labels (``Condition.labels``); ``active_at`` survives across evaluations.
+A condition returning after resolution starts a new alert (new ``active_at``). Attribution
+(``Condition.attribution``: the process' name and owner, which may arrive late or change) is never identity: the
+alert's labels follow it while pending and are frozen when it fires; the family puts the current facts in its
+annotations (issue 28: pod labels arriving after a leak fired made one leak two alerts and three messages).
 
 A family that raises is logged and counted; its alerts keep their state (missing data is not "all clear") and
 the other families still run.
@@ -16,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import gpuwatchd.rules.nvlink as nvlink_rule
 import gpuwatchd.rules.recovery as recovery_rule
@@ -115,6 +118,8 @@ class _Tracked:
     applied: Condition | None = None
     fire_from: float | None = None
     hold_for: float = 0.0
+    # The identity labels (the condition's, with alertname/severity/host): the alert's labels less its attribution.
+    ident: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +299,7 @@ class RulesEngine:
         self._indexed_at = self._changes
         for tfp, t in self._tracked.items():  # the first (oldest) one wins, as a scan in order would find it
             if t.alert.state != "resolved":
-                self._by_labels.setdefault(_without_gpu(t.alert.labels), tfp)
+                self._by_labels.setdefault(_without_gpu(t.ident), tfp)
                 self._names_uuids.add((t.alert.labels.get("alertname", ""), t.alert.labels.get("uuid", "")))
                 if t.alert.state == "firing":
                     self._firing_names.add(t.alert.name)
@@ -338,20 +343,21 @@ class RulesEngine:
             hold_for = sec.for_ if c.hold_for is None else c.hold_for
             if tracked is None or not active:
                 state: AlertState = "firing" if hold_for <= 0 else "pending"
+                ident = self._labels(c)
                 alert = Alert(
                     name=c.name,
                     severity=c.severity,
-                    labels=self._labels(c),
+                    labels={**ident, **c.attribution} if c.attribution else ident,
                     summary=c.summary,
                     description=c.description,
                     state=state,
                     active_at=now,
                     fired_at=now if state == "firing" else None,
                     value=c.value,
-                    annotations=dict(c.annotations),
+                    annotations=_annotations(c),
                 )
                 self._tracked[fp] = _Tracked(family, alert, now, {c.evidence: now}, now,
-                                             (now, c.name, alert.fingerprint), c, now, hold_for)
+                                             (now, c.name, alert.fingerprint), c, now, hold_for, ident)
                 self._order = None
                 self._changes += 1
                 continue
@@ -370,11 +376,20 @@ class RulesEngine:
                 tracked.run_since = None
             tracked.last_held = now
             tracked.applied, tracked.fire_from, tracked.hold_for = c, fire_from, hold_for
-            if not fire and (a.summary, a.description, a.value, a.annotations) == (
-                    c.summary, c.description, c.value, c.annotations):
+            annotations = _annotations(c)
+            # A pending alert's labels follow its attribution (nothing has been told of it yet); a firing one's
+            # were frozen when it fired: receivers and Alertmanager know it by those.
+            labels = a.labels
+            if a.state == "pending":
+                current = {**tracked.ident, **c.attribution} if c.attribution else tracked.ident
+                if current != labels:
+                    labels = current
+            if not fire and labels is a.labels and (a.summary, a.description, a.value, a.annotations) == (
+                    c.summary, c.description, c.value, annotations):
                 continue  # the same words and value: the alert stays the object it was
-            tracked.alert = _reworded(a, c, "firing" if fire else a.state, now if fire else a.fired_at)
-            if fire:
+            tracked.alert = _reworded(a, c, "firing" if fire else a.state, now if fire else a.fired_at,
+                                      labels=labels, annotations=annotations)
+            if fire or labels is not a.labels:
                 self._changes += 1
 
         # "clear" notes carry the resolution message; matched by identity, else by (alertname, uuid) because a
@@ -416,14 +431,15 @@ class RulesEngine:
             self._changes += 1
 
 
-def _reworded(a: Alert, c: Condition, state: AlertState, fired_at: float | None) -> Alert:
-    """``a`` with the words, value and annotations of ``c`` and the state given: ``dataclasses.replace`` spelled
-    out (replace walks the fields by name, ~2.5 us an alert: 4,096 alerts whose age moved in their words, every
-    minute at 16x256 with every process gone). tests/rules/test_engine_reuse.py checks every field is here."""
+def _reworded(a: Alert, c: Condition, state: AlertState, fired_at: float | None, *, labels: dict[str, str],
+              annotations: dict[str, str]) -> Alert:
+    """``a`` with the words and value of ``c``, the labels, annotations and state given: ``dataclasses.replace``
+    spelled out (replace walks the fields by name, ~2.5 us an alert: 4,096 alerts whose age moved in their words,
+    every minute at 16x256 with every process gone). tests/rules/test_engine_reuse.py checks every field is here."""
     return Alert(
         name=a.name,
         severity=a.severity,
-        labels=a.labels,
+        labels=labels,
         summary=c.summary,
         description=c.description,
         state=state,
@@ -431,8 +447,14 @@ def _reworded(a: Alert, c: Condition, state: AlertState, fired_at: float | None)
         fired_at=fired_at,
         resolved_at=a.resolved_at,
         value=c.value,
-        annotations=dict(c.annotations),
+        annotations=annotations,
     )
+
+
+def _annotations(c: Condition) -> dict[str, str]:
+    """The alert's annotations: the condition's (a family puts the owner facts known now there, which the alert's
+    frozen labels may lack or state as they were when it fired: rules/condition.py ``owner_labels``)."""
+    return dict(c.annotations)
 
 
 def _partial_note(notes: Iterable[Condition], a: Alert) -> Condition | None:

@@ -75,8 +75,10 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         ratio, what = act
         p = holder(g)
         base = gpu_labels(view, g.uuid)
-        labels = ({**base, "pid": str(p.pid), "process": p.name or "", **owner_labels(view, g.uuid, p.pid)}
-                  if p is not None else base)
+        # the holder's pid is the identity; its name and owner are attribution (rules/condition.py)
+        labels = {**base, "pid": str(p.pid)} if p is not None else base
+        owner = owner_labels(view, g.uuid, p.pid) if p is not None else {}
+        attribution = {"process": p.name or "", **owner} if p is not None else {}
         level: Level
         if share < cfg.min_memory_ratio:
             # clear: only the message of a resolution (the engine ignores it for an alert that is not active)
@@ -89,5 +91,6 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
             summary = (f"{gpu_title(base)}: {fmt_bytes(used)} of {fmt_bytes(total)} held ({fmt_share(share)}) but "
                        f"{what} is {fmt_share(ratio)}; the memory is held by {_who(p)}"
                        f"{owner_phrase(view, g.uuid, p.pid) if p is not None else ''}")
-        out.append(Condition(NAME, "info", labels, summary, DESCRIPTION, value=ratio, level=level))
+        out.append(Condition(NAME, "info", labels, summary, DESCRIPTION, value=ratio, level=level,
+                             attribution=attribution, annotations=owner))
     return out

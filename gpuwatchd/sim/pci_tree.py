@@ -39,8 +39,40 @@ def sysfs_files(state: dict[str, Any]) -> dict[str, dict[str, str]]:
             "current_link_width": "63" if dead else str(link.get("width") or 0),
             "max_link_speed": _LINK_SPEED.get(link.get("max_gen") or 0, "Unknown"),
             "max_link_width": str(link.get("max_width") or 0),
+            **aer_files(dev.get("field_values") or {}),
         }
     return out
+
+
+# The kernel's AER stats files (drivers/pci/pcie/aer.c: one "Name count" line per error bit, then the total), from
+# the NVML PCIe error fields of the state: what the GPU counts is what its AER capability reports.
+_AER_CORRECTABLE = (("RxErr", "pcie_receiver_errors"), ("BadTLP", "pcie_bad_tlp"), ("BadDLLP", "pcie_bad_dllp"),
+                    ("Rollover", None), ("Timeout", None), ("NonFatalErr", None), ("CorrIntErr", None),
+                    ("HeaderOF", None))
+_AER_UNCORRECTABLE = ("Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF", "MalfTLP",
+                      "ECRC", "UnsupReq", "ACSViol", "UncorrIntErr", "BlockedTLP", "AtomicOpBlocked", "TLPBlockedErr",
+                      "PoisonTLPBlocked")
+
+
+def aer_files(fields: dict[str, Any]) -> dict[str, str]:
+    """``aer_dev_correctable``, ``aer_dev_nonfatal`` and ``aer_dev_fatal`` for a GPU with these field values."""
+    def n(key: str | None) -> int:
+        v = fields.get(key) if key is not None else None
+        return int(v) if isinstance(v, (int, float)) else 0
+
+    cor = [(name, n(key)) for name, key in _AER_CORRECTABLE]
+    total_cor = n("pcie_correctable_errors") or sum(c for _, c in cor)
+    nonfatal, fatal = n("pcie_non_fatal_errors"), n("pcie_fatal_errors")
+    # Uncorrectable errors are put on the data link protocol bit (a bad link's usual one); the total is the field.
+    def uncorrectable(total: int, total_name: str) -> str:
+        lines = [f"{name} {total if name == 'DLP' else 0}" for name in _AER_UNCORRECTABLE]
+        return "\n".join([*lines, f"{total_name} {total}"]) + "\n"
+
+    return {
+        "aer_dev_correctable": "\n".join([*(f"{k} {v}" for k, v in cor), f"TOTAL_ERR_COR {total_cor}"]) + "\n",
+        "aer_dev_nonfatal": uncorrectable(nonfatal, "TOTAL_ERR_NONFATAL"),
+        "aer_dev_fatal": uncorrectable(fatal, "TOTAL_ERR_FATAL"),
+    }
 
 
 def mirror_sysfs(root: Path, state: dict[str, Any]) -> None:

@@ -137,6 +137,7 @@ def device_schema() -> dict[str, Any]:
         schema["field_values"] = dict.fromkeys(FIELD_VALUE_KEYS, 0)
     schema.setdefault("pcie_lane_errors", [0])  # devices[N].pcie_lane_errors[L]
     schema.setdefault("temperature_margin", 0)
+    schema.setdefault("cuda_compute_capability", [0, 0])  # [major, minor]: unset (NOT_SUPPORTED) by default
     if schema.get("recovery_action") is None:
         schema["recovery_action"] = 0
     from gpuwatchd.sim.gpm_state import gpm_schema

@@ -718,6 +718,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t de
 }
 #endif
 
+#ifndef OMIT_nvmlDeviceGetCudaComputeCapability
+EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    sdev *d;
+    nvmlReturn_t r = enter_dev(F_nvmlDeviceGetCudaComputeCapability, device, major && minor, &d);
+    if (r) return r;
+    if (d->cc[0] == UNSET || d->cc[1] == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *major = (int)d->cc[0];
+    *minor = (int)d->cc[1];
+    return leave(NVML_SUCCESS);
+}
+#endif
+
 /* ------------------------------------------------------------------------------------------------ media engines */
 
 /* NVML's media-engine sampling period: the stand-in answers a fixed 1/6 s, the shortest real drivers report. */

@@ -52,7 +52,8 @@
     X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetProcessesUtilizationInfo) \
     X(nvmlGpmQueryDeviceSupport) X(nvmlGpmSampleGet) X(nvmlGpmMigSampleGet) X(nvmlGpmMetricsGet) \
     X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetMigDeviceHandleByIndex) X(nvmlDeviceIsMigDeviceHandle) \
-    X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle) X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId)
+    X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle) X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId) \
+    X(nvmlDeviceGetCudaComputeCapability)
 
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,
@@ -102,6 +103,7 @@ typedef struct {
     long long tthr[4]; /* shutdown, slowdown, mem_max, gpu_max = nvmlTemperatureThresholds_t 0..3 */
     long long reading[NREADINGS]; /* standin_readings.def, by R_ id; UNSET: NOT_SUPPORTED */
     long long pcons[2];
+    long long cc[2]; /* nvmlDeviceGetCudaComputeCapability: major, minor */
     long long codec[2]; /* nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization: percent */
     long long fv[FIELD_VALUE_COUNT]; /* nvmlDeviceGetFieldValues, in FIELD_VALUES order (standin.c) */
     slist pcie_lanes;   /* NVML_FI_DEV_PCIE_COUNT_LANE_ERROR per lane (scopeId); n -1: not supported */

@@ -178,6 +178,8 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(r.symbol for r in READINGS) | fr
         "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         "nvmlDeviceGetGpuInstanceId",
         "nvmlDeviceGetComputeInstanceId",
+        # The GPU's CUDA compute capability (which torch builds have kernels for it: gpuwatchd doctor)
+        "nvmlDeviceGetCudaComputeCapability",
     ]
 )
 # Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).

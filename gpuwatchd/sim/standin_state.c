@@ -50,8 +50,8 @@ void dev_defaults(sdev *d) {
                           &d->mig_max, &d->gi, &d->ci, &d->margin};
     for (size_t i = 0; i < sizeof(unset) / sizeof(unset[0]); i++) *unset[i] = UNSET;
     long long *arrs[] = {d->pci, d->mem, d->util, d->tthr, d->pcons, d->clk, d->maxclk, d->viol, d->ecc_mode,
-                         d->ecc, d->remap, d->pcie, d->mig, d->fv, d->encstats};
-    size_t lens[] = {5, 3, 2, 4, 2, 4, 4, NVML_PERF_POLICY_COUNT, 2, 4, 4, 8, 2, FIELD_VALUE_COUNT, 3};
+                         d->ecc, d->remap, d->pcie, d->mig, d->fv, d->encstats, d->cc};
+    size_t lens[] = {5, 3, 2, 4, 2, 4, 4, NVML_PERF_POLICY_COUNT, 2, 4, 4, 8, 2, FIELD_VALUE_COUNT, 3, 2};
     for (size_t a = 0; a < sizeof(arrs) / sizeof(arrs[0]); a++)
         for (size_t i = 0; i < lens[a]; i++) arrs[a][i] = UNSET;
     for (int i = 0; i < NREADINGS; i++) d->reading[i] = UNSET;
@@ -190,6 +190,7 @@ int parse_device_line(sdev *d, const char *key, char *a) {
     else if (!strcmp(key, "temperature")) return parse_fixed(a, &d->temp, 1);
     else if (!strcmp(key, "temperature_thresholds")) return parse_fixed(a, d->tthr, 4);
     else if (!strcmp(key, "power_constraints")) return parse_fixed(a, d->pcons, 2);
+    else if (!strcmp(key, "cuda_compute_capability")) return parse_fixed(a, d->cc, 2);
     else if (!strcmp(key, "encoder_utilization")) return parse_fixed(a, &d->codec[0], 1);
     else if (!strcmp(key, "decoder_utilization")) return parse_fixed(a, &d->codec[1], 1);
     else if (!strcmp(key, "field_values")) return parse_fixed(a, d->fv, FIELD_VALUE_COUNT);

@@ -147,6 +147,7 @@ _DEVICE_KEYS = {
     "temperature_margin",
     "encoder_stats",
     "power_constraints_mw",
+    "cuda_compute_capability",
     "clocks_mhz",
     "max_clocks_mhz",
     "violation_ns",
@@ -237,13 +238,14 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
         e.put("encoder_stats", *(_int(f"{p}.encoder_stats.{k}", es[k], 0, _U32) for k in _ENCODER_STATS_KEYS))
     for key, line in (
         ("power_constraints_mw", "power_constraints"),
+        ("cuda_compute_capability", "cuda_compute_capability"),
         ("ecc_mode", "ecc_mode"),
         ("mig_mode", "mig_mode"),
     ):
         if d.get(key) is not None:
             pair = _list(f"{p}.{key}", d[key])
             if len(pair) != 2:
-                raise _fail(f"{p}.{key}", "expected [current, pending] / [min, max]")
+                raise _fail(f"{p}.{key}", "expected [current, pending] / [min, max] / [major, minor]")
             e.put(line, *(_int(f"{p}.{key}[{i}]", x, 0, _U32) for i, x in enumerate(pair)))
     if d.get("temperature_margin") is not None:  # signed: a GPU past its slowdown threshold has a negative margin
         e.put("temperature_margin", _int(f"{p}.temperature_margin", d["temperature_margin"], -273, 255))

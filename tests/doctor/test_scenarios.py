@@ -5,9 +5,13 @@ check passes. The stand-in driver, the fake /proc, /sys (PCI and Thunderbolt) an
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+import gpuwatchd.sim
 from gpuwatchd.doctor.report import Result, exit_code
 from gpuwatchd.doctor.run import run_checks
 
@@ -80,3 +84,74 @@ def test_nvml_hang_returns_within_its_deadline(sim_host: SimHost) -> None:
     lib = next(r for r in results if r.check == "libnvidia-ml.so.1")
     assert lib.status == "fail" and "GPU 1 stopped answering" in lib.detail
     assert "gpu 0" in {r.group for r in results} and "gpu 1" not in {r.group for r in results}
+
+
+# Issue 28 part 4: the torch advice follows the driver, on the stand-in driver with versions no scenario ships.
+# driver -> (its CUDA as NVML says it, the index doctor must name or None for "upgrade first", whether the installed
+# torch 2.5.1+cu124 runs: minor version compatibility, CUDA 12.x builds on >= 525.60.13)
+DRIVERS: dict[str, tuple[int, str | None, bool]] = {
+    "418.39": (10010, None, False),
+    "450.80.02": (11000, "cu118", False),
+    "470.256.02": (11040, "cu118", False),
+    "525.60.12": (12000, "cu118", False),
+    "525.60.13": (12000, "cu126", True),
+    "535.183.01": (12020, "cu126", True),
+    "550.54.14": (12040, "cu126", True),
+    "570.124.06": (12080, "cu126", True),
+    "580.65.06": (13000, "cu132", True),
+}
+
+
+def _driver_scenario(tmp: Path, driver: str, cuda: int, torch: dict[str, Any],
+                     cc: tuple[int, int] | None = None) -> Path:
+    base = yaml.safe_load((Path(gpuwatchd.sim.__file__).parent / "scenarios" / "cuda-too-old.yml").read_text())
+    base["name"] = "driver-" + driver.replace(".", "-")
+    base["system"].update({"driver_version": driver, "nvml_version": f"{cuda // 1000}.{driver}",
+                           "cuda_driver_version": cuda, "torch": torch})
+    if cc is not None:
+        base["devices"][0]["cuda_compute_capability"] = list(cc)
+    path = tmp / f"driver-{driver}.yml"
+    path.write_text(yaml.safe_dump(base))
+    return path
+
+
+@pytest.mark.parametrize("driver", sorted(DRIVERS))
+def test_torch_advice_follows_the_driver(driver: str, sim_host: SimHost, tmp_path: Path) -> None:
+    cuda, tag, runs = DRIVERS[driver]
+    missing = _driver_scenario(tmp_path, driver, cuda, {"installed": False})
+    (r,) = [r for r in run_checks(sim_host(str(missing), 5.0)) if (r.group, r.check) == ("cuda", "torch")]
+    assert r.status == "warn"
+    if tag is None:
+        assert "upgrade the NVIDIA driver first: >= 525.60.13" in r.fix and "index-url" not in r.fix.split(":")[0], r
+    else:
+        assert f"--index-url https://download.pytorch.org/whl/{tag}`" in r.fix, r
+        assert "cu124" not in r.fix
+    cu124 = _driver_scenario(tmp_path, driver, cuda, {"installed": True, "version": "2.5.1+cu124", "cuda": "12.4",
+                                                      "available": runs, "device_count": int(runs)})
+    (b,) = [r for r in run_checks(sim_host(str(cu124), 5.0)) if (r.group, r.check) == ("cuda", "torch build")]
+    assert (b.status == "pass") is runs, b
+    if not runs:
+        assert "upgrade the NVIDIA driver to >= 525.60.13" in b.fix, b
+        assert (f"whl/{tag}`" in b.fix) if tag is not None else "runs no published CUDA build" in b.fix, b
+    elif cuda < 12040:
+        assert "minor version compatibility" in b.detail, b
+
+
+# The GPU's compute capability (nvmlDeviceGetCudaComputeCapability on the stand-in) narrows the builds to those with
+# kernels for it: a Pascal card on a 580 driver gets cu126 (the 13.x builds start at Turing), a Blackwell card on a
+# 570 driver cu128 with torch 2.11 (cu126 has no kernels for it), a Kepler card none.
+ARCHS: dict[tuple[str, tuple[int, int]], str] = {
+    ("580.65.06", (6, 1)): "whl/cu126`",
+    ("580.65.06", (8, 9)): "whl/cu132`",
+    ("570.124.06", (12, 0)): "'torch==2.11.*' --index-url https://download.pytorch.org/whl/cu128`",
+    ("470.256.02", (3, 5)): "no published torch build has kernels for compute capability 3.5",
+}
+
+
+@pytest.mark.parametrize(("driver", "cc"), sorted(ARCHS))
+def test_torch_advice_follows_the_gpus_architecture(driver: str, cc: tuple[int, int], sim_host: SimHost,
+                                                   tmp_path: Path) -> None:
+    cuda = {"580.65.06": 13000, "570.124.06": 12080, "470.256.02": 11040}[driver]
+    path = _driver_scenario(tmp_path, driver, cuda, {"installed": False}, cc)
+    (r,) = [r for r in run_checks(sim_host(str(path), 5.0)) if (r.group, r.check) == ("cuda", "torch")]
+    assert r.status == "warn" and ARCHS[(driver, cc)] in r.fix, r

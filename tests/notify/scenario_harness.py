@@ -53,9 +53,10 @@ class ScenarioRun:
 
 def sim_config(sinks: dict[str, Sink], state_dir: Path, libdir: Path, sysfs_root: Path | None = None,
                rules: dict[str, Any] | None = None) -> Config:
+    """Every chat service's receiver on its sink; an ``alertmanager`` sink in ``sinks`` adds that receiver too."""
     receivers = [
         {"name": f"{s}-1", "type": s, "url": sinks[s].url, "rate_limit_per_minute": 6000, "timeout": "5s"}
-        for s in SERVICES
+        for s in (*SERVICES, "alertmanager") if s in sinks
     ]
     return config_from_dict(
         {

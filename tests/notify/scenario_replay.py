@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from gpuwatchd.config.types import replace
+from gpuwatchd.model import Alert
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.probes.config import sim_probes
 from gpuwatchd.probes.service import ProbeService
@@ -96,8 +98,14 @@ class Replay:
     store: Store | None = None  # what the daemon's store held at the end (exported series, status)
 
 
+# Called after each step's evaluation with the scenario time and the engine's alerts (a test's hand in the run).
+StepHook = Callable[[float, list[Alert]], Awaitable[None]]
+
+
 async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: float, probes: bool = False,
-                 rules: dict[str, Any] | None = None, attribution: AttributionTask | None = None) -> Replay:
+                 rules: dict[str, Any] | None = None, attribution: AttributionTask | None = None,
+                 attribution_loop: bool = False, alertmanager: bool = False,
+                 on_step: StepHook | None = None) -> Replay:
     """Run scenario ``name`` from 0 to its end plus ``tail``, one poll and one evaluation every ``step`` seconds.
 
     With ``probes``, the torch health probes run as under ``gpuwatchd sim`` (CPU device, the sim's schedule and
@@ -105,12 +113,16 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
     ``rules``: the rules config (None: the scenario's own, ``SCENARIO_RULES``; {}: the defaults).
     ``attribution``: the attribution source, refreshed once before the first poll and consulted after every
     snapshot as the daemon does (its proc_root should be ``tmp / "sysfs" / "proc"``, the sim's fake /proc).
+    ``attribution_loop``: refresh it in the background as the daemon does (``AttributionTask.run``, every
+    ``kubernetes.interval`` wall seconds) instead of once before the first poll: a slow kubelet answers whenever it
+    does, between steps. ``alertmanager``: one more sink, ``sinks["alertmanager"]``, as an ``alertmanager`` receiver.
+    ``on_step``: awaited after every step's evaluation (:data:`StepHook`). ``name`` may be a scenario file's path.
     """
     scen = load_scenario(name)
     clock = ManualClock(SCENARIO_EPOCH)
     runners: list[web.AppRunner] = []
     sinks: dict[str, Sink] = {}
-    for s in SERVICES:
+    for s in (*SERVICES, "alertmanager") if alertmanager else SERVICES:
         sink, runner = await start_sink(f"/{s}/SECRET{s}")
         sinks[s] = sink
         runners.append(runner)
@@ -129,8 +141,11 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
         config = replace(config, probes=sim_probes(config.probes, set()))
         prober = ProbeService(config, store, clock, tmp / "state-dir", sim=SimProbes(state_path))
     workers = 0
+    loop_task: asyncio.Task[None] | None = None
     try:
-        if attribution is not None:
+        if attribution is not None and attribution_loop:
+            loop_task = asyncio.create_task(attribution.run())
+        elif attribution is not None:
             await attribution.refresh()
         fresh = True
         pci: set[str] = set()
@@ -169,9 +184,15 @@ async def replay(name: str, child: NvmlChild, tmp: Path, *, step: float, tail: f
             kernel_log.after_snapshot(snap)
             if prober is not None:
                 await prober.step()
-            dispatcher.update(list(engine.evaluate(store, clock.now())))
+            alerts = list(engine.evaluate(store, clock.now()))
+            dispatcher.update(alerts)
+            if on_step is not None:
+                await on_step(t, alerts)
         await _drain(dispatcher)
     finally:
+        if loop_task is not None:
+            loop_task.cancel()
+            await asyncio.gather(loop_task, return_exceptions=True)
         child.call(op="close")
         await dispatcher.stop()
         for r in runners:

@@ -432,7 +432,10 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                 continue  # nothing to judge (flat.py): the same as the whole history would say, without reading it
             hist = view.process_history(g.uuid, p.pid)
             appeared = _appeared(hist, watched_from)
-            labels = {**base, "pid": str(p.pid), "process": _process_name(p), **owner_labels(view, g.uuid, p.pid)}
+            # pid is the identity; its name and owner are attribution (condition.py): late pod labels never fork it
+            labels = {**base, "pid": str(p.pid)}
+            owner = owner_labels(view, g.uuid, p.pid)
+            attribution = {"process": _process_name(p), **owner}
             who = f"{_process_name(p)}[{p.pid}]{owner_phrase(view, g.uuid, p.pid)}"
             gpu_pts = [(x.t, float(x.used_memory_bytes)) for x in hist if x.used_memory_bytes is not None]
             judged = _judge(gpu_pts, now, cfg, free=free, min_growth=min_growth, floor_growth=floor_growth,
@@ -448,10 +451,11 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                         GPU_DESCRIPTION,
                         value=v.eta_seconds,
                         level=level,
-                        annotations=_annotations(t, v),
+                        annotations={**_annotations(t, v), **owner},
                         hold_for=judged.hold_for,
                         fire_on_hold=False,
                         evidence=judged.evidence,
+                        attribution=attribution,
                     )
                 )
             elif judged is not None:  # a series that rose (a flat one never had an alert): how it ended
@@ -472,10 +476,11 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                             HOST_RSS_DESCRIPTION,
                             value=t.recent_rate,
                             level=level,
-                            annotations=_annotations(t, v),
+                            annotations={**_annotations(t, v), **owner},
                             hold_for=max(cfg.for_, cfg.host_rss_for),
                             fire_on_hold=False,
                             evidence=judged.evidence,
+                            attribution=attribution,
                         )
                     )
                 elif judged is not None:

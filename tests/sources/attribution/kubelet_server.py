@@ -1,7 +1,8 @@
 """A real gRPC server on a unix socket serving the kubelet's ``v1.PodResourcesLister`` (tests' stand-in kubelet).
 
 It answers ``List`` from a plain description (``{(namespace, pod): {container: [(resource, [device ids])]}}``)
-that tests can swap while it runs, can be made slow (sleep before answering) or broken (abort with a status).
+that tests can swap while it runs, can be made slow (sleep before answering), late (``gate``: no answer until the
+test opens it) or broken (abort with a status).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class Kubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
         self.calls = 0
         self.lock = threading.Lock()
         self.released = threading.Event()  # set when the server goes: a slow answer stops waiting then
+        self.gate = threading.Event()  # List answers only once this is set (cleared: a kubelet answering late)
+        self.gate.set()
+        self.answered = 0  # List calls answered (not failed)
 
     def List(self, request: Any, context: Any) -> Any:
         with self.lock:
@@ -47,8 +51,14 @@ class Kubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
             delay, fail, pods = self.delay, self.fail, self.pods
         if delay:
             self.released.wait(delay)
+        while not self.gate.wait(0.05) and not self.released.is_set():
+            pass
+        with self.lock:
+            fail, pods = self.fail, self.pods  # what holds when it finally answers
         if fail is not None:
             context.abort(fail, "stand-in kubelet told to fail")
+        with self.lock:
+            self.answered += 1
         return response(pods)
 
 

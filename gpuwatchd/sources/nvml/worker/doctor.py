@@ -10,7 +10,10 @@ the parent still has everything before it and knows which GPU it was (the last `
     {"gpu_start": i}
     {"gpu": {"index", "uuid", "name", "pci_bus_id", "pcie_gen", "pcie_max_gen", "pcie_width", "pcie_max_width",
              "utilization_gpu", "persistence_mode", "power_limit_mw", "power_default_limit_mw",
-             "remap_pending", "remap_failure", "retired_pending", "clocks_event_reasons", "error"}}
+             "remap_pending", "remap_failure", "retired_pending", "clocks_event_reasons", "pcie_replay_counter",
+             "cuda_cc" ([major, minor]), "error"}}
+    {"replays": {"index", "counter", "seconds"}}  per GPU, the replay counter read again --replay-window seconds
+                                                  after its first read (a rate: issue 28)
     {"done": true}
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 
 import pynvml as N
@@ -75,11 +79,29 @@ def _gpu(i: int) -> dict[str, Any]:
         "remap_failure": bool(remap[3]) if remap is not None else None,
         "retired_pending": None if retired is None else bool(retired),
         "clocks_event_reasons": reasons,
+        "pcie_replay_counter": _try(lambda: N.nvmlDeviceGetPcieReplayCounter(h)),
+        "cuda_cc": _try(lambda: list(N.nvmlDeviceGetCudaComputeCapability(h))),
         "error": None,
     }
 
 
+def _replays_again(first: dict[int, tuple[float, int]], window: float) -> None:
+    """Each GPU's replay counter ``window`` seconds after its first read (from which doctor tells a rate)."""
+    if not first:
+        return
+    time.sleep(max(0.0, window - (time.monotonic() - min(t for t, _ in first.values()))))
+    for i, (t0, _) in first.items():
+        _emit({"gpu_start": i})
+        try:
+            n = N.nvmlDeviceGetPcieReplayCounter(N.nvmlDeviceGetHandleByIndex(i))
+        except N.NVMLError:
+            continue
+        if n is not None:
+            _emit({"replays": {"index": i, "counter": n, "seconds": time.monotonic() - t0}})
+
+
 def main() -> int:
+    window = float(sys.argv[sys.argv.index("--replay-window") + 1]) if "--replay-window" in sys.argv else 0.0
     try:
         N.nvmlInitWithFlags(N.NVML_INIT_FLAG_NO_GPUS)
     except N.NVMLError as e:
@@ -97,9 +119,16 @@ def main() -> int:
             }
         }
     )
+    first: dict[int, tuple[float, int]] = {}
     for i in range(count):
         _emit({"gpu_start": i})
-        _emit({"gpu": _gpu(i)})
+        t0 = time.monotonic()
+        g = _gpu(i)
+        _emit({"gpu": g})
+        if g.get("pcie_replay_counter") is not None:
+            first[i] = (t0, g["pcie_replay_counter"])
+    if window > 0:
+        _replays_again(first, window)
     _emit({"done": True})
     _try(N.nvmlShutdown)
     return 0
