@@ -144,6 +144,14 @@ class Worker:
         self.in_flight: int | None = None
         self.last_error: str | None = None
 
+    def take_token(self, now: float) -> float:
+        """Spend a token of this member's rate limit for a send outside the outbox (a receiver test); returns 0 when
+        taken, else the seconds until one is free (nothing spent)."""
+        wait = self._bucket.wait_time(now)
+        if wait <= 0:
+            self._bucket.take(now)
+        return wait
+
     async def run(self) -> None:
         """Loop until cancelled or ``stopping``."""
         while not self.stopping:

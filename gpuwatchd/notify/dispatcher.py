@@ -482,6 +482,13 @@ class Dispatcher:
             })
         return out
 
+    def reserve_send(self, member: Member) -> float:
+        """Spend a token of ``member``'s rate limit for a send outside the outbox (a receiver test): 0 when taken,
+        else the seconds until one is free. The token is the delivery worker's own, so tests and notifications
+        share the limit."""
+        w = self._workers.get(member.key)
+        return w.take_token(self._clock.now()) if w is not None else 0.0
+
     def last_errors(self) -> dict[str, str | None]:
         """Latest delivery error per receiver member (already redacted; cluster members are ``name#i``)."""
         return {n: w.last_error for n, w in self._workers.items()}
