@@ -20,6 +20,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Hashable, Iterable
@@ -237,6 +238,11 @@ class Outbox:
         r = self._pending.get(row_id)
         if r is None:
             return
+        if not math.isfinite(next_attempt):
+            # NOT NULL column: a NaN (SQLite stores it as NULL) failed the write and it was dropped. Retry at once
+            # rather than lose the row's state; the caller's backoff is what spaces attempts.
+            log.error("notification %d: retry time %r is not a number; retrying now", row_id, next_attempt)
+            next_attempt = r.next_attempt
         r = self._pending[row_id] = replace(r, attempts=r.attempts + 1, next_attempt=next_attempt, last_error=error)
         # Absolute values, so a held retry mark can be replaced by the next one (writer.py).
         sql = "UPDATE outbox SET attempts = ?, next_attempt = ?, last_error = ? WHERE id = ?"
