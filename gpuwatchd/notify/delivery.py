@@ -23,6 +23,7 @@ from gpuwatchd.notify.metrics import NotifyMetrics
 from gpuwatchd.notify.redaction import describe_error, redact, secret_fragments
 from gpuwatchd.notify.retry import MAX_RETRY_AFTER_SECONDS, TokenBucket, Verdict, backoff, classify_status
 from gpuwatchd.notify.store import Outbox, OutboxRow
+from gpuwatchd.notify.store.database import MAX_PAYLOAD_BYTES
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.runtime.http_body import read_capped
 from gpuwatchd.runtime.waits import nap
@@ -35,6 +36,8 @@ ERROR_BODY_LOG_CHARS = 200
 MAX_RESPONSE_BYTES = 64 * 1024
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 USER_AGENT = "gpuwatchd"
+# How long a worker waits to page in its queue while the state database holds writes in memory (disk full).
+REFILL_RETRY_SECONDS = 5.0
 # Keep the notification log entry for two repeat intervals, like Alertmanager (notify/set_notifies_stage.go).
 LOG_RETENTION_FACTOR = 2
 
@@ -76,6 +79,9 @@ async def post_once(
     endpoint, never its URL. The delivery workers and ``gpuwatchd notify test`` both send through this."""
     # The integration owns its request (notify/integration.py): body, content type, its own headers, the URL.
     req = integration(rc.type).request(payload, rc, url)
+    if len(req.body) > MAX_PAYLOAD_BYTES:  # never sent, whatever the outbox holds
+        too_big = f"{endpoint}: not sent: {len(req.body)} bytes, over the {MAX_PAYLOAD_BYTES}-byte cap"
+        return Attempt(None, Verdict("permanent", "too_large"), too_big, 0.0)
     headers = {
         "Content-Type": req.content_type,
         "User-Agent": USER_AGENT,
@@ -183,6 +189,10 @@ class Worker:
             row = self._outbox.next_pending(self.key)
             now = self._clock.now()
             if row is None:
+                if self._outbox.backlog(self.key) > 0:  # the next page of a long queue, from the file
+                    if not await self._outbox.refill(self.key):
+                        await nap(self._clock, now + REFILL_RETRY_SECONDS * self._clock.speed, self.wake)
+                    continue
                 await nap(self._clock, now + 3600, self.wake)
                 continue
             if now - row.created > self.config.max_retry_age:

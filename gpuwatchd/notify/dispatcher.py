@@ -30,6 +30,7 @@ from gpuwatchd.notify.inhibition import Inhibitor
 from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
 from gpuwatchd.notify.nflog import needs_update
 from gpuwatchd.notify.notification import Notification, sort_alerts
+from gpuwatchd.notify.payload_cap import render_capped
 from gpuwatchd.notify.routing import Route, group_key, group_labels, routes_for
 from gpuwatchd.notify.silences import Silences
 from gpuwatchd.notify.store import OutboxRow, StateStore
@@ -228,10 +229,9 @@ class Dispatcher:
         names = {m.key for rc in self.config.receivers for m in rc.members}
         now = self._clock.now()
         for name in [r for r in self.outbox.depths() if r not in names]:
-            for row in self.outbox.rows(name):
-                if row.status == "pending":
-                    self.outbox.mark_failed(row.id, now, "receiver no longer configured")
-            log.error("receiver %r is no longer configured: its undelivered notifications were dropped", name)
+            # One statement, whatever the count: 50k rows used to be read whole and failed one transaction each.
+            n = self.outbox.fail_receiver(name, now, "receiver no longer configured")
+            log.error("receiver %r is no longer configured: its %d undelivered notifications were dropped", name, n)
         self._depths = self.outbox.depths()
 
     # -- input ----------------------------------------------------------------------------------------------------
@@ -358,7 +358,12 @@ class Dispatcher:
                     reason=reason,
                     external_url=self.config.external_url,
                 )
-                payload = _integration(rc.type).render(n)
+                integ = _integration(rc.type)
+                payload = render_capped(n.alerts, lambda some: integ.render(replace(n, alerts=tuple(some))),
+                                        f"{rc.endpoint}: {g.key}")  # fmt: skip
+                if payload is None:
+                    self._metrics.outcome(rc.name, rc.type, "failure", "too_large")
+                    return
                 self.outbox.enqueue(rc.name, g.key, payload, firing=firing, resolved=resolved, now=now)
                 self._depths[rc.name] = self._depths.get(rc.name, 0) + 1
                 log.info("%s: queued %s for %s (%s)", rc.endpoint, n.status, g.key, reason)
@@ -386,8 +391,11 @@ class Dispatcher:
         if not alerts or (not due and state == self._am_sent.get(rc.name)):
             return
         # Alertmanager judges startsAt/endsAt by its own clock: a sim running ahead of it is mapped onto the wall.
-        payload = alertmanager.payload(sort_alerts(alerts), now, self.config.alertmanager_resend,
-                                       self.config.external_url, wall_mapper(self._clock))
+        payload = render_capped(sort_alerts(alerts), lambda some: alertmanager.payload(
+            some, now, self.config.alertmanager_resend, self.config.external_url, wall_mapper(self._clock)),
+            rc.name)  # fmt: skip
+        if payload is None:
+            return
         # Every member of a cluster gets every push, through its own row: a member that is down retries on its
         # own schedule while the others are posted to at once (Alertmanager's README, "High Availability").
         for m in rc.members:
