@@ -361,14 +361,14 @@ class Dispatcher:
                 integ = _integration(rc.type)
                 payload = render_capped(n.alerts, lambda some: integ.render(replace(n, alerts=tuple(some))),
                                         f"{rc.endpoint}: {g.key}")  # fmt: skip
-                if payload is None:
+                if payload is None:  # not even one alert fits (logged): counted, and not tried again until a change
                     self._metrics.outcome(rc.name, rc.type, "failure", "too_large")
-                    return
-                self.outbox.enqueue(rc.name, g.key, payload, firing=firing, resolved=resolved, now=now)
-                self._depths[rc.name] = self._depths.get(rc.name, 0) + 1
-                log.info("%s: queued %s for %s (%s)", rc.endpoint, n.status, g.key, reason)
-                if rc.name in self._workers:
-                    self._workers[rc.name].wake.set()
+                else:
+                    self.outbox.enqueue(rc.name, g.key, payload, firing=firing, resolved=resolved, now=now)
+                    self._depths[rc.name] = self._depths.get(rc.name, 0) + 1
+                    log.info("%s: queued %s for %s (%s)", rc.endpoint, n.status, g.key, reason)
+                    if rc.name in self._workers:
+                        self._workers[rc.name].wake.set()
             self._sent[gid] = LogEntry(firing, resolved, now)
         # Like Alertmanager, resolved alerts leave the group once a flush has considered them.
         for fp in [fp for fp, a in g.alerts.items() if a.state == "resolved"]:
