@@ -5,9 +5,10 @@ A browser on this host is a loopback peer, so "loopback only" does not stop a pa
 form POST needs no CORS preflight, and a DNS-rebinding page (its name re-resolved to 127.0.0.1) is even same-origin
 in the browser's eyes. So every state-changing request, with or without auth configured, must pass:
 
-- **Host** names this daemon: a loopback name or address (``localhost``, 127.0.0.0/8, ``::1``), the address the
-  connection arrived on (the listen address; ``[::]`` and ``0.0.0.0`` accept any of this host's addresses), this
-  host's name, or the host of ``notify.external_url``. A rebinding page always sends its own name (``evil.example``).
+- **Host** names this daemon: a loopback name or address (``localhost``, 127.0.0.0/8, ``::1``), the configured
+  listen host, the address the connection arrived on (``[::]`` and ``0.0.0.0`` accept any of this host's
+  addresses), this host's name, or the host of ``notify.external_url``. A rebinding page always sends its own
+  name (``evil.example``).
 - **Origin**, when a browser sends one (it does on every cross-origin POST and DELETE), is this daemon's own origin
   (scheme, host and port of the request) or that of ``notify.external_url``; ``null`` (a sandboxed frame, a
   ``data:`` page) is refused.
@@ -33,6 +34,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+# The daemon's ``listen`` host as configured (set on the app by the daemon's HTTP wiring): a name there is what
+# `gpuwatchd silence` dials by default (runtime/daemon_client.py), so it is one of the daemon's own names.
+LISTEN_HOST: web.AppKey[str] = web.AppKey("gpuwatchd_listen_host", str)
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 # A silence form token is good for this long after the page was served: time to read the alert and fill the form.
 FORM_TOKEN_SECONDS = 3600.0
@@ -103,6 +107,9 @@ def host_allowed(request: web.BaseRequest, external_url: str = "") -> bool:
         return False
     host, _ = parsed
     if host in LOOPBACK_NAMES or host in _own_names():
+        return True
+    listen = request.app.get(LISTEN_HOST) if isinstance(request, web.Request) else None
+    if listen and host == listen.strip("[]").lower().rstrip("."):
         return True
     ip = _ip(host)
     if ip is not None:

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from gpuwatchd.notify.api import build_routes
-from gpuwatchd.notify.cross_site import FormTokens
+from gpuwatchd.notify.cross_site import LISTEN_HOST, FormTokens
 from gpuwatchd.notify.dispatcher import Dispatcher
 from gpuwatchd.runtime.clock import ManualClock
 
@@ -26,6 +26,7 @@ SILENCE = {"matchers": ['uuid="GPU-1"'], "createdBy": "ops", "comment": "c"}
 
 async def serve(d: Dispatcher) -> tuple[str, web.AppRunner]:
     app = web.Application()
+    app[LISTEN_HOST] = "GPU-node-7.lan"  # as the daemon's wiring sets it from `listen`
     app.add_routes(build_routes(d, lambda: []))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -57,6 +58,7 @@ async def post(url: str, path: str, headers: dict[str, str], body: Any = SILENCE
         ({"Host": "localhost.evil.example"}, "Host"),
         ({"Host": "127.0.0.1.evil.example"}, "Host"),
         ({"Host": "gpu.example.org.evil"}, "Host"),
+        ({"Host": "gpu-node-7.lan.evil"}, "Host"),
         ({"Origin": "null"}, "Origin"),
         ({"Origin": "http://127.0.0.1:1"}, "Origin"),
         ({"Origin": "https://evil.example"}, "Origin"),
@@ -79,6 +81,7 @@ async def test_cross_site_writes_are_refused(api: tuple[str, Dispatcher], header
         {"Host": "localhost"},
         {"Host": "[::1]:9945"},
         {"Host": "gpu.example.org"},  # notify.external_url, behind a proxy that keeps the Host
+        {"Host": "gpu-node-7.lan:9945"},  # the listen host, what `gpuwatchd silence` dials by default
         {"Host": "gpu.example.org:8443", "Origin": "https://gpu.example.org:8443", "Sec-Fetch-Site": "same-origin"},
         {"Origin": "SAME"},  # the daemon's own page
     ],
