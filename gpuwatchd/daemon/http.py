@@ -11,6 +11,7 @@ from aiohttp import web
 from gpuwatchd.config.loader import parse_listen
 from gpuwatchd.daemon.status import StatusViews
 from gpuwatchd.notify.api import build_routes
+from gpuwatchd.notify.cross_site import LISTEN_HOST
 from gpuwatchd.probes.api import probe_routes
 from gpuwatchd.remediation.api import health_routes
 from gpuwatchd.runtime.startup import DaemonError, listen_error
@@ -31,6 +32,7 @@ class HttpWiring(StatusViews):
                           *self._health_routes()],
             cache_key=self._metrics_cache_key,
         )
+        app[LISTEN_HOST] = host  # one of the daemon's own names for the cross-site write checks
         tls, middlewares = None, []
         if self._web_config_file is not None:
             # Only with a web config: its models and the basic-auth stack are not loaded otherwise.

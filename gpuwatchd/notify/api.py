@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gpuwatchd.model import Alert
-from gpuwatchd.notify.config import ApiConfig
+from gpuwatchd.notify.config import ApiConfig, Member
+from gpuwatchd.notify.cross_site import JSON_CONTENT_TYPE_ERROR, cross_site_reason, json_content_type
 from gpuwatchd.notify.fingerprints import alert_fp
 from gpuwatchd.notify.json_body import BodyError, read_json
 from gpuwatchd.notify.notification import alert_annotations
@@ -40,6 +41,8 @@ MAX_BODY_BYTES = 64 * 1024
 BODY_TIMEOUT_SECONDS = 10.0
 # A silence without endsAt lasts this long (amtool's default duration is 1h).
 DEFAULT_SILENCE_SECONDS = 3600.0
+# Retry-After of a receiver test refused because every receiver asked for is at its rate limit.
+RATE_LIMITED_RETRY_AFTER_SECONDS = 60
 
 
 class _RefusalLog:
@@ -65,8 +68,19 @@ class _RefusalLog:
 _refusals = _RefusalLog()
 
 
-def write_refusal(request: web.Request, api: ApiConfig, what: str = "silences") -> web.Response | None:
-    """The error answer if ``request`` may not change silences (or run ``what``: probes), else None."""
+def write_refusal(
+    request: web.Request, api: ApiConfig, what: str = "silences", external_url: str = ""
+) -> web.Response | None:
+    """The error answer if ``request`` may not change silences (or run ``what``: probes), else None.
+
+    First, whatever the auth: a request from a page of another origin, or naming a host that is not this daemon
+    (DNS rebinding), is refused (``cross_site.py``); a browser on this host is a loopback peer.
+    """
+    crossed = cross_site_reason(request, external_url)
+    if crossed is not None:
+        header, why = crossed
+        _refusals.warning("%s: refused a cross-site write from %s (%s)", what, request.remote, header)
+        return _error(403, f"{what}: refused: {why}", header)
     if api.write_from_loopback_only and not is_loopback(request.remote):
         _refusals.warning("%s: refused a write from %s (not loopback)", what, request.remote)
         verb = "changed" if what == "silences" else "run"
@@ -127,7 +141,7 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
 
     async def post_silence(request: web.Request) -> web.Response:
         api = d.config.api
-        refused = write_refusal(request, api)
+        refused = write_refusal(request, api, external_url=d.config.external_url)
         if refused is not None:
             return refused
         now = d.now()
@@ -135,6 +149,8 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
             body = await read_json(request, max_bytes=MAX_BODY_BYTES, timeout=BODY_TIMEOUT_SECONDS)
         except BodyError as e:
             return _error(e.status, str(e), "body")
+        if not json_content_type(request):
+            return _error(415, JSON_CONTENT_TYPE_ERROR, "Content-Type")
         if not isinstance(body, dict):
             return _error(400, "body: expected a JSON object", "body")
         try:
@@ -162,7 +178,7 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
         return web.json_response({"silenceID": s.id})
 
     async def expire_silence(request: web.Request) -> web.Response:
-        refused = write_refusal(request, d.config.api)
+        refused = write_refusal(request, d.config.api, external_url=d.config.external_url)
         if refused is not None:
             return refused
         sid = request.match_info["id"]
@@ -180,7 +196,7 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
     async def test_receivers(request: web.Request) -> web.Response:
         # `gpuwatchd notify test --url`: the running daemon's receivers, as its config has them now. Guarded like a
         # silence write: it makes the daemon post to every receiver.
-        refused = write_refusal(request, d.config.api, "receiver tests")
+        refused = write_refusal(request, d.config.api, "receiver tests", d.config.external_url)
         if refused is not None:
             return refused
         from gpuwatchd.notify.receiver_test import send_tests
@@ -190,8 +206,23 @@ def build_routes(d: Dispatcher, alerts_provider: Callable[[], Sequence[Alert]]) 
         unknown = sorted(set(names) - {r.name for r in d.config.receivers})
         if unknown:
             return _error(404, f"unknown receiver {unknown[0]!r}", "receiver")
-        results = await send_tests(d.config, receivers, d.host)
-        return web.json_response({"results": [{"line": line, "ok": ok} for line, ok in results]})
+        limited = 0
+
+        def reserve(member: Member) -> float:
+            nonlocal limited
+            wait = d.reserve_send(member)
+            limited += wait > 0
+            return wait
+
+        results = await send_tests(d.config, receivers, d.host, reserve)
+        lines = [{"line": line, "ok": ok} for line, ok in results]
+        if results and limited == len(results):
+            resp = web.json_response({"error": "every receiver asked for is at its rate limit (tests count against"
+                                      " notify.receivers[].rate_limit_per_minute); try again later",
+                                      "field": "receiver", "results": lines}, status=429)
+            resp.headers["Retry-After"] = str(RATE_LIMITED_RETRY_AFTER_SECONDS)
+            return resp
+        return web.json_response({"results": lines})
 
     return [
         web.post("/api/v1/receivers/test", test_receivers),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -20,8 +21,9 @@ from gpuwatchd.notify.config import Member, NotifyConfig, ReceiverConfig
 from gpuwatchd.notify.integrations import integration
 from gpuwatchd.notify.metrics import NotifyMetrics
 from gpuwatchd.notify.redaction import describe_error, redact, secret_fragments
-from gpuwatchd.notify.retry import TokenBucket, Verdict, backoff, classify_status
+from gpuwatchd.notify.retry import MAX_RETRY_AFTER_SECONDS, TokenBucket, Verdict, backoff, classify_status
 from gpuwatchd.notify.store import Outbox, OutboxRow
+from gpuwatchd.notify.store.database import MAX_PAYLOAD_BYTES
 from gpuwatchd.runtime.clock import Clock
 from gpuwatchd.runtime.http_body import read_capped
 from gpuwatchd.runtime.waits import nap
@@ -34,6 +36,8 @@ ERROR_BODY_LOG_CHARS = 200
 MAX_RESPONSE_BYTES = 64 * 1024
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 USER_AGENT = "gpuwatchd"
+# How long a worker waits to page in its queue while the state database holds writes in memory (disk full).
+REFILL_RETRY_SECONDS = 5.0
 # Keep the notification log entry for two repeat intervals, like Alertmanager (notify/set_notifies_stage.go).
 LOG_RETENTION_FACTOR = 2
 
@@ -75,6 +79,9 @@ async def post_once(
     endpoint, never its URL. The delivery workers and ``gpuwatchd notify test`` both send through this."""
     # The integration owns its request (notify/integration.py): body, content type, its own headers, the URL.
     req = integration(rc.type).request(payload, rc, url)
+    if len(req.body) > MAX_PAYLOAD_BYTES:  # never sent, whatever the outbox holds
+        too_big = f"{endpoint}: not sent: {len(req.body)} bytes, over the {MAX_PAYLOAD_BYTES}-byte cap"
+        return Attempt(None, Verdict("permanent", "too_large"), too_big, 0.0)
     headers = {
         "Content-Type": req.content_type,
         "User-Agent": USER_AGENT,
@@ -84,7 +91,10 @@ async def post_once(
     headers.update(req.headers)
     t0 = time.monotonic()
     status: int | None = None
+    answer: dict[str, str] = {}
+    text = b""
     error: str | None = None
+    verdict: Verdict | None = None
     try:
         async with session.post(
             req.url,
@@ -93,19 +103,40 @@ async def post_once(
             timeout=aiohttp.ClientTimeout(total=rc.timeout),
             allow_redirects=False,
         ) as resp:
-            status = resp.status
-            text = await read_capped(resp.content, MAX_RESPONSE_BYTES)  # an answer can be any size
-            verdict = classify_status(resp.status, dict(resp.headers), text, now)
-            if verdict.outcome != "success":
-                error = f"{endpoint}: HTTP {resp.status}: {_snippet(text, secrets)}"
+            status, answer = resp.status, dict(resp.headers)
+            if 200 <= status < 300:
+                # Accepted: the notification is delivered, whatever becomes of the rest of the answer. A receiver
+                # that dribbles its body (or reads ours slowly), or closes mid-body, used to turn a 200 into a
+                # timeout or a payload error, and the same notification was sent again 14-21 times.
+                _done_with(resp)
+            else:
+                text = await read_capped(resp.content, MAX_RESPONSE_BYTES)  # an answer can be any size
     except asyncio.TimeoutError:
-        error = f"{endpoint}: timed out after {rc.timeout:g}s"
-        verdict = Verdict("retry", "timeout")
+        if status is None:
+            error = f"{endpoint}: timed out after {rc.timeout:g}s"
+            verdict = Verdict("retry", "timeout")
     except (aiohttp.ClientError, OSError, ValueError) as e:
-        # aiohttp puts the URL in many of these texts: redact before it reaches a log or the API.
-        error = f"{endpoint}: {describe_error(e, secrets)}"
-        verdict = Verdict("retry", "connection")
+        if status is None:
+            # aiohttp puts the URL in many of these texts: redact before it reaches a log or the API.
+            error = f"{endpoint}: {describe_error(e, secrets)}"
+            verdict = Verdict("retry", "connection")
+    if verdict is None:
+        assert status is not None
+        # The status decides, also when the error body broke off (its start is enough for Retry-After and the log).
+        verdict = classify_status(status, answer, text, now)
+        if verdict.outcome != "success":
+            error = f"{endpoint}: HTTP {status}: {_snippet(text, secrets)}"
     return Attempt(status, verdict, error, time.monotonic() - t0)
+
+
+def _done_with(resp: aiohttp.ClientResponse) -> None:
+    """Let go of a 2xx answer without waiting for its body: the connection is kept for the next request only when
+    the whole answer is already in (the usual short ``ok``), else closed (a receiver that holds it open cannot hold
+    the worker, and our unsent request body, if any, is dropped with it)."""
+    if resp.content.is_eof():
+        resp.release()
+    else:
+        resp.close()
 
 
 class Worker:
@@ -144,12 +175,24 @@ class Worker:
         self.in_flight: int | None = None
         self.last_error: str | None = None
 
+    def take_token(self, now: float) -> float:
+        """Spend a token of this member's rate limit for a send outside the outbox (a receiver test); returns 0 when
+        taken, else the seconds until one is free (nothing spent)."""
+        wait = self._bucket.wait_time(now)
+        if wait <= 0:
+            self._bucket.take(now)
+        return wait
+
     async def run(self) -> None:
         """Loop until cancelled or ``stopping``."""
         while not self.stopping:
             row = self._outbox.next_pending(self.key)
             now = self._clock.now()
             if row is None:
+                if self._outbox.backlog(self.key) > 0:  # the next page of a long queue, from the file
+                    if not await self._outbox.refill(self.key):
+                        await nap(self._clock, now + REFILL_RETRY_SECONDS * self._clock.speed, self.wake)
+                    continue
                 await nap(self._clock, now + 3600, self.wake)
                 continue
             if now - row.created > self.config.max_retry_age:
@@ -204,9 +247,11 @@ class Worker:
             self._give_up(row, verdict.reason, self.last_error or verdict.reason)
             return
         attempt = row.attempts + 1
-        delay = verdict.delay
-        if delay is None:
-            delay = backoff(attempt, self.config.retry_initial, self.config.retry_max, self._rng)
+        # Exponential backoff always; a server's Retry-After (parsed defensively: retry.py) only lengthens it. A 429
+        # saying "0", "-1" or "NaN" used to be retried at once, 64 times a minute.
+        delay = backoff(attempt, self.config.retry_initial, self.config.retry_max, self._rng)
+        if verdict.delay is not None and math.isfinite(verdict.delay):
+            delay = max(delay, min(verdict.delay, MAX_RETRY_AFTER_SECONDS))
         self._outbox.mark_retry(row.id, now + delay, self.last_error or verdict.reason)
         self._metrics.outcome(self.key, self.rc.type, "retry", verdict.reason)
         log.warning("%s (attempt %d, retry in %.1fs)", self.last_error or verdict.reason, attempt, delay)

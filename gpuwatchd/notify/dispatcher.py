@@ -30,6 +30,7 @@ from gpuwatchd.notify.inhibition import Inhibitor
 from gpuwatchd.notify.metrics import GaugeState, NotifyMetrics
 from gpuwatchd.notify.nflog import needs_update
 from gpuwatchd.notify.notification import Notification, sort_alerts
+from gpuwatchd.notify.payload_cap import render_capped
 from gpuwatchd.notify.routing import Route, group_key, group_labels, routes_for
 from gpuwatchd.notify.silences import Silences
 from gpuwatchd.notify.store import OutboxRow, StateStore
@@ -229,10 +230,9 @@ class Dispatcher:
         names = {m.key for rc in self.config.receivers for m in rc.members}
         now = self._clock.now()
         for name in [r for r in self.outbox.depths() if r not in names]:
-            for row in self.outbox.rows(name):
-                if row.status == "pending":
-                    self.outbox.mark_failed(row.id, now, "receiver no longer configured")
-            log.error("receiver %r is no longer configured: its undelivered notifications were dropped", name)
+            # One statement, whatever the count: 50k rows used to be read whole and failed one transaction each.
+            n = self.outbox.fail_receiver(name, now, "receiver no longer configured")
+            log.error("receiver %r is no longer configured: its %d undelivered notifications were dropped", name, n)
         self._depths = self.outbox.depths()
 
     # -- input ----------------------------------------------------------------------------------------------------
@@ -359,12 +359,17 @@ class Dispatcher:
                     reason=reason,
                     external_url=self.config.external_url,
                 )
-                payload = _integration(rc.type).render(n)
-                self.outbox.enqueue(rc.name, g.key, payload, firing=firing, resolved=resolved, now=now)
-                self._depths[rc.name] = self._depths.get(rc.name, 0) + 1
-                log.info("%s: queued %s for %s (%s)", rc.endpoint, n.status, g.key, reason)
-                if rc.name in self._workers:
-                    self._workers[rc.name].wake.set()
+                integ = _integration(rc.type)
+                payload = render_capped(n.alerts, lambda some: integ.render(replace(n, alerts=tuple(some))),
+                                        f"{rc.endpoint}: {g.key}")  # fmt: skip
+                if payload is None:  # not even one alert fits (logged): counted, and not tried again until a change
+                    self._metrics.outcome(rc.name, rc.type, "failure", "too_large")
+                else:
+                    self.outbox.enqueue(rc.name, g.key, payload, firing=firing, resolved=resolved, now=now)
+                    self._depths[rc.name] = self._depths.get(rc.name, 0) + 1
+                    log.info("%s: queued %s for %s (%s)", rc.endpoint, n.status, g.key, reason)
+                    if rc.name in self._workers:
+                        self._workers[rc.name].wake.set()
             self._sent[gid] = LogEntry(firing, resolved, now)
         # Like Alertmanager, resolved alerts leave the group once a flush has considered them.
         for fp in [fp for fp, a in g.alerts.items() if a.state == "resolved"]:
@@ -387,8 +392,11 @@ class Dispatcher:
         if not alerts or (not due and state == self._am_sent.get(rc.name)):
             return
         # Alertmanager judges startsAt/endsAt by its own clock: a sim running ahead of it is mapped onto the wall.
-        payload = alertmanager.payload(sort_alerts(alerts), now, self.config.alertmanager_resend,
-                                       self.config.external_url, wall_mapper(self._clock))
+        payload = render_capped(sort_alerts(alerts), lambda some: alertmanager.payload(
+            some, now, self.config.alertmanager_resend, self.config.external_url, wall_mapper(self._clock)),
+            rc.name)  # fmt: skip
+        if payload is None:
+            return
         # Every member of a cluster gets every push, through its own row: a member that is down retries on its
         # own schedule while the others are posted to at once (Alertmanager's README, "High Availability").
         for m in rc.members:
@@ -497,6 +505,13 @@ class Dispatcher:
         health = "failing" if error else "up" if delivered is not None else "unknown"
         return {"name": m.key, "index": index, "health": health, "last_error": error, "last_delivered": delivered,
                 "queued": self._depths.get(m.key, 0)}
+
+    def reserve_send(self, member: Member) -> float:
+        """Spend a token of ``member``'s rate limit for a send outside the outbox (a receiver test): 0 when taken,
+        else the seconds until one is free. The token is the delivery worker's own, so tests and notifications
+        share the limit."""
+        w = self._workers.get(member.key)
+        return w.take_token(self._clock.now()) if w is not None else 0.0
 
     def last_errors(self) -> dict[str, str | None]:
         """Latest delivery error per receiver member (already redacted; cluster members are ``name#i``)."""

@@ -2,16 +2,20 @@
 
 Used by ``gpuwatchd notify test`` (a config's receivers) and by the daemon's ``POST /api/v1/receivers/test`` (its
 own). The message is rendered by the receiver's integration and sent by :func:`gpuwatchd.notify.delivery.post_once`,
-the POST every notification makes; nothing is queued, logged as notified or retried.
+the POST every notification makes; nothing is queued, logged as notified or retried. Sent by the daemon, each test
+spends a token of the member's ``rate_limit_per_minute`` like a notification (``reserve``): a test over the limit
+is not sent (200 test requests used to post 200 messages to a receiver limited to 6 a minute).
 """
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
+from collections.abc import Callable
 
 from gpuwatchd.model import Alert
-from gpuwatchd.notify.config import NotifyConfig, ReceiverConfig
+from gpuwatchd.notify.config import Member, NotifyConfig, ReceiverConfig
 
 TEST_ALERT = "GpuwatchdTest"
 
@@ -46,8 +50,14 @@ def render(rc: ReceiverConfig, config: NotifyConfig, host: str, now: float) -> s
     return integration(rc.type).render(n)
 
 
-async def send_tests(config: NotifyConfig, receivers: list[ReceiverConfig], host: str) -> list[tuple[str, bool]]:
-    """Send to each receiver (each member of an Alertmanager cluster) in turn; (printed line, ok) for each."""
+async def send_tests(
+    config: NotifyConfig, receivers: list[ReceiverConfig], host: str,
+    reserve: Callable[[Member], float] | None = None,
+) -> list[tuple[str, bool]]:
+    """Send to each receiver (each member of an Alertmanager cluster) in turn; (printed line, ok) for each.
+
+    ``reserve(member)`` spends a token of the member's rate limit: 0 when taken, else the seconds until one is free
+    (then that member is not sent to)."""
     import aiohttp
 
     from gpuwatchd.notify.delivery import post_once, receiver_secrets
@@ -60,6 +70,11 @@ async def send_tests(config: NotifyConfig, receivers: list[ReceiverConfig], host
             for m in rc.members:
                 now = time.time()
                 what = f"{rc.name} ({rc.type})" if len(rc.members) == 1 else f"{m.endpoint} ({rc.type})"
+                wait = reserve(m) if reserve is not None else 0.0
+                if wait > 0:
+                    out.append((f"{what}: NOT SENT: rate_limit_per_minute {rc.rate_limit_per_minute:g} reached"
+                                f" (tests count against it); try again in {math.ceil(wait):.0f} s", False))
+                    continue
                 try:
                     payload = render(rc, config, host, now)
                 except (KeyError, ValueError) as e:

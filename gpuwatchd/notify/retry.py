@@ -8,7 +8,9 @@ every other status is permanent. Alertmanager does not retry 429; the chat servi
 from __future__ import annotations
 
 import json
+import math
 import random
+import re
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Literal
@@ -17,6 +19,9 @@ Outcome = Literal["success", "retry", "permanent"]
 
 # Never wait longer than this on a server's say-so: a bogus Retry-After must not park a receiver for days.
 MAX_RETRY_AFTER_SECONDS = 3600.0
+# Longest Retry-After text other than digits looked at: an HTTP-date is 29 characters; a longer one is no value.
+MAX_RETRY_AFTER_CHARS = 64
+_DECIMAL = re.compile(r"[0-9]{1,9}\.[0-9]{1,9}")
 # Backoff growth per attempt and jitter share (cenkalti/backoff defaults used by Alertmanager: x1.5, +-50 %).
 BACKOFF_MULTIPLIER = 1.5
 BACKOFF_JITTER = 0.5
@@ -47,29 +52,46 @@ def classify_status(status: int, headers: dict[str, str], body: bytes, now: floa
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """``Retry-After`` as delta-seconds or HTTP-date (RFC 9110 §10.2.3) -> seconds to wait, capped; None if bad."""
+    """``Retry-After`` as delta-seconds or HTTP-date (RFC 9110 §10.2.3) -> seconds to wait, capped; None if bad.
+
+    A receiver's header is input like any other: ``NaN``, ``inf``, negative numbers, 300-digit numbers and dates
+    out of range are "no usable value" (None: the caller backs off on its own), never a NaN or an overflow that
+    reaches the outbox (a NaN retry time failed every state write and retried at once). A date in the past is 0.
+    """
     if value is None:
         return None
     value = value.strip()
-    try:
+    if not value or not value.isascii():
+        return None
+    if value.isdigit():  # the RFC's form: 1*DIGIT, any length (capped); never converted whole
+        return MAX_RETRY_AFTER_SECONDS if len(value) > 9 else min(float(int(value)), MAX_RETRY_AFTER_SECONDS)
+    if len(value) > MAX_RETRY_AFTER_CHARS:
+        return None
+    if _DECIMAL.fullmatch(value):  # "1.5": not the RFC's, but what some servers send
         seconds = float(value)
-    except ValueError:
+    else:
         try:
             seconds = parsedate_to_datetime(value).timestamp() - now
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError, OverflowError):
             return None
+    if not math.isfinite(seconds):
+        return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
 
 
 def retry_after_body(body: bytes) -> float | None:
     """Discord's 429 body ``{"retry_after": <float seconds>, ...}`` (discord-api-docs rate-limits.mdx)."""
+    if not body.lstrip().startswith(b"{"):
+        return None
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # a hostile body nests 64 KiB of brackets
         return None
     value = data.get("retry_after") if isinstance(data, dict) else None
     if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-        return min(float(value), MAX_RETRY_AFTER_SECONDS)
+        seconds = float(value) if isinstance(value, float) or value < 2**53 else MAX_RETRY_AFTER_SECONDS
+        if math.isfinite(seconds):
+            return min(seconds, MAX_RETRY_AFTER_SECONDS)
     return None
 
 

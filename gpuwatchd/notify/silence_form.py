@@ -3,8 +3,10 @@
 With ``notify.external_url`` set, each firing alert in a chat message ends with a link here (format.silence_link)
 instead of "POST /api/v1/silences with ...". A GET never changes anything: it shows the alert's matchers and a form
 (duration, author, comment; the write token when ``notify.api.write_token`` is set). The POST creates the silence
-through the same checks as the API (matchers, limits, loopback-only by default) and refuses a cross-site form
-(its ``Origin`` must be this daemon), so a page elsewhere cannot silence alerts through the user's browser.
+through the same checks as the API (matchers, limits, loopback-only by default) and refuses a cross-site form:
+the Host, Origin and Sec-Fetch-Site checks of every write (``cross_site.py``: a DNS-rebinding page names its own
+host) and a CSRF token that only the form page carries, so a page elsewhere cannot silence alerts through the
+user's browser. The page itself is served only to a Host that names this daemon (it carries the token).
 Plain HTML, no script and no inline style: it works under any Content-Security-Policy the daemon sends.
 """
 
@@ -16,10 +18,10 @@ import shlex
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from gpuwatchd.notify.cross_site import FormTokens, cross_site_reason, host_allowed
 from gpuwatchd.notify.format import SILENCE_FORM_PATH, SILENCE_KEYS
 from gpuwatchd.notify.matchers import Matcher
 from gpuwatchd.notify.peer import is_loopback
@@ -50,17 +52,19 @@ def _labels(query: Mapping[str, str]) -> list[tuple[str, str]]:
     return [(k, str(query[k])) for k in SILENCE_KEYS if query.get(k)]
 
 
-def _same_origin(request: web.Request) -> bool:
-    origin = request.headers.get("Origin")
-    if origin is None or origin == "null":
-        return origin is None  # no Origin: a non-browser client; "null": a sandboxed or privacy-stripped page
-    return urlsplit(origin).netloc.lower() == (request.host or "").lower()
+# The hidden field of the form that carries its CSRF token.
+TOKEN_FIELD = "csrf_token"  # noqa: S105 - a field name, not a secret
+_FOREIGN_HOST = ("<p>This page is served only under this daemon's own address (a loopback name, its listen address"
+                 " or notify.external_url).</p>")
 
 
 def form_routes(d: Dispatcher) -> list[web.RouteDef]:
     """The two routes of the silence form."""
+    tokens = FormTokens()
 
     async def show(request: web.Request) -> web.Response:
+        if not host_allowed(request, d.config.external_url):
+            return _page("Refused", _FOREIGN_HOST, 403)
         labels = _labels(request.query)
         if not labels:
             return _page("Silence", "<p>No alert labels given: open this page from a chat message's link.</p>", 400)
@@ -82,6 +86,7 @@ def form_routes(d: Dispatcher) -> list[web.RouteDef]:
         body = (
             f"<p>Silence the alerts matching all of:</p><ul>{rows}</ul>"
             f'<form method=post action="{SILENCE_FORM_PATH}">{hidden}'
+            f'<input type=hidden name={TOKEN_FIELD} value="{tokens.issue()}">'
             f"{duration}"
             "<p><label>Author <input name=author required maxlength=200></label></p>"
             "<p><label>Comment <input name=comment maxlength=2000></label></p>"
@@ -92,8 +97,10 @@ def form_routes(d: Dispatcher) -> list[web.RouteDef]:
 
     async def create(request: web.Request) -> web.Response:
         api = d.config.api
-        if not _same_origin(request):
-            return _page("Refused", "<p>This form can only be sent from the daemon's own page.</p>", 403)
+        crossed = cross_site_reason(request, d.config.external_url)
+        if crossed is not None:
+            return _page("Refused", f"<p>This form can only be sent from the daemon's own page ({crossed[0]}:"
+                         f" {html.escape(crossed[1])}).</p>", 403)
         if api.write_from_loopback_only and not is_loopback(request.remote):
             return _page("Refused", "<p>Silences can be changed from this host only "
                          "(notify.api.write_from_loopback_only); use <code>gpuwatchd silence add</code> there.</p>",
@@ -101,6 +108,9 @@ def form_routes(d: Dispatcher) -> list[web.RouteDef]:
         if request.content_length is not None and request.content_length > _MAX_FORM_BYTES:
             return _page("Refused", "<p>Form too large.</p>", 413)
         form = await request.post()
+        stale = tokens.check(str(form.get(TOKEN_FIELD, "")))
+        if stale is not None:
+            return _page("Refused", f"<p>{html.escape(stale)}.</p>", 403)
         if api.write_token is not None:
             given = str(form.get("token", "")).encode()
             if not hmac.compare_digest(given, api.write_token.get_secret_value().encode()):

@@ -16,6 +16,7 @@ from aiohttp import web
 from gpuwatchd.model.probes import ProbeRecord
 from gpuwatchd.notify.api import write_refusal
 from gpuwatchd.notify.config import ApiConfig
+from gpuwatchd.notify.cross_site import JSON_CONTENT_TYPE_ERROR, json_content_type
 from gpuwatchd.notify.json_body import BodyError, read_json
 from gpuwatchd.probes.config import PROBE_NAMES
 from gpuwatchd.probes.service import ProbeService
@@ -132,11 +133,14 @@ def probe_routes(service: ProbeService, api: Callable[[], ApiConfig]) -> list[we
         refused = write_refusal(request, api(), "probes")
         if refused is not None:
             return refused
+        has_body = request.can_read_body
         try:
             body = (await read_json(request, max_bytes=MAX_BODY_BYTES, timeout=BODY_TIMEOUT_SECONDS)
-                    if request.can_read_body else {})
+                    if has_body else {})
         except BodyError as e:
             return web.json_response({"error": str(e)}, status=e.status)
+        if has_body and not json_content_type(request):
+            return web.json_response({"error": JSON_CONTENT_TYPE_ERROR}, status=415)
         try:
             gpus, probes = parse_request(body)
             return web.json_response(await run_request(service, gpus, probes))

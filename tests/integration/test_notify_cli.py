@@ -173,11 +173,15 @@ def test_silence_link_opens_a_form_that_silences(sim: DaemonProcess) -> None:
     assert "POST /api/v1/silences" in alert_text(alert)  # without an external URL: the API call
     status, page = sim.get(link.removeprefix(sim.url))
     assert status == 200 and 'uuid=&quot;GPU-9&quot;' in page and "<form method=post" in page
+    import re
+
+    token = re.search(r'name=csrf_token value="([^"]+)"', page)
+    assert token is not None, page  # the form carries its CSRF token (cross_site.py)
     form = {"alertname": "GpuLost", "host": "desk", "uuid": "GPU-9", "duration": "4h", "author": "erin",
-            "comment": "re-seating the riser"}  # fmt: skip
+            "comment": "re-seating the riser", "csrf_token": token.group(1)}  # fmt: skip
     data = urllib.parse.urlencode(form).encode()
 
-    def post(origin: str) -> tuple[int, str]:
+    def post(origin: str, data: bytes = data) -> tuple[int, str]:
         req = urllib.request.Request(f"{sim.url}/silences/new", data=data, headers={"Origin": origin})
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
@@ -186,6 +190,8 @@ def test_silence_link_opens_a_form_that_silences(sim: DaemonProcess) -> None:
             return e.code, e.read().decode()
 
     assert post("https://evil.example")[0] == 403  # a form on another site cannot silence through the browser
+    forged = urllib.parse.urlencode({**form, "csrf_token": "9999999999." + "0" * 64}).encode()
+    assert post(sim.url, forged)[0] == 403  # nor a same-origin post without the page's token
     status, page = post(sim.url)
     assert status == 200 and "Silenced until" in page, page
     listing = json.loads(sim.get("/api/v1/silences")[1])

@@ -37,7 +37,8 @@ class StateStore:
         self.moved_to = loaded.moved_to
         self.skipped: collections.Counter[str] = collections.Counter()
         self.nflog = NotificationLog(self.writer, loaded.nflog, self.skipped)
-        self.outbox = Outbox(self.writer, self.nflog, loaded.pending, loaded.last_id, self.skipped)
+        self.outbox = Outbox(self.writer, self.nflog, loaded.pending, loaded.last_id, self.skipped,
+                             counts=loaded.counts, latest=loaded.latest)  # fmt: skip
         self.silences = SilenceStore(self.writer, loaded.silences, self.skipped)
 
     def close(self) -> None:

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 DB_NAME = "gpuwatchd.db"
 SIDE_FILES = ("-wal", "-shm", "-journal")
+# Beside the file after a clean close: its identity then (``stamp_clean``).
+CLEAN_STAMP = ".clean"
 COLUMNS: dict[str, tuple[str, ...]] = {
     "outbox": (
         "id",
@@ -60,6 +62,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     finished REAL
 );
 CREATE INDEX IF NOT EXISTS outbox_queue ON outbox (receiver, status, id);
+CREATE INDEX IF NOT EXISTS outbox_group ON outbox (receiver, group_key, status, id);
 CREATE TABLE IF NOT EXISTS nflog (
     receiver TEXT NOT NULL,
     group_key TEXT NOT NULL,
@@ -92,6 +95,19 @@ WAL_AUTOCHECKPOINT_PAGES = 100
 JOURNAL_SIZE_LIMIT_BYTES = 1 << 20
 
 
+# Pending rows of one receiver held in memory (payloads included); the rest stay on disk until the worker gets to
+# them. 256 Slack-sized messages are ~1 MB, and 4+ minutes of sending at the default 60 a minute.
+PAGE_ROWS = 256
+# Receivers whose first page is read at start (in name order); any other is paged in by its worker.
+START_PAGES = 64
+# Groups whose newest pending row is remembered for dedup (a host has a few dozen; the bound is for a hostile file).
+MAX_LATEST_GROUPS = 10_000
+# Largest notification stored or sent, in bytes: Slack takes 40,000 characters of text, Teams 28 KB, Discord 6,000
+# characters; a webhook carrying a fleet's alerts stays far below. A stored row over it is not sent (it is failed,
+# logged), and one over it is never stored: a 50 MiB row was POSTed as is.
+MAX_PAYLOAD_BYTES = 1 << 20
+
+
 class Damaged(Exception):
     """The database file cannot be used as it is; ``reason`` is the metric label (corrupt, schema)."""
 
@@ -102,9 +118,17 @@ class Damaged(Exception):
 
 @dataclass
 class Loaded:
-    """What start-up reads from the database: raw rows (plain dicts) for the stores to build records from."""
+    """What start-up reads from the database: raw rows (plain dicts) for the stores to build records from.
+
+    Of the outbox, only a first page of each receiver's pending rows (``PAGE_ROWS``, oldest first), the pending
+    count per receiver, and the newest pending row of each group without its payload (for dedup): a long outage
+    leaves hundreds of thousands of rows, and holding them all took 805 MB and 10 s at start (200k rows). The
+    delivery workers page in the rest as they drain (``Outbox.refill``).
+    """
 
     pending: list[dict[str, Any]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    latest: list[dict[str, Any]] = field(default_factory=list)
     nflog: list[dict[str, Any]] = field(default_factory=list)
     silences: list[dict[str, Any]] = field(default_factory=list)
     last_id: int = 0
@@ -131,9 +155,39 @@ def _prepare(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA busy_timeout=5000")
 
 
-def _check(db: sqlite3.Connection) -> None:
+def _identity(path: Path) -> str:
+    st = os.stat(path)
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def stamp_clean(path: Path) -> None:
+    """After a clean close: note the file as it is (device, inode, size, mtime), so the next start can skip the
+    whole-file check when nothing touched it since (``quick_check`` reads every page: seconds for a big outbox)."""
+    try:
+        Path(f"{path}{CLEAN_STAMP}").write_text(_identity(path), encoding="ascii")
+    except OSError as e:
+        log.debug("cannot stamp %s as closed cleanly: %s", path, e)
+
+
+def _unchanged_since_clean_close(path: Path) -> bool:
+    """Whether the file is exactly as a clean close left it (no WAL left over). The stamp is used up either way:
+    a crash from here on leaves none, so the next start checks."""
+    stamp = Path(f"{path}{CLEAN_STAMP}")
+    try:
+        noted = stamp.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError):
+        return False
+    try:
+        stamp.unlink()
+        wal = Path(f"{path}-wal")
+        return noted == _identity(path) and (not wal.exists() or wal.stat().st_size == 0)
+    except OSError:
+        return False
+
+
+def _check(db: sqlite3.Connection, *, whole_file: bool = True) -> None:
     # Errors raised here are sorted by the caller: a full disk or an I/O error is not damage.
-    found = [r[0] for r in db.execute("PRAGMA quick_check").fetchall()]
+    found = [r[0] for r in db.execute("PRAGMA quick_check").fetchall()] if whole_file else ["ok"]
     if found != ["ok"]:
         raise Damaged("corrupt", "quick_check: " + "; ".join(str(x) for x in found[:3]))
     for table, want in COLUMNS.items():
@@ -142,12 +196,46 @@ def _check(db: sqlite3.Connection) -> None:
             raise Damaged("schema", f"table {table} has columns {', '.join(have)}, expected {', '.join(want)}")
 
 
+_PAGE_SQL = (
+    "SELECT id, receiver, group_key, idempotency_key, firing, resolved, created, attempts, next_attempt, status,"
+    " last_error, finished, length(CAST(payload AS BLOB)) AS payload_bytes,"
+    " CASE WHEN length(CAST(payload AS BLOB)) > ? THEN NULL ELSE payload END AS payload"
+    " FROM outbox WHERE receiver = ? AND status = ? AND id > ? ORDER BY id LIMIT ?"
+)
+
+
+def page_rows(db: sqlite3.Connection, receiver: str, after: int, limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` pending rows of ``receiver`` with ids above ``after``, oldest first. A payload over
+    ``MAX_PAYLOAD_BYTES`` is not read: the row comes with ``payload`` None and its size in ``payload_bytes``."""
+    args = (MAX_PAYLOAD_BYTES, receiver, PENDING, after, limit)
+    return [dict(r) for r in db.execute(_PAGE_SQL, args).fetchall()]
+
+
+def _latest(db: sqlite3.Connection) -> list[dict[str, Any]]:
+    """The newest pending row of each group, without its payload: the ids from the group index (no table scan),
+    then those rows."""
+    ids = [int(r[0]) for r in db.execute(
+        "SELECT MAX(id) FROM outbox WHERE status = ? GROUP BY receiver, group_key LIMIT ?", (PENDING, MAX_LATEST_GROUPS)
+    ).fetchall()]  # fmt: skip
+    sql = "SELECT receiver, group_key, firing, resolved, created, id FROM outbox WHERE id = ?"
+    return [dict(r) for i in ids for r in db.execute(sql, (i,)).fetchall()]
+
+
 def _load(db: sqlite3.Connection) -> Loaded:
     def rows(sql: str, *args: Any) -> list[dict[str, Any]]:
         return [dict(r) for r in db.execute(sql, args).fetchall()]
 
+    counts = {str(r[0]): int(r[1]) for r in db.execute(
+        "SELECT receiver, COUNT(*) FROM outbox WHERE status = ? GROUP BY receiver ORDER BY receiver", (PENDING,)
+    ).fetchall()}  # fmt: skip
+    pending: list[dict[str, Any]] = []
+    for receiver in list(counts)[:START_PAGES]:
+        pending.extend(page_rows(db, receiver, 0, PAGE_ROWS))
+    pending.sort(key=lambda r: r["id"])
     return Loaded(
-        pending=rows("SELECT * FROM outbox WHERE status = ? ORDER BY id", PENDING),
+        pending=pending,
+        counts=counts,
+        latest=_latest(db),
         nflog=rows("SELECT * FROM nflog"),
         silences=rows("SELECT * FROM silences ORDER BY starts_at, id"),
         last_id=int(db.execute(_LAST_ID_SQL).fetchone()[0] or 0),
@@ -155,10 +243,11 @@ def _load(db: sqlite3.Connection) -> Loaded:
 
 
 def _try_open(path: Path) -> tuple[sqlite3.Connection, Loaded]:
+    clean = _unchanged_since_clean_close(path)
     db = connect(path)
     try:
         try:
-            _check(db)
+            _check(db, whole_file=not clean)
             _prepare(db)
             db.executescript(SCHEMA)
             return db, _load(db)

@@ -147,6 +147,19 @@ class DbWriter:
         self._jobs.put(q)
         return q.future.result()  # type: ignore[no-any-return]
 
+    async def query_async(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``query`` for the event loop: waits without blocking it."""
+        if self._closed:
+            raise RuntimeError("state database closed")
+        q = _Query(fn)
+        self._jobs.put(q)
+        result: T = await asyncio.wrap_future(q.future)
+        return result
+
+    def holding(self) -> bool:
+        """On the thread (inside a query): whether writes are held in memory, so the file lacks some."""
+        return bool(self._held) or self._db is None
+
     def take_late_loaded(self) -> Loaded | None:
         """What a late open read from the file (once; the loop merges it into memory), else None."""
         late = self.late_loaded
@@ -220,6 +233,8 @@ class DbWriter:
         finally:
             if self._db is not None:
                 self._db.close()
+                if not self._held:
+                    database.stamp_clean(self.path)
 
     def _run_query(self, q: _Query) -> None:
         if not q.future.set_running_or_notify_cancel():
