@@ -24,7 +24,7 @@ from test_status_watch import silence
 CHROMIUM = os.environ.get("GPUWATCHD_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-PHONE = {"width": 390, "height": 844}
+PHONE = {"width": 375, "height": 667}  # the narrowest phone screen in wide use (iPhone SE)
 DESKTOP = {"width": 1280, "height": 900}
 USER, PASSWORD = "ops", "s3cret"
 

@@ -389,6 +389,14 @@
     } else {
       u.setData(data);
     }
+    // What the chart in this box holds, read back from uPlot itself, for a person's devtools and the browser tests:
+    // the newest memory point (daemon time, s), how many there are, and whether the leak projection is drawn.
+    const [tx, ty, tp] = u.data;
+    let newest = null, points = 0;
+    for (let i = 0; i < ty.length; i++) if (ty[i] !== null) { newest = tx[i]; points++; }
+    el.dataset.newest = String(newest);
+    el.dataset.points = String(points);
+    el.dataset.projection = tp.filter((v) => v !== null).length >= 2 ? "yes" : "no";
   }
 
   function renderDocks(docks) {
