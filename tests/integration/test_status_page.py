@@ -27,6 +27,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 PHONE = {"width": 375, "height": 667}  # the narrowest phone screen in wide use (iPhone SE)
 DESKTOP = {"width": 1280, "height": 900}
 USER, PASSWORD = "ops", "s3cret"
+# A sim starting on a loaded 2-core machine (CI beside other jobs): a liveness bound, each wait ends once it serves.
+SIM_START = 180.0
+pytestmark = pytest.mark.timeout(600)  # each test starts sims and a browser page: beyond the suite's 120 s when loaded
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra installs playwright")
 
@@ -122,7 +125,7 @@ def sims(tmp_path_factory: pytest.TempPathFactory, chat: str) -> Iterator[dict[s
 
     try:
         for d in running.values():
-            wait_until(lambda d=d: serving(d), "gpuwatchd sim to serve")
+            wait_until(lambda d=d: serving(d), "gpuwatchd sim to serve", timeout=SIM_START)
         yield running
     finally:
         _stop(*running.values())
@@ -270,7 +273,7 @@ def test_egpu_unplug_shows_the_lost_gpu(browser: Any, tmp_path: Path, shots: Pat
     # longer than that (a loaded machine: the leak test's page checks).
     d = _start(tmp_path / "unplug", "--scenario", "egpu-unplug", "--speed", "4")
     try:
-        wait_until(lambda: serving(d), "gpuwatchd sim to serve")
+        wait_until(lambda: serving(d), "gpuwatchd sim to serve", timeout=SIM_START)
         _egpu_unplug_shows_the_lost_gpu(browser, d, shots)
     finally:
         _stop(d)
@@ -304,14 +307,14 @@ def test_page_keeps_going_when_the_daemon_goes_away(browser: Any, tmp_path: Path
     d = _start(tmp_path, "--scenario", "idle", port=port)
     again: DaemonProcess | None = None
     try:
-        wait_until(lambda: serving(d), "gpuwatchd sim to serve")
+        wait_until(lambda: serving(d), "gpuwatchd sim to serve", timeout=SIM_START)
         ctx, page, log = open_page(browser, d.url, DESKTOP)
         d.proc.terminate()
         d.proc.wait(timeout=30)
         page.wait_for_selector("#conn.down", timeout=30_000)
         assert "not answering" in page.locator("#conn").inner_text()
         again = _start(tmp_path / "again", "--scenario", "dock-unauthorized", port=port)
-        wait_until(lambda: serving(again), "the second sim to serve")
+        wait_until(lambda: serving(again), "the second sim to serve", timeout=SIM_START)
         # Retries back off to 30 s at most: within a minute the page shows the new daemon's dock.
         page.wait_for_selector(".dock code:has-text('boltctl enroll')", timeout=60_000)
         assert page.locator("#conn").inner_text().startswith("live")
@@ -373,7 +376,7 @@ def test_hostile_names_render_as_text_under_the_csp(browser: Any, tmp_path: Path
     scenario.write_text(yaml.safe_dump(doc, allow_unicode=True))
     d = _start(tmp_path / "sim", "--scenario", str(scenario), "--speed", "30")
     try:
-        wait_until(lambda: serving(d), "gpuwatchd sim to serve")
+        wait_until(lambda: serving(d), "gpuwatchd sim to serve", timeout=SIM_START)
         check_csp(d)
 
         def leak_seen() -> bool:
@@ -404,3 +407,20 @@ def test_hostile_names_render_as_text_under_the_csp(browser: Any, tmp_path: Path
         except subprocess.TimeoutExpired:
             d.proc.kill()
             d.proc.wait()
+
+
+def test_dump_dom_after_several_refreshes_still_has_every_chart(tmp_path: Path) -> None:
+    """The one-command check of the report (idle: 2 canvases after load, 0 after the first refresh): Chromium's
+    virtual clock runs the page's 3 s refreshes for 15 s, and the DOM it dumps still has a chart per GPU card."""
+    d = _start(tmp_path / "idle", "--scenario", "idle")
+    try:
+        wait_until(lambda: serving(d), "gpuwatchd sim to serve", timeout=SIM_START)
+        wait_until(lambda: all(len(g["memory_history"]) >= 2 for g in status(d)["gpus"]), "two points per GPU",
+                   timeout=120)
+        args = [CHROMIUM, "--headless=new", *CHROMIUM_ARGS[1:], "--virtual-time-budget=15000", "--dump-dom"]
+        dom = subprocess.run([*args, d.url + "/"], capture_output=True, text=True, timeout=300, check=True).stdout
+        cards = dom.count('<article class="gpu')
+        assert cards == 2 and dom.count("<canvas") == cards, dom[dom.find('<div id="gpus"'):][:2000]
+        assert dom.count('data-projection="no"') == cards  # idle: no leak line
+    finally:
+        _stop(d)

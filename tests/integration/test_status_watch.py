@@ -176,6 +176,7 @@ def _status(url: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.timeout(600)  # a sim's start and its removal window on a loaded machine
 def test_status_and_watch_during_an_egpu_removal_show_one_gpu_0(tmp_path: Path, sims: list[DaemonProcess]) -> None:
     """egpu-unplug: the eGPU (index 0) is removed and NVML gives index 0 to the internal A2000. Both views list the
     gone eGPU as "was 0" (a gone GPU's index is history), never two rows saying 0."""
@@ -208,6 +209,7 @@ def test_status_and_watch_during_an_egpu_removal_show_one_gpu_0(tmp_path: Path, 
         assert rows.count(["0", "NVIDIA"]) == 1 and ["was", "0"] in rows, once.stdout
 
 
+@pytest.mark.timeout(600)
 def test_watch_has_the_owner_column(tmp_path: Path, sims: list[DaemonProcess]) -> None:
     """The attribution scenario without a kubelet: owners from each process' cgroup, as the page's Owner column."""
     port = free_port()
