@@ -28,8 +28,8 @@ from gpuwatchd.model import Alert
 from gpuwatchd.model.health import ACTIONS, GpuHealth, HealthAction, HealthState
 
 # What "healthy" covers, said with it: the GPU itself, not the jobs on it (a leak is an alert, not a GPU fault).
-HEALTHY_REASON = ("no fault on the GPU itself: no firing alert about its hardware, link, dock or driver, no Xid, no "
-                  "failed probe (alerts about the jobs on it, such as GpuMemoryLeak, are not counted)")
+HEALTHY_REASON = ("no fault on the GPU itself (its hardware, link, dock, driver, Xids, probes); alerts about the jobs "
+                  "on it, such as GpuMemoryLeak, are not counted")
 
 _STATE_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "unhealthy": 3}
 _ACTION_RANK = {a: i for i, a in enumerate(ACTIONS)}
