@@ -27,6 +27,8 @@ from gpuwatchd.runtime.exitcodes import EXIT_BROKEN_PIPE, EXIT_UNREACHABLE
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "50"}
 WAIT = 120  # seconds: a liveness bound on a loaded 2-core machine, not a timing claim
+SIM_START = 180.0  # a sim's start beside other jobs (30 s was seen to pass with a load average of 33)
+pytestmark = pytest.mark.timeout(600)  # a sim's start and a terminal's frames, beyond the suite's 120 s when loaded
 SGR = r"(?:\x1b\[[0-9;]*m)*"  # colour codes rich puts around a state
 
 
@@ -56,7 +58,7 @@ def start_sim(tmp: Path, port: int, *args: str) -> DaemonProcess:
         except OSError:
             return False
 
-    wait_until(ready, "gpuwatchd sim to serve")
+    wait_until(ready, "gpuwatchd sim to serve", timeout=SIM_START)
     return d
 
 
@@ -176,7 +178,6 @@ def _status(url: str) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.timeout(600)  # a sim's start and its removal window on a loaded machine
 def test_status_and_watch_during_an_egpu_removal_show_one_gpu_0(tmp_path: Path, sims: list[DaemonProcess]) -> None:
     """egpu-unplug: the eGPU (index 0) is removed and NVML gives index 0 to the internal A2000. Both views list the
     gone eGPU as "was 0" (a gone GPU's index is history), never two rows saying 0."""
@@ -209,7 +210,6 @@ def test_status_and_watch_during_an_egpu_removal_show_one_gpu_0(tmp_path: Path, 
         assert rows.count(["0", "NVIDIA"]) == 1 and ["was", "0"] in rows, once.stdout
 
 
-@pytest.mark.timeout(600)
 def test_watch_has_the_owner_column(tmp_path: Path, sims: list[DaemonProcess]) -> None:
     """The attribution scenario without a kubelet: owners from each process' cgroup, as the page's Owner column."""
     port = free_port()
