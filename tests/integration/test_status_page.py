@@ -214,7 +214,9 @@ def test_leak_shows_the_leaking_pid_and_its_eta(browser: Any, sims: dict[str, Da
         # Said above the table as well, where a phone shows it without scrolling sideways.
         note = page.locator(".leak-note[data-pid='4242']")
         assert "python[4242] (alice)" in note.inner_text() and "full in" in note.inner_text()
-        box = note.bounding_box()
+        # The page redraws the processes at every refresh: a read that met the old note as it was replaced gives
+        # nothing, so it is read again (the note itself is there: its text was read above).
+        box = wait_until(note.bounding_box, "the leak note's box", timeout=SIM_START)
         assert box is not None and box["x"] + box["width"] <= viewport["width"]
     for *_, page, _log in pages:
         # Deliveries per receiver: the leak's message reached the chat service; the other receiver refused it.
@@ -346,7 +348,7 @@ def test_page_behind_tls_and_basic_auth(browser: Any, tmp_path: Path, tls_files:
                     return int(ctx.request.get(url + path).status)
                 except Exception:  # not listening yet
                     return None
-            assert wait_until(answered, f"{path} to answer") == 401
+            assert wait_until(answered, f"{path} to answer", timeout=SIM_START) == 401
         ctx.close()
         ctx, page, log = open_page(browser, url, DESKTOP, ignore_https_errors=True,
                                    http_credentials={"username": USER, "password": PASSWORD})
@@ -393,7 +395,10 @@ def test_hostile_names_render_as_text_under_the_csp(browser: Any, tmp_path: Path
             assert note.locator("strong").first.text_content() == HOSTILE_NAME + "[4242]"
             assert note.locator("bdi").last.text_content() == HOSTILE_USER
             for sel in ("strong", "bdi"):
-                assert note.locator(sel).first.evaluate("e => getComputedStyle(e).unicodeBidi") == "isolate"
+                # Read again when the refresh replaced the element under the read (a detached element has no style).
+                style = wait_until(lambda sel=sel, note=note: note.locator(sel).first.evaluate(
+                    "e => e.isConnected ? getComputedStyle(e).unicodeBidi : ''"), f"the {sel}'s style", timeout=60)
+                assert style == "isolate"
             assert page.locator("main img, main script, main b").count() == 0
             assert "pwned" not in page.title()
             if viewport is PHONE:
