@@ -51,6 +51,44 @@ def owner_text(owner: object) -> str:
     return " ".join(parts) or "-"
 
 
+def gpu_index(g: Mapping[str, Any]) -> str:
+    """A GPU's index as the views show it: ``0``, or ``was 0`` for a GPU that is gone (lost or removed). NVML gives
+    the index to the next GPU when one goes (an eGPU pulled: the internal GPU becomes 0), so a gone GPU's last index
+    is history, and two rows saying ``0`` would be a lie about one of them."""
+    index = g.get("index")
+    text = str(index) if index is not None else "-"
+    state = g.get("state")
+    return text if state in (None, "present") else f"was {text}"
+
+
+def gpu_name(g: Mapping[str, Any]) -> str:
+    """``GPU 0``, or ``was GPU 0`` for a GPU that is gone (as the status page says it); a MIG device, which has its
+    GPU's index, with its name as the alerts say it: ``GPU 0 (NVIDIA A100-SXM4-80GB MIG 1g.10gb)``."""
+    index = g.get("index")
+    text = "GPU " + (str(index) if index is not None else "?")
+    if g.get("state") not in (None, "present"):
+        text = "was " + text
+    return f"{text} ({g.get('name') or '?'})" if str(g.get("uuid", "")).startswith("MIG-") else text
+
+
+def uncounted_alerts(g: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The names of the alerts firing on this GPU (or MIG device) that its health does not count: those about a job
+    on it (GpuMemoryLeak, GpuUnderutilized) and info ones (gpuwatchd/gpu/health.py). Said beside a "healthy" so it
+    is not read as "nothing is wrong here"."""
+    health = g.get("health")
+    evidence = health.get("evidence") if isinstance(health, dict) else None
+    counted = {str(e) for e in evidence} if isinstance(evidence, list) else set()
+    names = set()
+    for a in alerts:
+        labels = a.get("labels")
+        if not isinstance(labels, dict) or a.get("state") != "firing" or labels.get("uuid") != g.get("uuid"):
+            continue
+        name = str(labels.get("alertname") or "?")
+        if name not in counted:
+            names.add(name)
+    return sorted(names)
+
+
 def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]) -> str:
     """Three tables: GPUs, their processes, and the alerts, preceded by one line about NVML and the daemon.
 
@@ -68,7 +106,7 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
         g = {**(entry.get("readings") or {}), **entry}
         rows.append(
             [
-                str(_pick(g, "index") if _pick(g, "index") is not None else "-"),
+                gpu_index(g),
                 str(_pick(g, "name") or "-"),
                 str(_pick(g, "state") or ("present" if g.get("present", True) else "gone")),
                 _mem(_pick(g, "memory_used_bytes"), _pick(g, "memory_total_bytes")),
@@ -83,7 +121,11 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
         health = g.get("health")
         if isinstance(health, dict) and health.get("state") not in (None, "healthy"):
             action = health.get("action_text") or health.get("action") or "-"
-            notes.append(f"GPU {rows[-1][0]} {health.get('state')}: {health.get('reason') or '-'}; action: {action}")
+            notes.append(f"{gpu_name(g)} {health.get('state')}: {health.get('reason') or '-'}; action: {action}")
+        others = uncounted_alerts(g, alerts)
+        if others:
+            notes.append(f"{gpu_name(g)}: also firing, not counted in the GPU's health (about a job on it, or "
+                         f"informational): {', '.join(others)}")
         for p in g.get("processes", []) or []:
             if isinstance(p, dict):
                 procs.append(
@@ -98,14 +140,14 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
                 )
         more = more_processes(g)
         if more:
-            more_lines.append(f"GPU {rows[-1][0]}: {more}")
+            more_lines.append(f"{gpu_name(g)}: {more}")
     headers = ["GPU", "NAME", "STATE", "MEMORY", "UTIL", "TEMP", "POWER", "PROBE", "HEALTH", "UUID"]
     out += ["", _table(headers, rows) if rows else "No GPUs."]
     if notes:
         out += ["", *notes]
     if procs:
         out += ["", _table(["GPU", "PID", "PROCESS", "USER", "GPU MEMORY", "OWNER"], procs), *more_lines]
-    xids = _xid_rows(status, {str(g.get("uuid")): str(g.get("index", "-")) for g in gpus})
+    xids = _xid_rows(status, {str(g.get("uuid")): gpu_index(g) for g in gpus})
     if xids:
         out += ["", _table(["GPU", "XID", "COUNT", "SEVERITY", "MNEMONIC", "NVIDIA: IMMEDIATE / IF IT RECURS"], xids)]
     arows = []

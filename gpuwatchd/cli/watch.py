@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from gpuwatchd.cli.status import alert_state, more_processes
+from gpuwatchd.cli.status import alert_state, gpu_index, gpu_name, more_processes, owner_text, uncounted_alerts
 from gpuwatchd.runtime.daemon_client import DaemonClient
 from gpuwatchd.runtime.status_client import DaemonRefused, StatusUnavailable, fetch_status
 from gpuwatchd.runtime.terminal import safe_tree, terminal_safe
@@ -158,7 +158,7 @@ def render_view(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]], 
         reasons = [x for x in r.get("clocks_event_reasons_active") or [] if x not in NOT_THROTTLE]
         probe = g.get("probe") or {}
         t.add_row(
-            Text(str(g.get("index", "-"))),
+            Text(gpu_index(g)),
             Text(str(g.get("name") or "-")),
             Text(hstate if g.get("state") == "present" else f"{hstate} ({g.get('state')})",
                  style=HEALTH_STYLE.get(hstate, "")),
@@ -173,17 +173,23 @@ def render_view(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]], 
             Text(str(probe.get("verdict") or "-")),
         )
         if reason or action:
-            note = Text(f"GPU {g.get('index')}: {hstate}: {reason or ''}", style=HEALTH_STYLE.get(hstate, ""))
+            note = Text(f"{gpu_name(g)}: {hstate}: {reason or ''}", style=HEALTH_STYLE.get(hstate, ""))
             if action:
                 note.append(f" -> {action}", style="bold")
             notes.append(note)
+        others = uncounted_alerts(g, alerts)
+        if others:
+            notes.append(Text(f"{gpu_name(g)}: also firing, not counted in the GPU's health (about a job on it, or "
+                              f"informational): {', '.join(others)}", style="yellow"))
     parts.append(Text(""))
     parts.append(t if gpus else Text("No GPUs.", style="dim"))
     parts.extend(notes)
 
     p = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("GPU", "PID", "USER", "PROCESS", "GPU MEMORY", "TREND", "LEAK"):
-        p.add_column(col, justify="right" if col in ("GPU MEMORY", "TREND", "PID") else "left", no_wrap=True)
+    for col in ("GPU", "PID", "USER", "PROCESS", "OWNER", "GPU MEMORY", "TREND", "LEAK"):
+        # The owner (a pod, a container, a Slurm job: the page's Owner column) may be long: it wraps, the rest not.
+        p.add_column(col, justify="right" if col in ("GPU MEMORY", "TREND", "PID") else "left",
+                     no_wrap=col != "OWNER")
     more: list[Text] = []
     for g in gpus:
         for proc in g.get("processes") or []:
@@ -193,12 +199,13 @@ def render_view(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]], 
             leak = trend.get("leak")
             leak_text = Text(f"{leak.get('state')}: full in {fmt_duration(leak.get('eta_seconds'))}",
                              style="bold red" if leak.get("state") == "firing" else "yellow") if leak else Text("")
-            p.add_row(Text(str(g.get("index"))), Text(str(proc.get("pid"))), Text(str(proc.get("user") or "-")),
-                      Text(str(proc.get("name") or "-")), fmt_bytes(proc.get("used_memory_bytes")),
+            p.add_row(Text(gpu_index(g)), Text(str(proc.get("pid"))), Text(str(proc.get("user") or "-")),
+                      Text(str(proc.get("name") or "-")), Text(owner_text(proc.get("owner"))),
+                      fmt_bytes(proc.get("used_memory_bytes")),
                       fmt_rate(trend.get("rate_bytes_per_second")), leak_text)
         extra = more_processes(g)
         if extra:
-            more.append(Text(f"GPU {g.get('index')}: {extra}", style="dim"))
+            more.append(Text(f"{gpu_name(g)}: {extra}", style="dim"))
     if p.row_count:
         parts += [Text(""), p, *more]
 

@@ -11,6 +11,9 @@ The worst evidence wins: unhealthy > degraded > healthy; among evidence of one s
 wins (reboot > reseat/inspect > reset > check the cable > restart the app), because doing it also covers the
 lesser ones. ``unknown`` is for a GPU the daemon cannot see now (NVML down or its data stale, the GPU not
 answering yet, or removed) and no alert says more.
+
+A MIG device is assessed on its own evidence (alerts under its ``MIG-...`` uuid) and then takes its GPU's state
+when that is worse (``with_parent``): a fault of the GPU is a fault of every slice of it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from types import MappingProxyType
 from gpuwatchd.gpu import xid_catalog
 from gpuwatchd.model import Alert
 from gpuwatchd.model.health import ACTIONS, GpuHealth, HealthAction, HealthState
+
+# What "healthy" covers, said with it: the GPU itself, not the jobs on it (a leak is an alert, not a GPU fault).
+HEALTHY_REASON = ("no fault on the GPU itself (its hardware, link, dock, driver, Xids, probes); alerts about the jobs "
+                  "on it, such as GpuMemoryLeak, are not counted")
 
 _STATE_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "unhealthy": 3}
 _ACTION_RANK = {a: i for i, a in enumerate(ACTIONS)}
@@ -179,4 +186,16 @@ def _judge(f: GpuFacts, evidence: list[_Evidence], *, nvml_ok: bool) -> tuple[He
         return "unknown", "the GPU does not answer (lost); waiting for the GpuLost evidence", "none"
     if not f.has_sample:
         return "unknown", "no reading of the GPU yet, or its readings are stale", "none"
-    return "healthy", "no firing alert, probe failure or Xid evidence on this GPU", "none"
+    return "healthy", HEALTHY_REASON, "none"
+
+
+def with_parent(own: GpuHealth, parent: GpuHealth | None, parent_uuid: str, previous: GpuHealth | None,
+                now: float) -> GpuHealth:
+    """A MIG device's health: its own (``assess`` on the alerts under its uuid), or its GPU's when that is worse,
+    said as the GPU's ("the GPU it is part of (GPU-...) is unhealthy: <reason>") with the GPU's action. ``since``
+    is when the MIG device entered the state it has now (``previous`` is its last health)."""
+    if parent is None or _STATE_RANK[parent.state] <= _STATE_RANK[own.state]:
+        return own
+    since = previous.since if previous is not None and previous.state == parent.state else now
+    reason = f"the GPU it is part of ({parent_uuid}) is {parent.state}: {parent.reason}"
+    return GpuHealth(parent.state, reason, parent.action, since, tuple(sorted({*own.evidence, *parent.evidence})))

@@ -116,3 +116,44 @@ def test_rich_is_loaded_by_the_watch_view_only() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def removal() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """An eGPU pulled: NVML gave its index 0 to the internal GPU; the gone one is still listed, with its last index.
+    The internal GPU runs a Slurm job step leaking memory (an alert about a job, not the GPU)."""
+    status, _ = doc()
+    gone = {**status["gpus"][0], "state": "removed", "readings": None, "processes": [], "processes_total": None,
+            "health": {"state": "unhealthy", "reason": "GpuRemoved: the eGPU is gone", "action": "check_cable",
+                       "action_text": "check the eGPU's cable", "evidence": ["GpuRemoved"]}}
+    internal = {"uuid": "GPU-7d52", "index": 0, "name": "NVIDIA RTX A2000 12GB", "state": "present",
+                "readings": {"memory_used_bytes": 2**30, "memory_total_bytes": 12 * 2**30},
+                "processes": [{"pid": 7301, "name": "python", "user": "carol", "used_memory_bytes": 2**30,
+                               "owner": {"container_id": "8d1e4b2a9f3c", "hpc_job": "4242"},
+                               "memory_trend": {"rate_bytes_per_second": 2**20, "leak": None}},
+                              {"pid": 7302, "name": "Xorg", "user": "root", "used_memory_bytes": 2**20,
+                               "owner": None}],
+                "health": {"state": "healthy", "reason": "no fault on the GPU itself", "action": "none",
+                           "evidence": []}}
+    status["gpus"] = [gone, internal]
+    alerts = [{"labels": {"alertname": "GpuMemoryLeak", "uuid": "GPU-7d52", "gpu": "0", "severity": "warning"},
+               "state": "firing", "annotations": {"summary": "python[7301] grows"}}]
+    return status, alerts
+
+
+def test_a_gone_gpu_is_was_gpu_n_and_a_jobs_alert_is_named_beside_healthy() -> None:
+    status, alerts = removal()
+    for name, out in (("status", render_status(status, alerts)),
+                      ("watch", text_of(render_view(status, alerts, interval=2.0, now=0.0)))):
+        lines = out.splitlines()
+        # One row per GPU, and only the present one says 0.
+        assert [line.split()[0] for line in lines if "RTX 3090" in line or "RTX A2000" in line] == ["was", "0"], out
+        assert any(line.startswith("was GPU 0") and "GpuRemoved" in line for line in lines), (name, out)
+        note = [line for line in lines if "not counted in the GPU's health" in line]
+        assert len(note) == 1 and note[0].startswith("GPU 0: ") and note[0].endswith("GpuMemoryLeak"), (name, out)
+        row = next(line for line in lines if " 7301 " in f" {line} ")
+        assert "container 8d1e4b2a9f3c job 4242" in row, (name, row)  # the OWNER column, in both views
+        host = next(line for line in lines if " 7302 " in f" {line} ").split()
+        assert host[-1 if name == "status" else 4] == "-", (name, host)  # a host process has no owner
+    header = next(line for line in text_of(render_view(status, alerts, interval=2.0, now=0.0)).splitlines()
+                  if "PID" in line)
+    assert header.split() == ["GPU", "PID", "USER", "PROCESS", "OWNER", "GPU", "MEMORY", "TREND", "LEAK"]

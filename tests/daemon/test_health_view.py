@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from mig_states import a100
 from until import until
 
 from gpuwatchd.cli.status import render_status
@@ -133,5 +134,41 @@ async def test_an_application_xid_repeating_across_jobs_escalates_to_the_gpu(
         text = render_status(*await fetch_status(daemon.url))
         assert any(line.split()[:3] == ["0", "31", "3"] and "FIFO_ERROR_MMU_ERR_FLT" in line
                    and "RESTART_APP / WORKFLOW_XID_31" in line for line in text.splitlines()), text
+    finally:
+        await daemon.stop()
+
+
+async def test_a_mig_device_has_its_own_health_and_its_gpus_when_worse(
+        tmp_path: Path, standin_libdir: Path, write_sim_state: Callable[[dict[str, Any]], Path]) -> None:
+    """MIG devices are assessed (they stayed "unknown" for good): healthy with their GPU; an Xid 48 on the GPU
+    makes every slice of it unhealthy, saying it is the GPU's fault and what to do; recovered with the GPU."""
+    state = make_state(0, devices=[a100()])
+    path = write_sim_state(state)
+    daemon = Daemon(config_from_dict(_config(tmp_path, standin_libdir)), worker_env={STATE_ENV: str(path)})
+    await daemon.start()
+    try:
+        gpu = state["devices"][0]["uuid"]
+        migs = [m["uuid"] for m in state["devices"][0]["mig_devices"]]
+        def states() -> set[str]:
+            health = {g["uuid"]: g["health"]["state"] for g in daemon.status()["gpus"]}
+            return {health.get(u, "not listed yet") for u in (gpu, *migs)}
+
+        await until(lambda: states() == {"healthy"}, "the GPU and its MIG devices assessed healthy")
+        state["events"] = [{"seq": 1, "uuid": gpu, "type": "xid", "data": 48}]
+        write_sim_state(state)
+        await until(lambda: states() == {"unhealthy"}, "the GPU and its MIG devices unhealthy after Xid 48")
+        metrics, status = await _get(daemon.url)
+        for mig in migs:
+            h = next(g["health"] for g in status["gpus"] if g["uuid"] == mig)
+            assert h["reason"].startswith(f"the GPU it is part of ({gpu}) is unhealthy: "), h
+            assert "Xid 48" in h["reason"] and h["action"] == "reset_gpu" and h["evidence"] == ["GpuXidError"]
+            assert f'gpuwatchd_gpu_health_state{{state="unhealthy",uuid="{mig}"}} 1.0' in metrics
+        text = render_status(*await fetch_status(daemon.url))  # what `gpuwatchd status` prints
+        for mig in migs:
+            row = next(line for line in text.splitlines() if line.rstrip().endswith(mig))
+            assert " unhealthy " in row, text
+        assert any(line.startswith("GPU 0 (NVIDIA A100-SXM4-80GB MIG 1g.10gb) unhealthy: the GPU it is part of")
+                   for line in text.splitlines()), text
+        await until(lambda: states() == {"healthy"}, "the GPU and its MIG devices healthy again")
     finally:
         await daemon.stop()

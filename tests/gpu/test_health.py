@@ -3,7 +3,7 @@ action among it, eGPU links say "check the cable", and the state recovers when t
 
 from __future__ import annotations
 
-from gpuwatchd.gpu.health import GpuFacts, assess, xid_action
+from gpuwatchd.gpu.health import GpuFacts, assess, with_parent, xid_action
 from gpuwatchd.model import Alert, AlertState, Severity
 from gpuwatchd.model.health import GpuHealth
 
@@ -104,3 +104,23 @@ def test_a_docks_alert_is_evidence_for_the_gpus_behind_it() -> None:
     out = assess(facts, [link], 1.0, {}, nvml_ok=True, xid_actions={})
     assert (out[U].state, out[U].action, out[U].evidence) == ("degraded", "check_cable", ("GpuDockLinkDegraded",))
     assert out["GPU-other"].state == "healthy"
+
+
+def test_healthy_says_what_it_covers() -> None:
+    h = _one([_alert("GpuMemoryLeak", "warning")])
+    assert "the GPU itself" in h.reason and "GpuMemoryLeak" in h.reason and "not counted" in h.reason
+
+
+def test_a_mig_device_takes_its_gpus_state_when_worse_and_keeps_its_own_otherwise() -> None:
+    own_degraded = GpuHealth("degraded", "held by a dead process", "reset_gpu", 50.0, ("GpuMemoryHeldByDeadProcess",))
+    healthy = GpuHealth("healthy", "fine", "none", 10.0)
+    gpu_bad = GpuHealth("unhealthy", "Xid 48 (DBE)", "reset_gpu", 90.0, ("GpuXidError",))
+    h = with_parent(healthy, gpu_bad, U, healthy, 100.0)
+    assert (h.state, h.action, h.since, h.evidence) == ("unhealthy", "reset_gpu", 100.0, ("GpuXidError",))
+    assert h.reason == f"the GPU it is part of ({U}) is unhealthy: Xid 48 (DBE)"
+    assert with_parent(healthy, gpu_bad, U, h, 120.0).since == 100.0  # still in that state: since holds
+    merged = with_parent(own_degraded, gpu_bad, U, None, 100.0)
+    assert merged.evidence == ("GpuMemoryHeldByDeadProcess", "GpuXidError")
+    # Not worse than its own: its own (a healthy GPU, or one with no verdict yet, leaves the slice's own one).
+    assert with_parent(own_degraded, healthy, U, None, 100.0) is own_degraded
+    assert with_parent(own_degraded, None, U, None, 100.0) is own_degraded

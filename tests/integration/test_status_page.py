@@ -24,9 +24,12 @@ from test_status_watch import silence
 CHROMIUM = os.environ.get("GPUWATCHD_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-PHONE = {"width": 390, "height": 844}
+PHONE = {"width": 375, "height": 667}  # the narrowest phone screen in wide use (iPhone SE)
 DESKTOP = {"width": 1280, "height": 900}
 USER, PASSWORD = "ops", "s3cret"
+# A sim starting on a loaded 2-core machine (CI beside other jobs): a liveness bound, each wait ends once it serves.
+SIM_START = 180.0
+pytestmark = pytest.mark.timeout(600)  # each test starts sims and a browser page: beyond the suite's 120 s when loaded
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra installs playwright")
 
@@ -211,7 +214,9 @@ def test_leak_shows_the_leaking_pid_and_its_eta(browser: Any, sims: dict[str, Da
         # Said above the table as well, where a phone shows it without scrolling sideways.
         note = page.locator(".leak-note[data-pid='4242']")
         assert "python[4242] (alice)" in note.inner_text() and "full in" in note.inner_text()
-        box = note.bounding_box()
+        # The page redraws the processes at every refresh: a read that met the old note as it was replaced gives
+        # nothing, so it is read again (the note itself is there: its text was read above).
+        box = wait_until(note.bounding_box, "the leak note's box", timeout=SIM_START)
         assert box is not None and box["x"] + box["width"] <= viewport["width"]
     for *_, page, _log in pages:
         # Deliveries per receiver: the leak's message reached the chat service; the other receiver refused it.
@@ -343,7 +348,7 @@ def test_page_behind_tls_and_basic_auth(browser: Any, tmp_path: Path, tls_files:
                     return int(ctx.request.get(url + path).status)
                 except Exception:  # not listening yet
                     return None
-            assert wait_until(answered, f"{path} to answer") == 401
+            assert wait_until(answered, f"{path} to answer", timeout=SIM_START) == 401
         ctx.close()
         ctx, page, log = open_page(browser, url, DESKTOP, ignore_https_errors=True,
                                    http_credentials={"username": USER, "password": PASSWORD})
@@ -390,7 +395,10 @@ def test_hostile_names_render_as_text_under_the_csp(browser: Any, tmp_path: Path
             assert note.locator("strong").first.text_content() == HOSTILE_NAME + "[4242]"
             assert note.locator("bdi").last.text_content() == HOSTILE_USER
             for sel in ("strong", "bdi"):
-                assert note.locator(sel).first.evaluate("e => getComputedStyle(e).unicodeBidi") == "isolate"
+                # Read again when the refresh replaced the element under the read (a detached element has no style).
+                style = wait_until(lambda sel=sel, note=note: note.locator(sel).first.evaluate(
+                    "e => e.isConnected ? getComputedStyle(e).unicodeBidi : ''"), f"the {sel}'s style", timeout=60)
+                assert style == "isolate"
             assert page.locator("main img, main script, main b").count() == 0
             assert "pwned" not in page.title()
             if viewport is PHONE:
@@ -404,3 +412,20 @@ def test_hostile_names_render_as_text_under_the_csp(browser: Any, tmp_path: Path
         except subprocess.TimeoutExpired:
             d.proc.kill()
             d.proc.wait()
+
+
+def test_dump_dom_after_several_refreshes_still_has_every_chart(tmp_path: Path) -> None:
+    """The one-command check of the report (idle: 2 canvases after load, 0 after the first refresh): Chromium's
+    virtual clock runs the page's 3 s refreshes for 15 s, and the DOM it dumps still has a chart per GPU card."""
+    d = _start(tmp_path / "idle", "--scenario", "idle")
+    try:
+        wait_until(lambda: serving(d), "gpuwatchd sim to serve", timeout=SIM_START)
+        wait_until(lambda: all(len(g["memory_history"]) >= 2 for g in status(d)["gpus"]), "two points per GPU",
+                   timeout=120)
+        args = [CHROMIUM, "--headless=new", *CHROMIUM_ARGS[1:], "--virtual-time-budget=15000", "--dump-dom"]
+        dom = subprocess.run([*args, d.url + "/"], capture_output=True, text=True, timeout=300, check=True).stdout
+        cards = dom.count('<article class="gpu')
+        assert cards == 2 and dom.count("<canvas") == cards, dom[dom.find('<div id="gpus"'):][:2000]
+        assert dom.count('data-projection="no"') == cards  # idle: no leak line
+    finally:
+        _stop(d)

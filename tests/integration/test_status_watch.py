@@ -13,6 +13,7 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pexpect
@@ -26,6 +27,8 @@ from gpuwatchd.runtime.exitcodes import EXIT_BROKEN_PIPE, EXIT_UNREACHABLE
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "50"}
 WAIT = 120  # seconds: a liveness bound on a loaded 2-core machine, not a timing claim
+SIM_START = 180.0  # a sim's start beside other jobs (30 s was seen to pass with a load average of 33)
+pytestmark = pytest.mark.timeout(600)  # a sim's start and a terminal's frames, beyond the suite's 120 s when loaded
 SGR = r"(?:\x1b\[[0-9;]*m)*"  # colour codes rich puts around a state
 
 
@@ -167,3 +170,67 @@ def test_watch_a_daemon_behind_tls_and_basic_auth(tmp_path: Path, sims: list[Dae
                            text=True, timeout=60, check=False)
     assert wrong.returncode == EXIT_UNREACHABLE
     assert "HTTP 401" in wrong.stderr and "--auth-user" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def _status(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url + "/api/v1/status", timeout=10) as r:
+        out: dict[str, Any] = json.loads(r.read())
+    return out
+
+
+def test_status_and_watch_during_an_egpu_removal_show_one_gpu_0(tmp_path: Path, sims: list[DaemonProcess]) -> None:
+    """egpu-unplug: the eGPU (index 0) is removed and NVML gives index 0 to the internal A2000. Both views list the
+    gone eGPU as "was 0" (a gone GPU's index is history), never two rows saying 0."""
+    port = free_port()
+    sims.append(start_sim(tmp_path, port, "--scenario", "egpu-unplug", "--speed", "2"))
+    url = sims[0].url
+
+    def removed() -> bool:
+        gpus = {g["name"]: g for g in _status(url)["gpus"]}
+        egpu, internal = gpus["NVIDIA GeForce RTX 3090"], gpus["NVIDIA RTX A2000 12GB"]
+        return egpu["state"] == "removed" and internal["index"] == 0
+
+    wait_until(removed, "the eGPU removed and the A2000 at index 0", timeout=WAIT)
+    child = pexpect.spawn(sys.executable, ["-m", "gpuwatchd", "status", "--watch", "0.5", "--url", url], cwd=str(ROOT),
+                          env=ENV, dimensions=(50, 160), timeout=WAIT, encoding="utf-8", codec_errors="replace")
+    try:
+        child.expect(r"was 0\s+NVIDIA GeForce RTX 3090")
+        child.expect(r"was GPU 0: \S*unhealthy")  # its health note says which GPU: the gone one
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
+    once = subprocess.run([sys.executable, "-m", "gpuwatchd", "status", "--url", url], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=60, check=True)
+    rows = [line.split()[:2] for line in once.stdout.splitlines() if "NVIDIA" in line and "GPU-" in line]
+    if ["0", "NVIDIA"] in rows and ["was", "0"] not in rows:  # replugged since (index 1): nothing left to show
+        assert not removed(), once.stdout
+    else:
+        assert rows.count(["0", "NVIDIA"]) == 1 and ["was", "0"] in rows, once.stdout
+
+
+def test_watch_has_the_owner_column(tmp_path: Path, sims: list[DaemonProcess]) -> None:
+    """The attribution scenario without a kubelet: owners from each process' cgroup, as the page's Owner column."""
+    port = free_port()
+    sims.append(start_sim(tmp_path, port, "--scenario", "attribution"))
+
+    def owners() -> bool:
+        procs = {p["pid"]: p for g in _status(sims[0].url)["gpus"] for p in g["processes"]}
+        return 7301 in procs and bool((procs[7301].get("owner") or {}).get("hpc_job"))
+
+    wait_until(owners, "the attribution of pid 7301", timeout=WAIT)
+    # A tall terminal: the live view cuts what does not fit (4 GPUs, 2 MIG devices, 8 processes, the alerts).
+    child = pexpect.spawn(sys.executable, ["-m", "gpuwatchd", "status", "--watch", "1", "--url", sims[0].url],
+                          cwd=str(ROOT), env={**ENV, "LINES": "100"}, dimensions=(100, 160), timeout=WAIT,
+                          encoding="utf-8", codec_errors="replace")
+    try:
+        gap = r"(?:\s|\x1b\[[0-9;]*m)+"  # spaces and the colour codes rich puts around cells
+        child.expect(gap.join(["PID", "USER", "PROCESS", "OWNER"]))
+        child.expect(gap.join(["4242", "alice", "python", "container 8d1e4b2a9f3c"]))
+        child.expect(gap.join(["7301", "erin", "python", "job 4242"]))
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before

@@ -159,36 +159,48 @@
     return hl && hl.state ? { state: hl.state, reason: hl.reason, action: null } : null;
   }
 
+  // A card per GPU, kept from one refresh to the next (its chart with it): only the card's own parts are redrawn.
+  // The "No GPUs." line is the only other child the list ever has, told apart by its class, never by a selector
+  // that a card's own content could match (a card's UUID line is a p.muted too: matching it rebuilt every card at
+  // every refresh, and the charts went with them, 3 s after load).
   function renderGpus(st, alerts, now) {
     const gpus = st.gpus || [];
-    const seen = new Set();
-    if (!gpus.length) {
-      replace("gpus", h("p", { class: "muted" }, st.nvml && st.nvml.ok === false ? "No GPU data: NVML is down." :
-        "No GPUs."));
-    }
     const container = $("gpus");
-    if (gpus.length && container.querySelector("p.muted")) container.replaceChildren();
+    const seen = new Set(gpus.map((g) => g.uuid));
+    for (const card of container.querySelectorAll(":scope > article.gpu")) {
+      if (!seen.has(card.dataset.uuid)) dropCard(card);
+    }
+    const placeholder = container.querySelector(":scope > p.no-gpus");
+    if (!gpus.length) {
+      const text = st.nvml && st.nvml.ok === false ? "No GPU data: NVML is down." : "No GPUs.";
+      if (placeholder) placeholder.textContent = text;
+      else container.append(h("p", { class: "muted no-gpus" }, text));
+      return;
+    }
+    if (placeholder) placeholder.remove();
+    let prev = null;
     for (const g of gpus) {
-      seen.add(g.uuid);
-      let card = container.querySelector('article[data-uuid="' + CSS.escape(g.uuid) + '"]');
+      let card = container.querySelector(':scope > article.gpu[data-uuid="' + CSS.escape(g.uuid) + '"]');
       if (!card) {
         card = h("article", { class: "gpu", data: { uuid: g.uuid } },
           h("div", { class: "gpu-body" }), h("div", { class: "chart", "aria-label": "memory over time" }),
           h("div", { class: "gpu-procs" }));
-        container.append(card);
       }
+      // In the daemon's order (a replugged GPU comes back at another index); a card in its place is not touched.
+      const next = prev ? prev.nextElementSibling : container.firstElementChild;
+      if (next !== card) container.insertBefore(card, next);
+      prev = card;
       card.className = "gpu state-" + g.state;
-      card.querySelector(".gpu-body").replaceChildren(...gpuBody(g, st, now));
+      card.querySelector(".gpu-body").replaceChildren(...gpuBody(g, st, alerts, now));
       card.querySelector(".gpu-procs").replaceChildren(...processes(g, now));
       drawChart(card.querySelector(".chart"), g);
     }
-    for (const card of container.querySelectorAll("article.gpu")) {
-      if (!seen.has(card.dataset.uuid)) {
-        const c = charts.get(card.dataset.uuid);
-        if (c) { c.destroy(); charts.delete(card.dataset.uuid); }
-        card.remove();
-      }
-    }
+  }
+
+  function dropCard(card) {
+    const c = charts.get(card.dataset.uuid);
+    if (c) { c.destroy(); charts.delete(card.dataset.uuid); }
+    card.remove();
   }
 
   // Indexes move when a GPU goes (the next one takes index 0): a gone GPU is "was GPU 0", and the name goes along.
@@ -201,7 +213,16 @@
     return h("div", { class: "kv " + (cls || "") }, h("dt", {}, label), h("dd", {}, value));
   }
 
-  function gpuBody(g, st, now) {
+  // Firing alerts about this GPU (or MIG device) that its health does not count (those about a job on it, such as
+  // GpuMemoryLeak, and info ones), named beside it so that "healthy" is never read as "nothing is wrong here".
+  function otherFiring(g, alerts) {
+    const counted = new Set(((g.health || {}).evidence) || []);
+    const names = alerts.filter((a) => a.state === "firing" && (a.labels || {}).uuid === g.uuid &&
+      !counted.has((a.labels || {}).alertname)).map((a) => a.labels.alertname || "?");
+    return [...new Set(names)].sort();
+  }
+
+  function gpuBody(g, st, alerts, now) {
     const r = g.readings || {};
     const out = [];
     out.push(h("h3", {}, gpuLabel(g),
@@ -209,9 +230,12 @@
     out.push(h("p", { class: "muted small" }, g.uuid + " · " + (g.pci_bus_id || "")));
     const hl = health(g);
     if (hl) {
+      const others = otherFiring(g, alerts);
       out.push(h("div", { class: "health health-" + hl.state },
-        h("strong", {}, "Health: " + hl.state), hl.reason ? " — " + hl.reason : "",
-        hl.action ? h("p", { class: "action" }, "What to do: ", hl.action) : null));
+        h("strong", {}, "Health of the GPU: " + hl.state), hl.reason ? " — " + hl.reason : "",
+        hl.action ? h("p", { class: "action" }, "What to do: ", hl.action) : null,
+        others.length ? h("p", { class: "health-others" }, "Also firing here, not counted in the GPU's health " +
+          "(about a job on it, or informational): ", h("strong", {}, others.join(", ")), " — see Alerts.") : null));
     }
     if (g.state !== "present") {
       out.push(h("p", { class: "gone" }, "Not answering since " + stamp(g.since) + " (" + ago(g.since, now) +
@@ -350,7 +374,9 @@
     const data = [xs, used, proj];
     let u = charts.get(g.uuid);
     const width = Math.max(200, Math.min(el.parentElement.clientWidth - 16, 900));
-    if (u && u.width !== width) { u.destroy(); u = null; charts.delete(g.uuid); }
+    // A chart is drawn into its own card's box or not kept: one that is not in this box (the card was made anew)
+    // would take the data and show nothing.
+    if (u && (u.width !== width || u.root.parentNode !== el)) { u.destroy(); u = null; charts.delete(g.uuid); }
     if (!u) {
       u = new uPlot({
         width, height: 140, legend: { show: false }, cursor: { show: false },
@@ -363,6 +389,14 @@
     } else {
       u.setData(data);
     }
+    // What the chart in this box holds, read back from uPlot itself, for a person's devtools and the browser tests:
+    // the newest memory point (daemon time, s), how many there are, and whether the leak projection is drawn.
+    const [tx, ty, tp] = u.data;
+    let newest = null, points = 0;
+    for (let i = 0; i < ty.length; i++) if (ty[i] !== null) { newest = tx[i]; points++; }
+    el.dataset.newest = String(newest);
+    el.dataset.points = String(points);
+    el.dataset.projection = tp.filter((v) => v !== null).length >= 2 ? "yes" : "no";
   }
 
   function renderDocks(docks) {
