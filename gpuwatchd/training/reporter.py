@@ -147,16 +147,20 @@ class Reporter:
     def _peer_closed(sock: socket.socket) -> bool:
         """Whether the daemon closed the connection (restarted, or refused us with a one-line reason, which is
         read and dropped): a send into a closed connection succeeds once and the line is lost."""
-        for _ in range(16):
-            try:
-                data = sock.recv(4096, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return False
-            except OSError:
-                return True
-            if not data:
-                return True
-        return True  # a daemon that keeps talking is not one we know: start afresh
+        sock.settimeout(0.0)  # with a timeout set, recv would wait for it before saying "nothing to read"
+        try:
+            for _ in range(16):
+                try:
+                    data = sock.recv(4096)
+                except BlockingIOError:
+                    return False
+                except OSError:
+                    return True
+                if not data:
+                    return True
+            return True  # a daemon that keeps talking is not one we know: start afresh
+        finally:
+            sock.settimeout(SEND_TIMEOUT_SECONDS)
 
     def _connect(self) -> socket.socket | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

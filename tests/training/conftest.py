@@ -52,6 +52,10 @@ class Listener:
             for line in f:
                 self.lines.append(line)
 
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
+
     def messages(self) -> list[dict[str, Any]]:
         return [json.loads(x) for x in list(self.lines)]
 

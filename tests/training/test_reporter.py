@@ -134,3 +134,12 @@ def test_the_socket_is_found_where_the_daemon_puts_it(tmp_path: Path) -> None:
     expected = Path("/run/gpuwatchd/training.sock")
     assert found == (expected if expected.exists() else tmp_path / "gpuwatchd" / "training.sock")
     assert default_socket({}) == expected
+
+
+def test_reports_share_one_connection(listener: Listener, replayed: list[stats.RawDevice]) -> None:
+    r = Reporter(listener.path)
+    for _ in range(5):
+        assert r.tick()
+    wait_for(lambda: len(listener.messages()) == 5, "five reports")
+    r.stop()
+    assert listener.connections == 1  # the check for a closed daemon must not close a live connection
