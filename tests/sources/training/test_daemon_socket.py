@@ -72,11 +72,11 @@ def client(tmp_path: Path, sock_dir: Path) -> Iterator[Callable[[str], subproces
 async def daemon(tmp_path: Path, standin_libdir: Path, sock_dir: Path) -> AsyncIterator[Callable[..., Any]]:
     made: list[Daemon] = []
 
-    async def start(state: Path) -> Daemon:
-        cfg = {"listen": "127.0.0.1:0", "state_dir": str(tmp_path / "state"),
+    async def start(state: Path, **training: Any) -> Daemon:
+        cfg: dict[str, Any] = {"listen": "127.0.0.1:0", "state_dir": str(tmp_path / "state"),
                "nvml": {"library_path": str(standin_libdir), "poll_interval": "200ms"},
                "sysfs": {"root": str(tmp_path / "sysfs")}, "probes": {"enabled": False},
-               "training": {"socket": str(sock_dir / "training.sock"), "min_interval": "100ms"}}
+               "training": {"socket": str(sock_dir / "training.sock"), "min_interval": "100ms", **training}}
         d = Daemon(config_from_dict(cfg), worker_env={STATE_ENV: str(state)})
         await d.start()
         made.append(d)
@@ -176,6 +176,20 @@ async def test_hostile_peers_are_refused_and_counted(
     assert value(s, "gpuwatchd_training_messages_total", result="accepted") == 0
     assert not d.store.training.reports  # nothing from a process without a GPU context
     await until(lambda: d.store.training.status is not None and d.store.training.status.peers == 0, "peers gone")
+
+
+async def test_disabled_there_is_no_socket_and_nothing_else_changes(
+    daemon: Callable[..., Any], write_sim_state: Callable[[dict[str, Any]], Path], sock_dir: Path,
+) -> None:
+    d = await daemon(write_sim_state(make_state(1)), enabled=False)
+    s = await until_async(lambda: scrape_when_up(d.url), "the first poll")
+    assert d.training is None and not (sock_dir / "training.sock").exists()
+    assert not [n for (n, _) in s if n.startswith(("gpuwatchd_training_", "gpuwatchd_process_torch_"))]
+
+
+async def scrape_when_up(url: str) -> Samples | None:
+    s = await scrape(url)
+    return s if value(s, "gpuwatchd_nvml_up") == 1 else None
 
 
 async def until_async(cond: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
