@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,17 @@ from gpuwatchd.sim.state import RELOAD_CHECK_S, write_state
 # production drops it with a warning: a reading is one row, never silently lost on the way.
 os.environ[STRICT_ENV] = "1"
 set_strict_snapshots(True)
+
+
+@pytest.fixture(autouse=True)
+def _runtime_directory(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test's daemons (in process or children) put the training socket in a directory of the test's own, as
+    systemd's RuntimeDirectory= gives one, never in the host's /run/gpuwatchd. Short: a unix socket path has 107
+    bytes at most."""
+    path = tempfile.mkdtemp(prefix="gw-run-")
+    monkeypatch.setenv("RUNTIME_DIRECTORY", path)
+    yield
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

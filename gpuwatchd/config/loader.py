@@ -24,6 +24,7 @@ from gpuwatchd.config.files import InputFileError, read_text_file, shown_path
 from gpuwatchd.config.kernel_log import KernelLogConfig
 from gpuwatchd.config.paths import DEFAULT_CONFIG_PATH
 from gpuwatchd.config.safe_yaml import load_yaml
+from gpuwatchd.config.training import TrainingConfig
 from gpuwatchd.config.types import (
     Duration,
     FieldError,
@@ -140,6 +141,8 @@ class Config(Section, frozen=True):
     kernel_log: KernelLogConfig = KernelLogConfig()
     probes: ProbesConfig = ProbesConfig()
     attribution: AttributionConfig = AttributionConfig()
+    # PyTorch's allocator from inside training processes, over a local socket (docs/training.md).
+    training: TrainingConfig = TrainingConfig()
     # Acting on the GPUs' health: drain the Slurm node (docs/remediation.md). Off unless configured.
     remediation: RemediationConfig = RemediationConfig()
     http: HttpConfig = HttpConfig()

@@ -39,6 +39,7 @@ from gpuwatchd.sources.kmsg.task import KernelLogTask
 from gpuwatchd.sources.nvml.protocol import WORKER_MODULE
 from gpuwatchd.sources.nvml.supervisor import NvmlSupervisor
 from gpuwatchd.sources.sysfs.thunderbolt import watch_docks
+from gpuwatchd.sources.training.listener import SOCKET_NAME, TrainingListener, default_socket_path
 from gpuwatchd.store.history_file import HistoryFile
 
 __all__ = ["Daemon", "DaemonError", "ListenError", "ReloadResult", "StateDirError", "resolve_state_dir"]
@@ -120,6 +121,12 @@ class Daemon(DataPath, Evaluation, Reload, HttpWiring):
                 read_proc=self._worker_module == WORKER_MODULE or cfg.attribution.proc_root != Path("/proc"),
             )
             self._spawn(self.attribution.run(), "attribution")
+        if cfg.training.enabled:  # PyTorch's allocator from training processes (docs/training.md)
+            # `gpuwatchd sim` keeps its socket in its own state directory, clear of a real daemon's on the same host.
+            sim = self._worker_module != WORKER_MODULE
+            path = cfg.training.socket or (self.state_dir / SOCKET_NAME if sim else default_socket_path(self._env))
+            self.training = TrainingListener(cfg.training, self.store, self.clock, path)
+            self._spawn(self.training.run(), "training socket")
         self._spawn(self._evaluate_loop(), "rules evaluation")
         self._spawn(self.history.run(), "rule history")
         self._spawn(self.probes.run(), "probe scheduler")

@@ -27,6 +27,7 @@ from gpuwatchd.sources.attribution.task import AttributionTask
 from gpuwatchd.sources.kmsg.task import KernelLogTask
 from gpuwatchd.sources.nvml.protocol import WORKER_MODULE
 from gpuwatchd.sources.nvml.supervisor import NvmlSupervisor
+from gpuwatchd.sources.training.listener import TrainingListener
 from gpuwatchd.store import Store
 from gpuwatchd.store.history_file import HistoryFile
 
@@ -80,6 +81,7 @@ class DaemonParts:
         self._supervisor: NvmlSupervisor | None = None
         self.kernel_log: KernelLogTask | None = None
         self.attribution: AttributionTask | None = None  # who holds each GPU process (sources/attribution)
+        self.training: TrainingListener | None = None  # the training socket (sources/training)
         self.history: HistoryFile | None = None  # rule history kept across restarts (store/history_file.py)
         self.status_extra: Callable[[], dict[str, Any]] | None = None
         self._probe_sim = probe_sim  # gpuwatchd sim only: probes on the CPU device, faults from the scenario

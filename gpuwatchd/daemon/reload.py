@@ -78,7 +78,7 @@ class Reload(StatusViews):
                 self._replace_engine(RulesEngine(new.rules, host=new.host))
             elif new.rules != old.rules:
                 self._engine.reconfigure(new.rules)
-        restart = [k for k in ("state_dir", "history", "kernel_log", "attribution", "remediation")
+        restart = [k for k in ("state_dir", "history", "kernel_log", "attribution", "remediation", "training")
                    if getattr(new, k) != getattr(old, k)]
         if new.listen != old.listen and self._listen == old.listen:
             restart.append("listen")

@@ -27,6 +27,7 @@ from gpuwatchd.exporter import mig_families as mf
 from gpuwatchd.exporter import nvlink_families as nf
 from gpuwatchd.exporter import probe_families as pf
 from gpuwatchd.exporter import runtime_families as rf
+from gpuwatchd.exporter import training_families as tf
 from gpuwatchd.exporter.encode import freeze
 from gpuwatchd.exporter.families import Spec, spec
 from gpuwatchd.model import GpuSample, ProcessSample
@@ -48,7 +49,8 @@ Group = Callable[[Store], Iterable[Metric]]
 
 def store_specs() -> list[Spec]:
     """Every family the store collector can export."""
-    found = [v for mod in (rf, gf, df, kf, pf, nf, gm, mf, hf, af) for v in vars(mod).values() if isinstance(v, Spec)]
+    found = [v for mod in (rf, gf, df, kf, pf, nf, gm, mf, hf, af, tf)
+             for v in vars(mod).values() if isinstance(v, Spec)]
     return [*found, COLLECT_ERRORS]
 
 
@@ -114,6 +116,8 @@ class StoreCollector(Collector):
             "mig": self._per_gpu("mig", mf.mig_families),
             "gpu_health": hf.health_families,
             "attribution": af.attribution_families,
+            "training": lambda s: tf.training_families(
+                present_gpus(s), s.training, s.attribution.owners if s.attribution is not None else None),
         }
         self.errors: dict[str, int] = dict.fromkeys(self.groups, 0)
         # group -> (the GPU samples its families were built from, the families, frozen)

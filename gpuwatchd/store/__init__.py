@@ -47,8 +47,10 @@ from gpuwatchd.model import (
 )
 from gpuwatchd.model.health import GpuHealth
 from gpuwatchd.model.kernel_log import KernelLogStats
+from gpuwatchd.model.training import TorchReport, TrainingSocketStatus
 from gpuwatchd.series_cap import bump
 from gpuwatchd.store.probes import ProbeLedger
+from gpuwatchd.store.training import TrainingLedger
 
 DEFAULT_RETENTION_SECONDS = 3600.0  # the longest rule window (leak trend) needs about an hour
 DEFAULT_STEP_SECONDS = 5.0  # 720 points per series: enough for a trend, small enough for 16 GPUs x top-N pids
@@ -261,6 +263,7 @@ class Store:
         # Who holds each GPU process (sources/attribution); None until the attribution source first reports.
         self.attribution: Attribution | None = None
         self.probes = ProbeLedger()  # what the torch health probes found (the probe service's events)
+        self.training = TrainingLedger()  # what training processes report of PyTorch's allocator (sources/training)
         # uuid -> health state, reason and action (gpuwatchd/gpu/health.py), set at every rule evaluation
         self.health: dict[str, GpuHealth] = {}
         # Bumped by apply and ingest (the one door), so readers (the /metrics cache) can tell "nothing changed"
@@ -344,6 +347,8 @@ class Store:
                     del self._presence[uuid]  # a MIG device destroyed (or its GPU gone): not a removed GPU
                 elif uuid not in seen and pres.state != "removed":
                     self._presence[uuid] = replace(pres, state="removed", since=t)
+        if self.training.reports and snap.nvml_ok:  # a report lives as long as its process is listed on its GPU
+            self.training.prune((g.uuid, p.pid) for g in self.latest.gpus for p in g.processes)
         for ev in snap.xid_events:
             bump(self.xid_counts, (ev.uuid or "unknown", ev.xid), self.series_dropped, "gpuwatchd_gpu_xid_errors_total")
             self.recent_xids.append(ev)
@@ -504,6 +509,12 @@ class Store:
     def _probe_result(self, ev: ProbeResultEvent) -> bool:
         self.probes.record(list(ev.records), building=ev.building)
         return True
+
+    def _torch_report(self, ev: TorchReport) -> bool:
+        return self.training.report(ev)
+
+    def _training_socket(self, ev: TrainingSocketStatus) -> bool:
+        return self.training.set_status(ev)
 
     def _probe_baseline_resets(self, ev: ProbeBaselineResets) -> bool:
         self.probes.baseline_resets = ev.resets
@@ -681,7 +692,7 @@ class Store:
 Event = (XidEvent | GpuLostEvent | NvmlStale | SourceStatus | Attribution | NvmlCounters | LinkChange | DockChange
          | ConfigReload | KernelLogStarted | KernelLogRead | KernelLogCount | KernelLogDriver | KernelLogUp
          | KernelLogLoss | StateFileSetAside | HealthChange | ProbeAvailability | ProbeSkipped
-         | ProbeResultEvent | ProbeBaselineResets)
+         | ProbeResultEvent | ProbeBaselineResets | TorchReport | TrainingSocketStatus)
 
 _HANDLERS: dict[type[Any], Callable[[Store, Any], bool]] = {
     XidEvent: Store._xid,
@@ -705,4 +716,6 @@ _HANDLERS: dict[type[Any], Callable[[Store, Any], bool]] = {
     ProbeSkipped: Store._probe_skipped,
     ProbeResultEvent: Store._probe_result,
     ProbeBaselineResets: Store._probe_baseline_resets,
+    TorchReport: Store._torch_report,
+    TrainingSocketStatus: Store._training_socket,
 }
