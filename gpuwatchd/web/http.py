@@ -200,6 +200,8 @@ def make_app(
     """
     metrics = MetricsRenderer(registry, cache_key)
     status_doc = StatusDocument(status, status_key)
+    if status_key is not None:  # the daemon's; an embedder without a key builds per request and counts nothing
+        registry.register(status_doc.collector())
 
     async def healthz(request: web.Request) -> web.Response:
         # Answering at all proves the event loop runs; deeper health is /readyz and the metrics.

@@ -15,9 +15,14 @@ import asyncio
 import gzip
 import json
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from gpuwatchd.exporter.families import Families, spec
 
 # How old the unversioned parts of a served status may be: a bucket of the monotonic clock is part of the key.
 STALE_SECONDS = 0.25
@@ -48,10 +53,12 @@ class StatusDocument:
         self._key: Hashable = None
         self._built: BuiltStatus | None = None
         self._pending: asyncio.Future[BuiltStatus] | None = None
-        self.builds = 0  # documents actually built (tests, bench)
+        self.builds = 0  # documents actually built
+        self.requests = 0  # answers served from a build
 
     async def current(self) -> BuiltStatus:
         """The build for the current key: cached, the one under way, or a new one."""
+        self.requests += 1
         if self._key_of is None:
             return self._make()
         key = self._key_of()
@@ -88,3 +95,30 @@ class StatusDocument:
         if built.gzipped is None:
             built.gzipped = asyncio.ensure_future(asyncio.to_thread(gzip.compress, built.body, GZIP_LEVEL))
         return await asyncio.shield(built.gzipped)
+
+    def collector(self) -> Collector:
+        return _StatusCollector(self)
+
+
+BUILDS = spec(
+    "gpuwatchd_http_status_builds_total",
+    "counter",
+    "Times the /api/v1/status document was built: once per store change (or 0.25 s), shared by the requests.",
+)
+SERVED = spec(
+    "gpuwatchd_http_status_requests_total",
+    "counter",
+    "Requests answered with a status document (/api/v1/status, /readyz).",
+)
+STATUS_SPECS = (BUILDS, SERVED)
+
+
+class _StatusCollector(Collector):
+    def __init__(self, doc: StatusDocument) -> None:
+        self._doc = doc
+
+    def collect(self) -> Iterator[Metric]:
+        fams = Families()
+        fams.add(BUILDS, (), self._doc.builds)
+        fams.add(SERVED, (), self._doc.requests)
+        yield from fams.metrics()
