@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwatchd import __version__
+from gpuwatchd.cli.arg_types import daemon_url, deadline_seconds, timeout_seconds
 from gpuwatchd.cli.probe import add_probe_parser, cmd_probe_args
 from gpuwatchd.config.files import missing, shown_path
 from gpuwatchd.config.paths import DEFAULT_CONFIG_PATH
@@ -73,13 +74,14 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", type=Path)
 
     status = sub.add_parser("status", help="show GPUs, processes and alerts of a running daemon")
-    status.add_argument("--url", help="daemon base URL (default: from the config's listen address)")
+    status.add_argument("--url", type=daemon_url, help="daemon base URL (default: from the config's listen address)")
     status.add_argument("--config", type=Path, help=f"config file to read listen from (default: {DEFAULT_CONFIG_PATH})")
     shape = status.add_mutually_exclusive_group()
     shape.add_argument("--json", action="store_true", help="print the raw status JSON instead of tables")
-    shape.add_argument("--watch", nargs="?", type=_seconds, const=2.0, metavar="SECONDS",
+    shape.add_argument("--watch", nargs="?", type=deadline_seconds, const=2.0, metavar="SECONDS",
                        help="live view, redrawn every SECONDS (default 2) until Ctrl-C")
-    status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon (default 5)")
+    status.add_argument("--timeout", type=timeout_seconds, default=5.0,
+                        help="seconds to wait for the daemon's answers, in all (default 5)")
     add_client_args(status)
 
     add_probe_parser(sub)
@@ -122,16 +124,6 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"expected seconds between 0 and 3600, got {text}")
-    return value
-
-
 def _add_web_config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--web.config.file", dest="web_config_file", type=Path, metavar="FILE",
                    help="TLS and basic auth for the endpoints, in the Prometheus exporter-toolkit web config format "
@@ -164,7 +156,9 @@ def _setup_logging(level: str) -> None:
 
 
 def _err(msg: str) -> None:
-    print(f"gpuwatchd: {msg}", file=sys.stderr)
+    from gpuwatchd.runtime.terminal import say  # the message may hold what a daemon answered
+
+    say(f"gpuwatchd: {msg}", sys.stderr)
 
 
 def _load(path: Path | None) -> Config | int:
@@ -235,9 +229,17 @@ def cmd_status(url: str | None, config_path: Path | None, as_json: bool, timeout
     if as_json:
         import json
 
+        # json.dumps escapes every control character (ASCII output): terminal-safe as is.
         print(json.dumps({"status": status, "alerts": alerts}, indent=2, sort_keys=True))
-    else:
-        print(render_status(status, alerts))
+        return EXIT_OK
+    from gpuwatchd.runtime.json_answer import RENDER_ERRORS, not_gpuwatchd
+
+    try:
+        text = render_status(status, alerts)
+    except RENDER_ERRORS as e:  # a value of a type no gpuwatchd sends, below what the shape check covers
+        _err(not_gpuwatchd(base, "status", f"{type(e).__name__} while showing it"))
+        return EXIT_UNREACHABLE
+    print(text)
     return EXIT_OK
 
 

@@ -13,8 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.cli.arg_types import daemon_url, timeout_seconds
 from gpuwatchd.runtime.daemon_client import add_client_args
-from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_USAGE
+from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from gpuwatchd.runtime.terminal import say
 
 EXIT_FAILED = 1
 
@@ -27,11 +29,13 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--config", type=Path,
                    help="config file with notify.receivers (default: /etc/gpuwatchd/gpuwatchd.yml)")
     t.add_argument("--receiver", action="append", metavar="NAME", help="only this receiver (repeatable)")
-    t.add_argument("--url", help="test the receivers of the daemon running at this URL (POST /api/v1/receivers/test; "
+    t.add_argument("--url", type=daemon_url,
+                   help="test the receivers of the daemon running at this URL (POST /api/v1/receivers/test; "
                    "from its host, or with --token-file) instead of a config file's")
     t.add_argument("--token-file", type=Path, metavar="FILE",
                    help="file holding the daemon's notify.api.write_token (default: $GPUWATCHD_WRITE_TOKEN)")
-    t.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the daemon (default 60)")
+    t.add_argument("--timeout", type=timeout_seconds, default=60.0,
+                   help="seconds to wait for the daemon's answer (default 60)")
     add_client_args(t)
 
 
@@ -43,35 +47,43 @@ def _via_daemon(args: argparse.Namespace) -> int:
 
     from gpuwatchd.cli.silence import _call, _token
     from gpuwatchd.runtime.daemon_client import ClientSetupError, client_for
+    from gpuwatchd.runtime.json_answer import AnswerError, not_gpuwatchd
 
     try:
         client = client_for(args, args.config)
         token = _token(args, os.environ)
     except ClientSetupError as e:
-        print(f"gpuwatchd notify: {e}", file=sys.stderr)
+        say(f"gpuwatchd notify: {e}", sys.stderr)
         return EXIT_USAGE
     query = f"?{urlencode([('receiver', n) for n in args.receiver])}" if args.receiver else ""
     url = f"{args.url.rstrip('/')}/api/v1/receivers/test{query}"
     try:
         status, data = asyncio.run(_call("POST", url, client, token=token, timeout=args.timeout))
+    except AnswerError as e:
+        say(f"gpuwatchd notify: {not_gpuwatchd(args.url, 'receiver test answer', str(e))}", sys.stderr)
+        return EXIT_UNREACHABLE
     except Exception as e:  # aiohttp.ClientError, OSError, TimeoutError: nothing answers there
         import aiohttp
 
         if not isinstance(e, aiohttp.ClientError | OSError | asyncio.TimeoutError):
             raise
-        print(f"gpuwatchd notify: no daemon reachable at {args.url}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 3
-    if status != 200 or not isinstance(data, dict):
+        say(f"gpuwatchd notify: no daemon reachable at {args.url}: {type(e).__name__}: {e}", sys.stderr)
+        return EXIT_UNREACHABLE
+    if status != 200:
         why = data.get("error") if isinstance(data, dict) else data
-        print(f"gpuwatchd notify: the daemon refused (HTTP {status}): {why}", file=sys.stderr)
+        say(f"gpuwatchd notify: the daemon refused (HTTP {status}): {why}", sys.stderr)
         return EXIT_USAGE if status == 404 else EXIT_FAILED
-    results = data.get("results") or []
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, list) or not all(isinstance(r, dict) and isinstance(r.get("line"), str)
+                                                for r in results):
+        say(f"gpuwatchd notify: {not_gpuwatchd(args.url, 'receiver test answer', 'no list of results')}", sys.stderr)
+        return EXIT_UNREACHABLE
     if not results:
-        print("gpuwatchd notify: the daemon has no receivers: alerts go nowhere but the API", file=sys.stderr)
+        say("gpuwatchd notify: the daemon has no receivers: alerts go nowhere but the API", sys.stderr)
         return EXIT_USAGE
     for r in results:
-        print(r.get("line"))
-    return EXIT_OK if all(r.get("ok") for r in results) else EXIT_FAILED
+        say(r["line"])
+    return EXIT_OK if all(r.get("ok") is True for r in results) else EXIT_FAILED
 
 
 def cmd_notify(args: argparse.Namespace) -> int:
@@ -112,5 +124,5 @@ def cmd_notify(args: argparse.Namespace) -> int:
 
     results = asyncio.run(send_tests(cfg.notify, receivers, cfg.host))
     for line, _ in results:
-        print(line)
+        say(line)
     return EXIT_OK if all(ok for _, ok in results) else EXIT_FAILED

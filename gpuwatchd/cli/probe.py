@@ -27,6 +27,7 @@ from gpuwatchd.runtime.daemon_client import (
     client_for,
     tls_problem,
 )
+from gpuwatchd.runtime.terminal import say
 
 if TYPE_CHECKING:  # the command line imports this module for its parser: the models load when the command runs
     from gpuwatchd.config.loader import Config
@@ -42,12 +43,16 @@ class NoDaemon(Exception):
 
 
 def _answer(status: int, raw: bytes) -> Any:
-    """The JSON of an answer; RuntimeError saying what came instead (an HTML 500 page, a truncated body)."""
+    """The JSON of an answer (bounded: runtime/json_answer.py); RuntimeError saying what came instead (an HTML 500
+    page, a truncated body, JSON nested 100k deep)."""
+    from gpuwatchd.runtime.json_answer import AnswerError, parse_answer
+
     try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        return parse_answer(raw, max_bytes=MAX_ANSWER_BYTES)
+    except AnswerError as e:
         text = raw[:200].decode("utf-8", "replace").strip().replace("\n", " ")
-        raise RuntimeError(f"the daemon answered HTTP {status} with a body that is not JSON"
+        what = "not JSON" if str(e) == "not JSON" else f"not a probe result ({e})"
+        raise RuntimeError(f"the daemon answered HTTP {status} with a body that is {what}"
                            f"{': ' + repr(text) if text else ' (empty)'}") from None
 
 
@@ -200,7 +205,7 @@ def cmd_probe(config: Config, url: str, gpus: Sequence[str], probes: Sequence[st
             result = asyncio.run(run_direct(config, gpus, probes))
             source = "no daemon running: probes run directly"
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
-        print(f"gpuwatchd probe: {e}", file=sys.stderr)
+        say(f"gpuwatchd probe: {e}", sys.stderr)
         return 1
     if as_json:
         print(json.dumps(result, indent=2, sort_keys=True))

@@ -18,9 +18,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.cli.arg_types import daemon_url, timeout_seconds
 from gpuwatchd.runtime.daemon_client import ClientSetupError, DaemonClient, add_client_args, client_for, tls_problem
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
-from gpuwatchd.runtime.terminal import safe_tree
+from gpuwatchd.runtime.json_answer import SILENCE_SHAPE, AnswerError, check_shape, not_gpuwatchd
+from gpuwatchd.runtime.terminal import safe_tree, say
 
 TOKEN_ENV = "GPUWATCHD_WRITE_TOKEN"  # noqa: S105  (the variable's name, not a token)
 EXIT_REFUSED = 1  # the daemon answered with an error (bad matcher, too long, not allowed)
@@ -43,9 +45,10 @@ def add_parser(sub: Any) -> None:
     exp = s.add_parser("expire", help="end silences now")
     exp.add_argument("ids", nargs="+", metavar="ID")
     for q in (add, lst, exp):
-        q.add_argument("--url", help="daemon base URL (default: from the config's listen address)")
+        q.add_argument("--url", type=daemon_url, help="daemon base URL (default: from the config's listen address)")
         q.add_argument("--config", type=Path, help="config file to read listen and web_config_file from")
-        q.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon (default 5)")
+        q.add_argument("--timeout", type=timeout_seconds, default=5.0,
+                       help="seconds to wait for each answer of the daemon (default 5)")
         q.add_argument("--token-file", type=Path, metavar="FILE",
                        help=f"file holding notify.api.write_token (default: ${TOKEN_ENV})")
         add_client_args(q)
@@ -82,12 +85,20 @@ def _token(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
 
 
 def _err(msg: str) -> None:
-    print(f"gpuwatchd silence: {msg}", file=sys.stderr)
+    say(f"gpuwatchd silence: {msg}", sys.stderr)
+
+
+# What of a non-JSON error answer (an HTML page, a proxy's text) is shown.
+SHOWN_ERROR_CHARS = 200
 
 
 async def _call(method: str, url: str, client: DaemonClient, *, token: str | None, timeout: float,
                 body: Any = None) -> tuple[int, Any]:
+    """The answer's HTTP status and JSON document (runtime/json_answer.py: capped in size, depth and values). A
+    200 that is not JSON raises :class:`AnswerError`; an error answer that is not JSON is its first characters."""
     import aiohttp
+
+    from gpuwatchd.runtime.json_answer import read_answer
 
     kw = client.session_args()
     headers = dict(kw.pop("headers", {}))
@@ -99,12 +110,19 @@ async def _call(method: str, url: str, client: DaemonClient, *, token: str | Non
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers, **kw) as s,
         s.request(method, url, json=body) as r,
     ):
-        text = await r.text()
+        raw = await r.content.read(SHOWN_ERROR_CHARS) if r.status != 200 and not _json_type(r) else None
+        if raw is not None:
+            return r.status, raw.decode("utf-8", "replace").strip() or None
         try:
-            data = json.loads(text) if text else None
-        except ValueError:
-            data = text
-        return r.status, data
+            return r.status, await read_answer(r.content)
+        except AnswerError:
+            if r.status == 200:
+                raise
+            return r.status, None
+
+
+def _json_type(r: Any) -> bool:
+    return "json" in (r.content_type or "")
 
 
 def _age(ts_text: str, now: float) -> str:
@@ -162,6 +180,9 @@ def cmd_silence(args: argparse.Namespace, default_url: str, env: Mapping[str, st
     except ClientSetupError as e:
         _err(str(e))
         return EXIT_USAGE
+    except AnswerError as e:
+        _err(not_gpuwatchd(base, "silences API", str(e)))
+        return EXIT_UNREACHABLE
     except Exception as e:  # aiohttp.ClientError, OSError, TimeoutError: the daemon is not reachable
         import aiohttp
 
@@ -176,10 +197,17 @@ async def _run(args: argparse.Namespace, base: str, client: DaemonClient, token:
     now = time.time()
     if args.silence_command == "list":
         status, data = await _call("GET", base, client, token=None, timeout=args.timeout)
-        if status != 200 or not isinstance(data, list):
-            _err(f"GET {base}: HTTP {status}: {data}")
+        if status != 200:
+            _err(f"GET {base}: HTTP {status}: {_error_text(data)}")
             return EXIT_REFUSED
-        print(json.dumps(data, indent=2) if args.json else render_list(data, now, show_all=args.all))
+        if not isinstance(data, list):
+            raise AnswerError("not a list of silences")
+        for i, item in enumerate(data):
+            problem = check_shape(item, SILENCE_SHAPE, f"[{i}]")
+            if problem is not None:
+                raise AnswerError(problem)
+        # --json: json.dumps escapes every control character (ASCII output), so it is terminal-safe as is.
+        say(json.dumps(data, indent=2) if args.json else render_list(data, now, show_all=args.all))
         return EXIT_OK
     if args.silence_command == "add":
         try:
@@ -194,17 +222,23 @@ async def _run(args: argparse.Namespace, base: str, client: DaemonClient, token:
         body = {"matchers": [_normalize(m) for m in args.matchers], "startsAt": _rfc3339(now),
                 "endsAt": _rfc3339(now + seconds), "createdBy": author, "comment": args.comment}
         status, data = await _call("POST", base, client, token=token, timeout=args.timeout, body=body)
-        if status != 200 or not isinstance(data, dict):
+        if status != 200:
             _err(f"refused (HTTP {status}): {_error_text(data)}")
             return EXIT_REFUSED
-        print(data.get("silenceID"))
-        print(f"silenced until {_rfc3339(now + seconds)}: {', '.join(body['matchers'])}", file=sys.stderr)
+        sid = data.get("silenceID") if isinstance(data, dict) else None
+        if not isinstance(sid, str) or not sid:
+            raise AnswerError("no silenceID in the answer")
+        say(sid)
+        say(f"silenced until {_rfc3339(now + seconds)}: {', '.join(body['matchers'])}", sys.stderr)
         return EXIT_OK
     failed = False
+    from urllib.parse import quote
+
     for sid in args.ids:
-        status, data = await _call("DELETE", f"{base}/{sid}", client, token=token, timeout=args.timeout)
+        status, data = await _call("DELETE", f"{base}/{quote(sid, safe='')}", client, token=token,
+                                   timeout=args.timeout)
         if status == 200:
-            print(f"{sid} expired")
+            say(f"{sid} expired")
         else:
             _err(f"{sid}: refused (HTTP {status}): {_error_text(data)}")
             failed = True
@@ -212,13 +246,17 @@ async def _run(args: argparse.Namespace, base: str, client: DaemonClient, token:
 
 
 def _normalize(matcher: str) -> str:
-    """``name=value`` (unquoted, as amtool accepts) becomes ``name="value"``; quoted matchers pass as written."""
+    """``name=value`` (unquoted, as amtool accepts) becomes ``name="value"``, quoted the way the daemon unquotes
+    (notify/matchers.py: non-ASCII and tabs as they are, ``\\`` and ``"`` escaped); quoted matchers pass as written.
+    """
+    from gpuwatchd.notify.matchers import quote
+
     for op in ("=~", "!~", "!=", "="):
         name, sep, value = matcher.partition(op)
         if sep and name and not name.endswith(("!", "=")):
-            v = value.strip()
+            v = value.strip(" ")
             if not (len(v) >= 2 and v[0] == v[-1] == '"'):
-                v = json.dumps(v)
+                v = quote(v)
             return f"{name.strip()}{op}{v}"
     return matcher
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from gpuwatchd.cli.status import alert_state, gpu_index, gpu_name, more_processes, owner_text, uncounted_alerts
 from gpuwatchd.runtime.daemon_client import DaemonClient
+from gpuwatchd.runtime.json_answer import RENDER_ERRORS, not_gpuwatchd
 from gpuwatchd.runtime.status_client import DaemonRefused, StatusUnavailable, fetch_status
 from gpuwatchd.runtime.terminal import safe_tree, terminal_safe
 
@@ -253,8 +254,13 @@ async def _watch(base: str, interval: float, timeout: float, client: DaemonClien
                 raise
             except StatusUnavailable as e:
                 problem = str(e)
-            frame = render_view(status, alerts, interval=interval, now=time.time(), problem=problem,
-                                last_ok=last_ok)
+            try:
+                frame = render_view(status, alerts, interval=interval, now=time.time(), problem=problem,
+                                    last_ok=last_ok)
+            except RENDER_ERRORS as e:  # a value of a type no gpuwatchd sends, below what the shape check covers
+                status, alerts = {}, []
+                frame = render_view(status, alerts, interval=interval, now=time.time(), last_ok=last_ok,
+                                    problem=not_gpuwatchd(base, "status", f"{type(e).__name__} while showing it"))
             if not live:
                 console.rule(time.strftime("%Y-%m-%d %H:%M:%S"))
                 console.print(frame)

@@ -17,6 +17,7 @@ from gpuwatchd.remediation.api import health_routes
 from gpuwatchd.runtime.startup import DaemonError, listen_error
 from gpuwatchd.web.http import make_app
 from gpuwatchd.web.server import start_server
+from gpuwatchd.web.status_body import time_bucket
 
 log = logging.getLogger("gpuwatchd.daemon")
 
@@ -31,6 +32,7 @@ class HttpWiring(StatusViews):
             extra_routes=[*build_routes(self.dispatcher, lambda: self.alerts), *self._probe_routes(),
                           *self._health_routes()],
             cache_key=self._metrics_cache_key,
+            status_key=self._status_key,
         )
         app[LISTEN_HOST] = host  # one of the daemon's own names for the cross-site write checks
         tls, middlewares = None, []
@@ -85,6 +87,12 @@ class HttpWiring(StatusViews):
         # The store's version covers GPU data, our generation counter alerts and reloads; the notification counters
         # have no version, so the whole-second bucket bounds how stale a reused /metrics body can be to 1 s.
         return (self.store.version, self._generation, int(time.monotonic()))
+
+
+    def _status_key(self) -> tuple[int, int, int]:
+        # As /metrics' key, with a shorter time bucket: the status also shows the receivers' recent deliveries and
+        # the scenario clock, which have no version (web/status_body.py).
+        return (self.store.version, self._generation, time_bucket())
 
 
 def _loopback(host: str) -> bool:

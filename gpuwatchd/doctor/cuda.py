@@ -4,7 +4,6 @@ deadline: ``torch.cuda`` initialisation can hang on a wedged GPU, and the daemon
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from gpuwatchd.doctor.context import Host
 from gpuwatchd.doctor.nvml_probe import NvmlFacts, run_child
 from gpuwatchd.doctor.report import Result, fail, ok, warn
 from gpuwatchd.doctor.wheels import FAMILY_MIN_DRIVER, choose, no_build_why, runs_on, text
+from gpuwatchd.runtime.json_answer import json_objects
 
 G = "cuda"
 # The probe worker's availability check (the one torch importer, as for the probes themselves): one JSON line.
@@ -49,12 +49,8 @@ def probe_torch(host: Host) -> dict[str, Any]:
         return {"installed": None, "error": f"could not start {host.python}: {e}"}
     if run.timed_out:
         return {"installed": True, "timed_out": True}
-    for line in reversed(run.out.splitlines()):
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        chk = msg.get("check") if isinstance(msg, dict) else None
+    for msg in reversed(list(json_objects(run.out))):  # bounded: a foreign interpreter may print anything
+        chk = msg.get("check")
         if isinstance(chk, dict):
             return torch_facts(chk)
     return {"installed": None, "error": (run.err.strip().splitlines() or [f"exit {run.returncode}"])[-1]}

@@ -7,7 +7,6 @@ count, and the last ``gpu_start`` names the GPU it hung on.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatchd.doctor.context import Host
+from gpuwatchd.runtime.json_answer import json_objects
 
 PROBE_MODULE = "gpuwatchd.sources.nvml.worker.doctor"
 # Each GPU's PCIe replay counter is read again this long after its first read: replays in a few seconds say more
@@ -81,11 +81,7 @@ def probe_nvml(host: Host) -> NvmlFacts:
         return facts
     out, err, facts.timed_out = run.out, run.err, run.timed_out
     current: int | None = None
-    for line in out.splitlines():
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
+    for msg in json_objects(out):  # bounded: the interpreter of --python may print anything
         if "init" in msg:
             facts.init, facts.init_message = msg["init"], msg.get("message", "")
         elif "system" in msg:

@@ -19,6 +19,20 @@ import re2
 MatchOp = Literal["=", "!=", "=~", "!~"]
 
 _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|([^"\s]*))\s*$')
+_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
+# Alertmanager's matcher unescaping (pkg/labels/parse.go): \n, \" and \\ are escapes; any other backslash is
+# kept as written, so a regex's \d or \1 means what it says (\1 is then refused by RE2, not silently "1").
+_UNESCAPE = {"n": "\n", '"': '"', "\\": "\\"}
+
+
+def unquote(quoted: str) -> str:
+    """The value of a quoted matcher value (without its quotes), unescaped as Alertmanager does."""
+    return _ESCAPE.sub(lambda m: _UNESCAPE.get(m.group(1), m.group(0)), quoted)
+
+
+def quote(value: str) -> str:
+    """``value`` as a quoted matcher value that :func:`unquote` gives back exactly (non-ASCII and tabs as is)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
 @dataclass(frozen=True)
@@ -46,8 +60,7 @@ class Matcher:
         return hit if self.op == "=~" else not hit
 
     def __str__(self) -> str:
-        escaped = self.value.replace("\\", "\\\\").replace('"', '\\"')
-        return f'{self.name}{self.op}"{escaped}"'
+        return f"{self.name}{self.op}{quote(self.value)}"
 
 
 def parse_matcher(text: str) -> Matcher:
@@ -56,7 +69,7 @@ def parse_matcher(text: str) -> Matcher:
     if not m:
         raise ValueError(f'invalid matcher {text!r}: expected name="value" (ops = != =~ !~)')
     quoted, bare = m.group(3), m.group(4)
-    value = re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else (bare or "")
+    value = unquote(quoted) if quoted is not None else (bare or "")
     op: MatchOp = m.group(2)  # type: ignore[assignment]  # the regex only captures the four ops
     return Matcher(m.group(1), op, value)
 

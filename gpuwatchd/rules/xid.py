@@ -15,6 +15,7 @@ info when NVIDIA says to ignore it, warning otherwise; a code the catalog does n
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpuwatchd.gpu import xid_catalog
@@ -23,6 +24,17 @@ from gpuwatchd.rules.condition import Condition, RuleView, fmt_duration, gpu_lab
 from gpuwatchd.rules.config import RulesConfig
 
 NAME = "GpuXidError"
+
+# GPUs NVML has not listed (a UUID only the kernel log names: forged, or gone before the first poll) named in alerts
+# of their own at once. A host has at most a few dozen GPUs and NVML lists them; a kernel log naming 30k UUIDs made
+# 30k alerts (a 25 MB /api/v1/alerts, /healthz slow while they were built). Past this many, the unlisted ones are one
+# "unknown" GPU in the alerts (the counters and recent_xids keep their UUIDs, capped on their own).
+MAX_UNLISTED_GPUS = 8
+# GpuXidError alerts at once: 16 GPUs with a few codes each fit. The (GPU, code) pairs past this (listed GPUs first)
+# are one summarising alert, ``xid="other"``, whose value is the number of pairs it stands for.
+MAX_XID_ALERTS = 64
+OTHER = "other"
+_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 # Application-level codes: once is the job's bug (docs/alerts.md); rules/xid_repeat.py escalates repeats.
 APPLICATION = frozenset({13, 31, 43, 45, 68, 94})
@@ -156,6 +168,24 @@ def _uuid_for(view: RuleView, ev: XidEvent) -> str | None:
     return None
 
 
+def gpu_resolver(view: RuleView, events: Iterable[XidEvent]) -> Callable[[XidEvent], str | None]:
+    """:func:`_uuid_for`, with the GPUs NVML has not listed seen as unknown (None) once ``events`` name more than
+    :data:`MAX_UNLISTED_GPUS` of them."""
+    unlisted: set[str] = set()
+    for ev in events:
+        if ev.uuid is not None and ev.uuid not in view.presence:
+            unlisted.add(ev.uuid)
+            if len(unlisted) > MAX_UNLISTED_GPUS:
+                break
+    fold = len(unlisted) > MAX_UNLISTED_GPUS
+
+    def resolve(ev: XidEvent) -> str | None:
+        uuid = _uuid_for(view, ev)
+        return None if fold and uuid is not None and uuid not in view.presence else uuid
+
+    return resolve
+
+
 def _reattached_since(view: RuleView, uuid: str, t: float) -> bool:
     """The GPU went away (lost or removed) after ``t`` and is present again: it has been reset or re-plugged."""
     pres = view.presence.get(uuid)
@@ -182,13 +212,17 @@ def _bdf(text: str) -> tuple[int, int, int] | None:
 def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
     """One condition per (GPU, code) with an event within ``resolve_after``."""
     cfg = config.xid
+    recent = [ev for ev in view.recent_xids
+              if ev.xid not in cfg.ignore and now - cfg.resolve_after < ev.timestamp <= now]
+    uuid_of = gpu_resolver(view, recent)
     groups: dict[tuple[str | None, int], list[XidEvent]] = {}
-    for ev in view.recent_xids:
-        if ev.xid in cfg.ignore or not now - cfg.resolve_after < ev.timestamp <= now:
-            continue
-        groups.setdefault((_uuid_for(view, ev), ev.xid), []).append(ev)
-    out: list[Condition] = []
-    for (uuid, code), events in sorted(groups.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+    for ev in recent:
+        groups.setdefault((uuid_of(ev), ev.xid), []).append(ev)
+    # Listed GPUs first, so that a flood of unknown ones is what the summarising alert stands for.
+    ordered = sorted(groups.items(), key=lambda kv: (kv[0][0] not in view.presence, kv[0][0] or "", kv[0][1]))
+    folded = ordered[MAX_XID_ALERTS - 1:] if len(ordered) > MAX_XID_ALERTS else []
+    out: list[Condition] = [_summary(folded, now)] if folded else []
+    for (uuid, code), events in ordered[: len(ordered) - len(folded)]:
         if uuid is not None:
             labels = gpu_labels(view, uuid)
             title = gpu_title(labels)
@@ -234,3 +268,21 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         )
     return out
 
+
+def _summary(folded: list[tuple[tuple[str | None, int], list[XidEvent]]], now: float) -> Condition:
+    """The one alert standing for the (GPU, code) pairs past :data:`MAX_XID_ALERTS`."""
+    codes = sorted({code for (_, code), _ in folded})
+    gpus = len({uuid for (uuid, _), _ in folded})
+    sev = max((severity(c) for c in codes), key=lambda s: _RANK[s])
+    first = min(ev.timestamp for _, events in folded for ev in events)
+    shown = ", ".join(str(c) for c in codes[:10]) + (f" and {len(codes) - 10} more" if len(codes) > 10 else "")
+    return Condition(
+        NAME,
+        sev,
+        {"uuid": "unknown", "gpu": "", "model": "unknown", "xid": OTHER},
+        f"{len(folded)} more (GPU, Xid) pairs than get alerts of their own ({MAX_XID_ALERTS}) in the last "
+        f"{fmt_duration(now - first)}: Xid {shown} on {gpus} GPU(s)",
+        "More distinct GPU and Xid pairs than a host has: read the kernel log (and /api/v1/status recent_xids) for "
+        "what reported them; a kernel log naming GPUs NVML does not list may be forged. Resolves with the pairs.",
+        value=float(len(folded)),
+    )

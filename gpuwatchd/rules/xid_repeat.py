@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from gpuwatchd.model import XidEvent
 from gpuwatchd.rules.condition import Condition, RuleView, fmt_duration, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
-from gpuwatchd.rules.xid import _uuid_for, describe, severity
+from gpuwatchd.rules.xid import describe, gpu_resolver, severity
 
 REPEATED = "GpuXidRepeated"
 SUPPORT_CASE = "GpuXidSupportCase"
@@ -58,10 +58,11 @@ def _episodes(events: Iterable[XidEvent], burst_gap: float) -> list[list[XidEven
 def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Condition]:
     cfg = config.xid_repeat
     by_gpu: dict[str, list[XidEvent]] = {}
-    for ev in view.recent_xids:
-        if ev.xid in config.xid.ignore or not now - cfg.window < ev.timestamp <= now:
-            continue
-        uuid = _uuid_for(view, ev)
+    recent = [ev for ev in view.recent_xids
+              if ev.xid not in config.xid.ignore and now - cfg.window < ev.timestamp <= now]
+    uuid_of = gpu_resolver(view, recent)  # GPUs no one lists, past a few, are no GPU to judge
+    for ev in recent:
+        uuid = uuid_of(ev)
         if uuid is not None:
             by_gpu.setdefault(uuid, []).append(ev)
     for events in by_gpu.values():

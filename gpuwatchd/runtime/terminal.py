@@ -9,9 +9,12 @@ and a string is cut to :data:`MAX_CHARS` (a 1 MB process name would widen every 
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import Any, TextIO
 
 MAX_CHARS = 200
+# One line a command writes (a table row, an error with the daemon's words in it): long enough for any real one.
+MAX_LINE_CHARS = 4000
 ELLIPSIS = "…"
 
 
@@ -34,3 +37,14 @@ def safe_tree(value: Any, max_chars: int = MAX_CHARS) -> Any:
     if isinstance(value, list | tuple):
         return [safe_tree(v, max_chars) for v in value]
     return value
+
+
+def safe_lines(text: str, max_chars: int = MAX_LINE_CHARS) -> str:
+    """``text`` with every line through :func:`terminal_safe` (the line breaks kept, a CR is a ``?``)."""
+    return "\n".join(terminal_safe(line, max_chars) for line in text.split("\n"))
+
+
+def say(text: str, file: TextIO | None = None, max_chars: int = MAX_LINE_CHARS) -> None:
+    """Print ``text`` (which may hold a daemon's words: ids, errors, comments, receiver answers) terminal-safe:
+    the one writer of the client commands' lines."""
+    print(safe_lines(text, max_chars), file=file if file is not None else sys.stdout)

@@ -53,8 +53,9 @@ class Entry:
 MAX_ENTRY_CHARS = 8192
 
 
-def parse_text(data: bytes) -> list[Entry]:
-    """Every kernel entry of a pasted log, in order; each line decoded on its own (bad bytes -> U+FFFD)."""
+def parse_text(data: bytes, *, max_entries: int | None = None) -> list[Entry]:
+    """Every kernel entry of a pasted log, in order; each line decoded on its own (bad bytes -> U+FFFD). With
+    ``max_entries``, parsing stops once that many are found (the caller refuses a paste that long)."""
     out: list[Entry] = []
     parts: list[str] = []  # the current entry's message lines
     size = 0
@@ -78,6 +79,8 @@ def parse_text(data: bytes) -> list[Entry]:
         entry = _entry(line.strip())
         if entry is not None:
             close()
+            if max_entries is not None and len(out) >= max_entries:
+                return out
             head, parts, size = entry, [entry.message], len(entry.message)
     close()
     return out

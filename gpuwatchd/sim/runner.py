@@ -27,7 +27,7 @@ from gpuwatchd.runtime.clock import ScaledClock
 from gpuwatchd.runtime.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from gpuwatchd.sim.csv_replay import CsvReplayError, load_csv_scenario
 from gpuwatchd.sim.host_tree import write_manifest
-from gpuwatchd.sim.kmsg_replay import KernelLogError, ReplayRing, feed_when_ready, load_kernel_log
+from gpuwatchd.sim.kmsg_replay import KernelLogError, ReplayRing, feed_when_ready, load_kernel_log_async
 from gpuwatchd.sim.pci_tree import mirror_sysfs
 from gpuwatchd.sim.player import Player
 from gpuwatchd.sim.probes import SimProbes
@@ -92,7 +92,7 @@ async def run_sim(*, scenario: str | None, from_xml: Path | None, gpus: int | No
         print(f"gpuwatchd sim: --from-csv {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        kernel_entries = load_kernel_log(kernel_log) if kernel_log is not None else []
+        kernel_entries = await load_kernel_log_async(kernel_log) if kernel_log is not None else []
     except KernelLogError as e:
         print(f"gpuwatchd sim: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -25,6 +25,7 @@ from prometheus_client.exposition import choose_encoder
 from gpuwatchd.exporter.encode import Encoder, encode_yielding, fast_encoder, openmetrics_latest, text_latest
 from gpuwatchd.store import Store
 from gpuwatchd.web.page import page_routes
+from gpuwatchd.web.status_body import StatusDocument
 
 NOT_READY_REASON = "waiting for the first NVML poll (a snapshot or a definitive NVML failure)"
 
@@ -170,6 +171,8 @@ class MetricsRenderer:
 
 # The app's renderer, for embedders that want its render count or to render outside a request.
 METRICS_RENDERER: web.AppKey[MetricsRenderer] = web.AppKey("metrics_renderer", MetricsRenderer)
+# The app's shared status build (its build count: tests, bench).
+STATUS_DOCUMENT: web.AppKey[StatusDocument] = web.AppKey("status_document", StatusDocument)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -186,13 +189,19 @@ def make_app(
     ready: Callable[[], bool],
     extra_routes: Sequence[web.RouteDef] = (),
     cache_key: Callable[[], Hashable] | None = None,
+    status_key: Callable[[], Hashable] | None = None,
 ) -> web.Application:
     """Build the HTTP app over ``registry`` (never the global one); ``status``/``ready`` are read per request.
 
     ``cache_key``: a cheap callable whose value changes whenever any registered collector's output may change;
     while it stays equal, ``/metrics`` reuses the rendered body. None renders on every scrape.
+    ``status_key``: likewise for ``status`` (``/api/v1/status`` and ``/readyz``): one build per value, shared by the
+    requests (``status_body.py``). None builds it for every request.
     """
     metrics = MetricsRenderer(registry, cache_key)
+    status_doc = StatusDocument(status, status_key)
+    if status_key is not None:  # the daemon's; an embedder without a key builds per request and counts nothing
+        registry.register(status_doc.collector())
 
     async def healthz(request: web.Request) -> web.Response:
         # Answering at all proves the event loop runs; deeper health is /readyz and the metrics.
@@ -201,7 +210,7 @@ def make_app(
     async def readyz(request: web.Request) -> web.Response:
         if ready():
             # Ready means "answering with what we know"; say plainly when that is "no GPU data, and why".
-            nvml = status().get("nvml") or {}
+            nvml = (await status_doc.current()).doc.get("nvml") or {}
             body: dict[str, Any] = {"ready": True, "nvml_up": nvml.get("ok")}
             if nvml.get("ok") is False:
                 body["reason"] = f"NVML unavailable: {nvml.get('error') or 'unknown'}; serving without GPU data"
@@ -209,14 +218,19 @@ def make_app(
         return _json({"ready": False, "reason": NOT_READY_REASON}, status=503)
 
     async def api_status(request: web.Request) -> web.Response:
-        resp = _json(status())
-        # 8 GPUs x 10 listed processes is ~40 kB of JSON, ~3 kB gzipped; compressed only for a client that asks for it
-        # (aiohttp compresses bodies this size in its executor, off the loop).
-        resp.enable_compression()
-        return resp
+        built = await status_doc.current()
+        # 8 GPUs x 10 listed processes is ~40 kB of JSON, ~3 kB gzipped; compressed only for a client that asks for
+        # it, once per build, in a thread.
+        headers: dict[str, str] = {hdrs.VARY: hdrs.ACCEPT_ENCODING}
+        body = built.body
+        if "gzip" in request.headers.get(hdrs.ACCEPT_ENCODING, "").lower():
+            body = await status_doc.gzipped(built)
+            headers[hdrs.CONTENT_ENCODING] = "gzip"
+        return web.Response(body=body, headers=headers, content_type="application/json", charset="utf-8")
 
     app = web.Application()
     app[METRICS_RENDERER] = metrics
+    app[STATUS_DOCUMENT] = status_doc
     app.add_routes(
         [
             *page_routes(),

@@ -2,7 +2,8 @@
 
 ``listen: "[::]:9945"`` answers on IPv4 and IPv6 like node_exporter: one IPv6 socket with ``IPV6_V6ONLY`` off
 (asyncio's ``create_server`` turns it on, which left IPv4 clients out). Any other host is bound on each address it
-resolves to. The limits are in ``connections.py``, malformed-request logging in ``request_log.py``.
+resolves to. The limits are in ``connections.py``, refused body framings (compressed bodies, odd transfer codings) in
+``body_framing.py``, malformed-request logging in ``request_log.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 
+from gpuwatchd.web.body_framing import BodyFraming
 from gpuwatchd.web.config import HttpConfig
 from gpuwatchd.web.connections import ACCEPT_BURST, ConnectionGuard
 from gpuwatchd.web.request_log import RequestLogger
@@ -155,11 +157,14 @@ async def start_server(
     Raises OSError when a socket cannot be bound (nothing is left running then).
     """
     guard = ConnectionGuard(config)
+    framing = BodyFraming()
     request_log = RequestLogger()
     loop = asyncio.get_running_loop()
     if not isinstance(loop.get_exception_handler(), ConnectionErrorLog):
         loop.set_exception_handler(ConnectionErrorLog(loop.get_exception_handler()))
     app.middlewares.append(guard.middleware())
+    # Before auth: a compressed body is refused without a bcrypt check, and never inflated.
+    app.middlewares.append(framing.middleware())
     app.middlewares.extend(middlewares)
 
     async def stop_guard(_: web.Application) -> None:
@@ -185,5 +190,6 @@ async def start_server(
     if registry is not None:
         registry.register(guard.collector())
         registry.register(request_log.collector())
+        registry.register(framing.collector())
     bound = socks[0].getsockname()[1] if socks else port
     return HttpServer(runner, guard, request_log, int(bound))

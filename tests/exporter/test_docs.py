@@ -7,8 +7,10 @@ from pathlib import Path
 
 from gpuwatchd.exporter.collector import store_specs
 from gpuwatchd.web.auth import AUTH_SPECS
+from gpuwatchd.web.body_framing import FRAMING_SPECS
 from gpuwatchd.web.connections import CONNECTION_SPECS
 from gpuwatchd.web.request_log import BAD_REQUESTS
+from gpuwatchd.web.status_body import STATUS_SPECS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 _ROW = re.compile(r"^\| `(gpuwatchd_\w+)`(?: \*\*\(contract\)\*\*)? \| (\w+) \| ([^|]*) \|", re.MULTILINE)
@@ -16,7 +18,8 @@ _ROW = re.compile(r"^\| `(gpuwatchd_\w+)`(?: \*\*\(contract\)\*\*)? \| (\w+) \| 
 
 def test_every_family_is_documented_with_type_and_labels() -> None:
     rows = {m.group(1): (m.group(2), m.group(3).strip()) for m in _ROW.finditer(DOC.read_text())}
-    specs = [*store_specs(), *CONNECTION_SPECS, BAD_REQUESTS, *AUTH_SPECS]  # the store's and the HTTP server's own
+    # the store's and the HTTP server's own
+    specs = [*store_specs(), *CONNECTION_SPECS, BAD_REQUESTS, *AUTH_SPECS, *FRAMING_SPECS, *STATUS_SPECS]
     assert len(specs) > 50
     for s in specs:
         assert s.name in rows, f"{s.name} missing from docs/metrics.md"

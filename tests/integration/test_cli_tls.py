@@ -48,7 +48,7 @@ def tls_sim(tmp_path: Path, tls_files: TlsFiles) -> Iterator[tuple[Path, str]]:
     def serving() -> bool:
         assert proc.poll() is None, f"sim exited with {proc.returncode}:\n{log_path.read_text()}"
         try:
-            status, _ = asyncio.run(fetch_status(url, timeout=2, client=client))
+            status, _ = asyncio.run(fetch_status(url, timeout=10, client=client))  # both requests, in all
         except StatusUnavailable:
             return False
         return len(status.get("gpus") or []) == 2

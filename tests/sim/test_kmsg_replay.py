@@ -46,6 +46,36 @@ def test_ring_appends_consecutive_whole_records(tmp_path: Path) -> None:
         (4, "thunderbolt 0-1: device disconnected")]
 
 
+def test_entry_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A paste of more entries than the cap is refused (32 MiB of one-character lines would be 16M entries)."""
+    monkeypatch.setattr(kmsg_replay, "MAX_KERNEL_LOG_ENTRIES", 5)
+    with pytest.raises(KernelLogError, match="more than 5 kernel log entries"):
+        load_kernel_log(_write(tmp_path, "a\n" * 6))
+    assert len(load_kernel_log(_write(tmp_path, "a\n" * 5))) == 5
+
+
+async def test_feed_appends_from_threads_in_batches_with_consecutive_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay's batches (in a thread) and a player's steps (in another) share one ring: one sequence, no record
+    cut or repeated."""
+    import asyncio
+    import threading
+
+    monkeypatch.setattr(kmsg_replay, "REPLAY_BATCH", 7)
+    ring = ReplayRing(tmp_path / "kmsg")
+    entries = load_kernel_log(_write(tmp_path, "".join(f"[ {i}.0] line {i}\n" for i in range(500))))
+    steps = threading.Thread(target=lambda: [ring.append_lines([f"step {i}"]) for i in range(200)])
+    steps.start()
+    await kmsg_replay.feed_when_ready(ring, entries, lambda: True)
+    await asyncio.to_thread(steps.join)
+    sp = RecordSplitter()
+    recs = [r for r in (parse_record(x) for x in sp.feed(ring.path.read_bytes()) + sp.flush()) if r is not None]
+    assert [r.seq for r in recs] == list(range(1, 701))
+    lines = [r.message for r in recs if r.message.startswith("line")]
+    assert lines == [f"line {i}" for i in range(500)]
+
+
 def _write(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "in.log"
     p.write_text(text)

@@ -1,6 +1,7 @@
 """HPC (Slurm) jobs per GPU from a job-mapping directory, in dcgm-exporter's ``--hpc-job-mapping-dir`` format.
 
-One file per GPU, named by the GPU's index (``0``, ``1``, ...), holding the ids of the jobs using it, one per line;
+One file per GPU, named by the GPU's index (``0``, ``1``, ...; no leading zeros: ``0003`` is skipped and counted,
+so that it and ``3`` never compete for GPU 3), holding the ids of the jobs using it, one per line;
 a workload manager's prolog writes it and its epilog removes it. Sites that feed dcgm-exporter this way can point
 gpuwatchd at the same directory. Files with other names are ignored; blank lines are skipped.
 
@@ -56,6 +57,12 @@ def read_jobs(directory: Path) -> JobMap:
             index = ascii_uint(entry.name, 4)
             if index is None or index > MAX_GPU_INDEX:
                 continue  # not a GPU's file (README, a Unicode-digit name, 99999)
+            if entry.name != str(index):
+                # "0003" beside "3": both were GPU 3 and whichever the directory listed last won. Only the index
+                # as written for it (dcgm-exporter matches the name as a string, so it never read "0003" either).
+                out.skip(f"{entry.path}: not a GPU index as written (leading zeros); GPU {index}'s file is "
+                         f"{directory / str(index)}")
+                continue
             try:
                 raw = read_small(entry.path, MAX_FILE_BYTES)
             except FileNotFoundError:

@@ -176,6 +176,20 @@ async def test_a_hostile_job_mapping_directory_is_bounded_counted_and_said_once(
     assert task.resolve(_snap([40])).owners[(G0, 40)].labels() == {"hpc_job": "777"}
 
 
+async def test_a_gpu_index_with_leading_zeros_never_competes_with_its_own_file(tmp_path: Path) -> None:
+    """``3`` and ``0003`` both named GPU 3 and the one listed last won: only ``3`` is GPU 3's (counted skip)."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "3").write_text("333\n")
+    (jobs / "0003").write_text("999\n")
+    (jobs / "03").write_text("998\n")
+    (jobs / "00").write_text("997\n")
+    task = _task(tmp_path, hpc_job_mapping_dir=str(jobs))
+    await task.refresh()
+    assert task.jobs == {3: ("333",)}
+    assert task.errors["hpc_jobs"] == 1  # the refresh that skipped them
+
+
 async def test_a_kubelet_answering_thousands_of_pods_or_hostile_names_is_bounded(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     pods: dict[tuple[str, str], dict[str, list[tuple[str, list[str]]]]] = {
