@@ -24,14 +24,23 @@ set_strict_snapshots(True)
 
 
 @pytest.fixture(autouse=True)
-def _runtime_directory(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _runtime_directory() -> Iterator[None]:
     """Each test's daemons (in process or children) put the training socket in a directory of the test's own, as
     systemd's RuntimeDirectory= gives one, never in the host's /run/gpuwatchd. Short: a unix socket path has 107
-    bytes at most."""
+    bytes at most. Not through ``monkeypatch``: an autouse fixture asking for it would set it up before a test's
+    event loop, so a test's own monkeypatching (of ``re.compile``, say) would still be in force while the loop is
+    torn down."""
     path = tempfile.mkdtemp(prefix="gw-run-")
-    monkeypatch.setenv("RUNTIME_DIRECTORY", path)
-    yield
-    shutil.rmtree(path, ignore_errors=True)
+    before = os.environ.get("RUNTIME_DIRECTORY")
+    os.environ["RUNTIME_DIRECTORY"] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RUNTIME_DIRECTORY", None)
+        else:
+            os.environ["RUNTIME_DIRECTORY"] = before
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
