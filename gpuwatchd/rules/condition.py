@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from gpuwatchd.model import DockSample, GpuPresence, GpuSample, ProcessOwner, Severity, Snapshot, XidEvent
+from gpuwatchd.rules import advice
 from gpuwatchd.store import GpuPoint, ProcessPoint
 
 Level = Literal["raise", "hold", "clear"]
@@ -52,6 +53,14 @@ class Condition:
     # one kind that opened it and was then withdrawn to a ``hold`` lends its age to no other (issue 22: a
     # stalling poller's saturating job). None: one kind, timed from the alert's ``active_at`` as before.
     evidence: str | None = None
+
+    def __post_init__(self) -> None:
+        # The alert's advice (rules/advice.py): a rule whose advice depends on evidence sets ``action`` itself; the
+        # others get their alertname's. A clear note says what happened, not what to do.
+        if self.level != "clear":
+            filled = advice.annotate(self.name, self.annotations, self.labels.get("gpu"))
+            if filled is not None:
+                object.__setattr__(self, "annotations", filled)
 
 
 class RuleView(Protocol):
