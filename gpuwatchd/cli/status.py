@@ -124,9 +124,9 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
             ]
         )
     out += ["", _table(["ALERT", "SEVERITY", "STATE", "GPU", "SUMMARY"], arows) if arows else "No alerts."]
-    todo = alert_advice(alerts)
-    if todo:
-        out += ["", *todo]
+    advices = alert_advice(alerts)
+    if advices:
+        out += ["", *advices]
     return "\n".join(out)
 
 
@@ -135,12 +135,13 @@ def alert_advice(alerts: Sequence[Mapping[str, Any]]) -> list[str]:
     annotation, the text chat got: rules/advice.py)."""
     out = []
     for a in alerts:
-        ann = a.get("annotations") if isinstance(a.get("annotations"), dict) else {}
-        labels = a.get("labels") if isinstance(a.get("labels"), dict) else {}
-        if alert_state(a) != "firing" or not (ann or {}).get("action"):
+        raw_ann, raw_labels = a.get("annotations"), a.get("labels")
+        ann: Mapping[str, Any] = raw_ann if isinstance(raw_ann, dict) else {}
+        labels: Mapping[str, Any] = raw_labels if isinstance(raw_labels, dict) else {}
+        if alert_state(a) != "firing" or not ann.get("action"):
             continue
-        where = (labels or {}).get("dock") or ((labels or {}).get("gpu") and f"GPU {labels['gpu']}")
-        out.append(f"What to do about {(labels or {}).get('alertname') or '?'}" + (f" ({where})" if where else "")
+        where = labels.get("dock") or (f"GPU {labels['gpu']}" if labels.get("gpu") else None)
+        out.append(f"What to do about {labels.get('alertname') or '?'}" + (f" ({where})" if where else "")
                    + f": {ann['action']}")
     return out
 
