@@ -82,7 +82,7 @@ def test_watch_frame() -> None:
         assert cell in gpu, (cell, gpu)
     assert "gpu_idle" not in gpu  # not a throttle reason
     assert "TB3 2x20Gb/s" in out  # the Thunderbolt tunnel under the PCIe link
-    assert "thermal throttling 40% of the last 10 min -> clean the enclosure's fan" in out
+    assert "thermal throttling 40% of the last 10 min -> What to do: clean the enclosure's fan" in out
     leak_row = next(line for line in lines if " 100 " in line and "python" in line)
     assert "+720 MiB/min" in leak_row and "firing: full in 19m" in leak_row
     assert "GPU 0: 246 more processes" in out
