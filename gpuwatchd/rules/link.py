@@ -68,7 +68,7 @@ class ReplayState:
 
     now: ReplayRate
     last_over: float | None  # end of the newest window over the allowance within the horizon
-    rate_at_last_over: float | None  # replays/min in that window
+    peak: float | None  # the highest replays/min of a window within the horizon (None: the counter never rose)
     quiet_since: float  # the last time the counter rose (the horizon's start when it did not)
 
 
@@ -100,20 +100,22 @@ def replay_state(points: Sequence[GpuPoint], gen: int, width: int, window: float
         if points[k].pcie_replay_total != points[k - 1].pcie_replay_total:
             quiet_since = points[k].t
             break
-    last_over = rate_at = None
-    if now.over:
-        last_over, rate_at = end, now.per_minute
-    elif points[0].pcie_replay_total != points[-1].pcie_replay_total:
-        # Every window ending at a point, newest first (its start only moves back): the first over the allowance.
+    last_over: float | None = end if now.over else None
+    peak: float | None = None
+    if not now.over and points[0].pcie_replay_total != points[-1].pcie_replay_total:
+        # Every window ending at a point, newest first (its start only moves back): the newest over the allowance,
+        # and the worst of them all.
         lo = len(points) - 1
         for j in range(len(points) - 1, 0, -1):
             while lo > 0 and points[lo - 1].t >= points[j].t - window:
                 lo -= 1
             r = _rate(points[min(lo, j - 1)], points[j], gen, width)
-            if r is not None and r.over:
-                last_over, rate_at = points[j].t, r.per_minute
-                break
-    return ReplayState(now, last_over, rate_at, quiet_since)
+            if r is None:
+                continue
+            peak = r.per_minute if peak is None else max(peak, r.per_minute)
+            if r.over and last_over is None:
+                last_over = points[j].t
+    return ReplayState(now, last_over, peak, quiet_since)
 
 
 def link_name(view: RuleView, uuid: str, bus: str | None) -> str:
@@ -161,7 +163,7 @@ def replay_conditions(view: RuleView, g: GpuSample, now: float, config: RulesCon
     quiet = now - st.quiet_since
     clean = quiet >= rcfg.clean_after and _busy(points, now - rcfg.clean_after, config.link.busy_utilization)
     if st.last_over is not None and now - st.last_over < rcfg.resolve_after and not clean:
-        was = f"{st.rate_at_last_over:.0f}/min until {fmt_duration(now - st.last_over)} ago"
+        was = f"peaked at {st.peak or 0:.0f}/min, over it until {fmt_duration(now - st.last_over)} ago"
         return [Condition(
             REPLAYS, "warning", base,
             f"{title}: PCIe replays down to {rate:.0f}/min on its {link} ({healthy}; {was}); resolves after "
