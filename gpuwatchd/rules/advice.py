@@ -51,7 +51,7 @@ XID_ACTION: dict[int, str] = {
     32: _RESTART_APP,
     43: _RESTART_APP,
     45: "Nothing if a job was just stopped; otherwise follow the other Xid logged with it.",
-    48: "Drain the GPU, then reset it or reboot to clear the error. Repeats mean failing memory: RMA.",
+    48: "<ECC_DBE>",  # the double-bit error GpuEccError reports: the same advice (set below)
     54: "Check the GPU's auxiliary power cables.",
     62: _RESET_GPU,
     63: "No action now; the remap takes effect at the next GPU reset. Watch GpuEccError for pending remaps.",
@@ -95,6 +95,8 @@ REPLAYS_EGPU = ("Replace the Thunderbolt cable (a certified 40 Gb/s one, seated 
 
 # --- The rest: one advice per alertname, whatever the evidence ---------------------------------------------------
 ECC_RESET = "Drain the GPU (let jobs finish or move them), then reset it (nvidia-smi -r -i <index>) or reboot."
+ECC_DBE = "Data on this GPU may be corrupt: stop its jobs. " + ECC_RESET + " If DBEs recur, the board needs RMA."
+XID_ACTION[48] = ECC_DBE
 BY_ALERT: dict[str, str] = {
     "GpuTemperatureHigh": ("Check fans and airflow, ambient temperature, dust on the heatsink and neighbouring hot "
                            "cards; lower the power limit if it persists."),

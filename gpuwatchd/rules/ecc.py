@@ -24,7 +24,7 @@ def _findings(g: GpuSample, retired_max: int) -> list[tuple[str, Severity, str, 
     if dbe is not None and dbe > 0:
         out.append((
             "dbe_volatile", "critical", f"{dbe} uncorrectable (double-bit) ECC errors since the last reset",
-            "Data on this GPU may be corrupt: stop its jobs. " + RESET + " If DBEs recur, the board needs RMA.",
+            advice.ECC_DBE,
             float(dbe),
         ))
     if g.retired_pages_sbe is not None or g.retired_pages_dbe is not None:
