@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-MAX_CHARS = 200
+# Long enough for the longest advice and summary the daemon writes (rules/advice.py: ~250 characters; a cut advice
+# loses its command), short enough that a hostile string cannot widen a table row without bound.
+MAX_CHARS = 500
 ELLIPSIS = "…"
 
 

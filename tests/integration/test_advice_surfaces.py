@@ -55,13 +55,15 @@ SCENARIOS: dict[str, tuple[float, str, dict[str, Any]]] = {
     "throttle-thermal": (4, "GpuThrottled", {}),
     "power-brake": (4, "GpuThrottled", {}),
     "leak": (30, "GpuMemoryLeak", {}),
-    "mig": (30, "GpuMemoryLeak", {}),
+    "mig": (10, "GpuMemoryLeak", {}),  # the 1g.10gb instance is full at 1390 s: slower, so the leak lasts the checks
     "dead-process-memory": (10, "GpuMemoryHeldByDeadProcess", {}),
     "xid-repeat": (10, "GpuXidRepeated", {}),
     "underutilized": (30, "GpuUnderutilized", {"underutilized": {"enabled": True}}),
     "probe-sdc": (4, "GpuProbeFailed", {}),
 }
 ORDER = list(SCENARIOS)
+# A scenario's wait for its incident (egpu-unplug's 58 s at 1x) and five surfaces on a loaded machine.
+pytestmark = pytest.mark.timeout(600)
 
 
 class Chat(BaseHTTPRequestHandler):
@@ -192,14 +194,12 @@ def _allowed(d: DaemonProcess) -> set[str]:
     return {a["annotations"]["action"] for a in _firing(d) if a["annotations"].get("action")} | {advice.XID_REATTACHED}
 
 
-def _chat_advice(name: str, alertname: str) -> str | None:
+def _chat_said(name: str, alertname: str) -> list[dict[str, Any]]:
+    """The firing alerts named ``alertname`` that chat was sent for the scenario."""
     with Chat.lock:
         bodies = list(Chat.bodies.get(name, []))
-    for b in bodies:
-        for a in b.get("alerts", []):
-            if a["labels"].get("alertname") == alertname and a.get("status") == "firing":
-                return str(a["annotations"].get("action") or "")
-    return None
+    return [a for b in bodies for a in b.get("alerts", [])
+            if a["labels"].get("alertname") == alertname and a.get("status") == "firing"]
 
 
 @pytest.mark.parametrize("name", ORDER)
@@ -210,9 +210,13 @@ def test_one_advice_on_every_surface(name: str, sims: Sims, page: tuple[Any, lis
 
     # Chat first: the advice the user was sent, and the same alert firing now in /api/v1/alerts.
     def told() -> tuple[str, dict[str, Any]] | None:
-        said = _chat_advice(name, alertname)
-        now = [a for a in _firing(d) if a["labels"]["alertname"] == alertname]
-        return (said, now[0]) if said is not None and now else None
+        # The same alert (its labels) in chat and firing now; a rule may fire several (a GPU's two throttle reasons).
+        now = {json.dumps(a["labels"], sort_keys=True): a for a in _firing(d) if a["labels"]["alertname"] == alertname}
+        for a in _chat_said(name, alertname):
+            same = now.get(json.dumps(a["labels"], sort_keys=True))
+            if same is not None:
+                return str(a["annotations"].get("action") or ""), same
+        return None
 
     said, alert = wait_until(told, f"{alertname} of {name} firing and in chat", timeout=WAIT)
     assert said and not RAW_CODE.search(said), said
@@ -237,8 +241,10 @@ def test_one_advice_on_every_surface(name: str, sims: Sims, page: tuple[Any, lis
         h = g["health"]
         if h["action"] != "none":
             shown.append(h["action_text"])
-        if g["uuid"] == uuid and h["evidence"] == [alertname]:
-            assert h["action_text"] == said, (h, said)
+        if g["uuid"] == uuid and h["evidence"] == [alertname]:  # the health rests on this rule's alert(s) alone
+            mine = {a["annotations"].get("action") for a in _firing(d)
+                    if a["labels"]["alertname"] == alertname and a["labels"].get("uuid") == uuid}
+            assert h["action_text"] in mine | {said}, (h, said)
     shown += [x["action"] for x in st.get("recent_xids", []) if x.get("action")]
     shown += [x["action"] for x in st.get("xid_counts", []) if x.get("action")]
     docks = [x for x in st.get("docks", []) if x.get("action")]
