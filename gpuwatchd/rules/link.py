@@ -175,7 +175,8 @@ def replay_conditions(view: RuleView, g: GpuSample, now: float, config: RulesCon
            else f"under the allowance for {fmt_duration(rcfg.resolve_after)}")
     return [Condition(
         REPLAYS, "warning", base,
-        f"{title}: PCIe replays at {rate:.0f}/min on its {link}, within what {healthy} ({why})",
+        f"{title}: PCIe replays at {rate:.0f}/min on its {link}, within the {allow}/min a healthy gen{gen} x{width} "
+        f"link allows ({why})",
         REPLAYS_CLEAR_DESCRIPTION, value=rate, level="clear",
     )]
 
