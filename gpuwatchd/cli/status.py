@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuwatchd.rules import advice
 from gpuwatchd.runtime.terminal import safe_tree
 
 GIB = 1024**3
@@ -120,8 +121,10 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
         )
         health = g.get("health")
         if isinstance(health, dict) and health.get("state") not in (None, "healthy"):
-            action = health.get("action_text") or health.get("action") or "-"
-            notes.append(f"{gpu_name(g)} {health.get('state')}: {health.get('reason') or '-'}; action: {action}")
+            notes.append(f"{gpu_name(g)} {health.get('state')}: {health.get('reason') or '-'}")
+            todo = advice_text(health)
+            if todo:
+                notes.append(f"  What to do: {todo}")
         others = uncounted_alerts(g, alerts)
         if others:
             notes.append(f"{gpu_name(g)}: also firing, not counted in the GPU's health (about a job on it, or "
@@ -149,7 +152,7 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
         out += ["", _table(["GPU", "PID", "PROCESS", "USER", "GPU MEMORY", "OWNER"], procs), *more_lines]
     xids = _xid_rows(status, {str(g.get("uuid")): gpu_index(g) for g in gpus})
     if xids:
-        out += ["", _table(["GPU", "XID", "COUNT", "SEVERITY", "MNEMONIC", "NVIDIA: IMMEDIATE / IF IT RECURS"], xids)]
+        out += ["", _table(["GPU", "XID", "COUNT", "SEVERITY", "MNEMONIC", "WHAT TO DO"], xids)]
     arows = []
     for a in alerts:
         labels = a.get("labels", {}) if isinstance(a.get("labels"), dict) else {}
@@ -163,7 +166,34 @@ def render_status(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
             ]
         )
     out += ["", _table(["ALERT", "SEVERITY", "STATE", "GPU", "SUMMARY"], arows) if arows else "No alerts."]
+    advices = alert_advice(alerts)
+    if advices:
+        out += ["", *advices]
     return "\n".join(out)
+
+
+def alert_advice(alerts: Sequence[Mapping[str, Any]]) -> list[str]:
+    """"What to do about GpuRemoved (GPU 0): ..." for each firing, unmuted alert that carries advice (its ``action``
+    annotation, the text chat got: rules/advice.py)."""
+    out = []
+    for a in alerts:
+        raw_ann, raw_labels = a.get("annotations"), a.get("labels")
+        ann: Mapping[str, Any] = raw_ann if isinstance(raw_ann, dict) else {}
+        labels: Mapping[str, Any] = raw_labels if isinstance(raw_labels, dict) else {}
+        if alert_state(a) != "firing" or not ann.get("action"):
+            continue
+        where = labels.get("dock") or (f"GPU {labels['gpu']}" if labels.get("gpu") else None)
+        out.append(f"What to do about {labels.get('alertname') or '?'}" + (f" ({where})" if where else "")
+                   + f": {ann['action']}")
+    return out
+
+
+def advice_text(health: Mapping[str, Any]) -> str | None:
+    """The advice the daemon rendered for a GPU (``health.action_text``, the text chat got: rules/advice.py), or
+    None when there is nothing to do."""
+    if health.get("action") in (None, "none"):
+        return None
+    return str(health.get("action_text") or health.get("action"))
 
 
 def alert_state(a: Mapping[str, Any]) -> str:
@@ -194,17 +224,20 @@ def _probe(verdict: Any) -> str:
 
 
 def _xid_rows(status: Mapping[str, Any], index: Mapping[str, str]) -> list[list[str]]:
-    """One row per (GPU, Xid code) seen since the daemon started, with NVIDIA's catalog entry for the code."""
+    """One row per (GPU, Xid code) seen since the daemon started, with NVIDIA's catalog entry for the code and the
+    daemon's advice for it (the text chat and the page show; never the catalog's raw bucket codes)."""
     rows = []
     for x in status.get("xid_counts") or []:
         if not isinstance(x, dict):
             continue
         raw = x.get("catalog")
         cat: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        actions = " / ".join(a for a in (cat.get("immediate_action"), cat.get("investigatory_action")) if a)
+        todo = x.get("action")
+        if not todo and isinstance(x.get("xid"), int):
+            todo = advice.xid(x["xid"])  # a daemon from before the advice was in the status
         rows.append([index.get(str(x.get("uuid")), "?"), str(x.get("xid", "-")), str(x.get("count", "-")),
                      str(cat.get("severity") or "warning (not in the catalog)"), str(cat.get("mnemonic") or "-"),
-                     actions or "-"])
+                     str(todo or "-")])
     return rows
 
 

@@ -16,7 +16,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from gpuwatchd.cli.status import alert_state, gpu_index, gpu_name, more_processes, owner_text, uncounted_alerts
+from gpuwatchd.cli.status import (
+    advice_text,
+    alert_advice,
+    alert_state,
+    gpu_index,
+    gpu_name,
+    more_processes,
+    owner_text,
+    uncounted_alerts,
+)
 from gpuwatchd.runtime.daemon_client import DaemonClient
 from gpuwatchd.runtime.json_answer import RENDER_ERRORS, not_gpuwatchd
 from gpuwatchd.runtime.status_client import DaemonRefused, StatusUnavailable, fetch_status
@@ -98,15 +107,15 @@ def _clocks(r: Mapping[str, Any]) -> str:
 def _health(g: Mapping[str, Any]) -> tuple[str, str | None, str | None]:
     """(state, reason, action): the daemon's health verdict when it gives one, else what presence says."""
     h = g.get("health")
+    action = advice_text(h) if isinstance(h, dict) else None  # the daemon's advice, the one chat got
     if isinstance(h, dict) and h.get("state") and h["state"] != "unknown":
-        action = None if h.get("action") in (None, "none") else (h.get("action_text") or h.get("action"))
         return str(h["state"]), None if h["state"] == "healthy" else h.get("reason"), action
     state = g.get("state")
     if state == "lost":
-        return "unhealthy", "lost: stopped answering (fell off the bus, or its dock was pulled)", None
+        return "unhealthy", "lost: stopped answering (fell off the bus, or its dock was pulled)", action
     if state == "removed":
-        return "unhealthy", "removed: gone from the bus", "re-attach it (replug the dock); it returns as the same GPU"
-    return "ok" if state == "present" else str(state or "?"), None, None
+        return "unhealthy", "removed: gone from the bus", action
+    return "ok" if state == "present" else str(state or "?"), None, action
 
 
 def render_view(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]], *, interval: float,
@@ -176,7 +185,7 @@ def render_view(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]], 
         if reason or action:
             note = Text(f"{gpu_name(g)}: {hstate}: {reason or ''}", style=HEALTH_STYLE.get(hstate, ""))
             if action:
-                note.append(f" -> {action}", style="bold")
+                note.append(f" -> What to do: {action}", style="bold")
             notes.append(note)
         others = uncounted_alerts(g, alerts)
         if others:
@@ -214,8 +223,9 @@ def render_view(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]], 
         if isinstance(d, dict):
             line = Text(f"Dock {d.get('vendor') or ''} {d.get('name') or d.get('unique_id')} ({d.get('route')}): ")
             if d.get("authorized") is False:
-                line.append(f"NOT authorized -> {d.get('action') or 'boltctl enroll ' + str(d.get('unique_id'))}",
-                            style="bold red")
+                line.append("NOT authorized", style="bold red")
+                if d.get("action"):  # the advice its GpuDockUnauthorized carries (rules/advice.py)
+                    line.append(f" -> What to do: {d['action']}", style="bold")
             else:
                 line.append(f"authorized, GPUs behind it: {len(d.get('gpus') or [])}")
             parts.append(line)
@@ -233,6 +243,7 @@ def render_view(status: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]], 
                   Text(str((al.get("annotations") or {}).get("summary") or "")))
     parts.append(Text(""))
     parts.append(a if shown else Text("No alerts.", style="green"))
+    parts.extend(Text(line) for line in alert_advice(shown))
     return Group(*parts)
 
 

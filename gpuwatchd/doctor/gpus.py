@@ -113,7 +113,9 @@ def _xids(grp: str, g: dict[str, Any], xids: Sequence[dict[str, Any]] | None, kl
     rank = {"critical": 2, "warning": 1, "info": 0}
     worst = max(codes, key=lambda c: rank[severity(c)])
     text = f"Xid {', '.join(map(str, codes))} ({len(mine)} events) since the daemon started"
-    action = describe(worst)[1]
+    # The advice the daemon shows for it everywhere (rules/advice.py), else the Xid's own with no evidence.
+    action = next((str(x["action"]) for x in reversed(mine) if int(x["xid"]) == worst and x.get("action")),
+                  describe(worst)[1])
     if severity(worst) == "critical":
         return [fail(grp, "recent Xids", text, f"Xid {worst}: {action}")]
     if severity(worst) == "warning":

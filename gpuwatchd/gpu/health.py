@@ -25,7 +25,10 @@ from types import MappingProxyType
 
 from gpuwatchd.gpu import xid_catalog
 from gpuwatchd.model import Alert
-from gpuwatchd.model.health import ACTIONS, GpuHealth, HealthAction, HealthState
+from gpuwatchd.model.health import ACTION_TEXT, ACTIONS, ADVICE, GpuHealth, HealthAction, HealthState
+
+# The alerts that speak for everything else about a GPU while they fire (rules/advice.py INCIDENT_ALERTS).
+INCIDENT_ALERTS = ("GpuLost", "GpuRemoved")
 
 # What "healthy" covers, said with it: the GPU itself, not the jobs on it (a leak is an alert, not a GPU fault).
 HEALTHY_REASON = ("no fault on the GPU itself (its hardware, link, dock, driver, Xids, probes); alerts about the jobs "
@@ -39,6 +42,7 @@ _ACTION_RANK = {a: i for i, a in enumerate(ACTIONS)}
 # evidence about the GPU's health and are left out. GpuXidError's action comes from the Xid catalog.
 _ALERT_EVIDENCE: dict[str, tuple[HealthState, HealthState, HealthAction, HealthAction]] = {
     "GpuLost": ("unhealthy", "unhealthy", "reboot", "check_cable"),
+    "GpuRemoved": ("unhealthy", "unhealthy", "inspect_hardware", "check_cable"),
     "GpuEccError": ("unhealthy", "degraded", "reset_gpu", "reset_gpu"),
     "GpuProbeFailed": ("unhealthy", "unhealthy", "reset_gpu", "reset_gpu"),
     "GpuPerformanceDegraded": ("degraded", "degraded", "inspect_hardware", "check_cable"),
@@ -68,6 +72,7 @@ class _Evidence:
     action: HealthAction
     reason: str
     source: str
+    advice: str = ""  # the alert's own advice (its ``action`` annotation, rules/advice.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +127,7 @@ def _from_alert(a: Alert, egpu: bool, xid_actions: Mapping[int, HealthAction]) -
         if code == 79 and egpu:
             action = "check_cable"
         state: HealthState = "unhealthy" if a.severity == "critical" else "degraded"
-        return _Evidence(state, action, a.summary, a.name)
+        return _Evidence(state, action, a.summary, a.name, a.annotations.get(ADVICE, ""))
     spec = _ALERT_EVIDENCE.get(a.name)
     if spec is None:
         return None
@@ -130,7 +135,7 @@ def _from_alert(a: Alert, egpu: bool, xid_actions: Mapping[int, HealthAction]) -
     state = crit if a.severity == "critical" else warn
     if a.name == "GpuRecoveryActionRequired":
         action = _RECOVERY.get(a.labels.get("action", ""), action)
-    return _Evidence(state, egpu_action if egpu else action, a.summary, a.name)
+    return _Evidence(state, egpu_action if egpu else action, a.summary, a.name, a.annotations.get(ADVICE, ""))
 
 
 def assess(
@@ -144,6 +149,10 @@ def assess(
 ) -> dict[str, GpuHealth]:
     """The health of every GPU in ``facts`` (the GPUs the daemon has seen), from its evidence now."""
     by_gpu: dict[str, list[_Evidence]] = {u: [] for u in facts}
+    alerts = list(alerts)
+    # A lost or removed GPU: the loss speaks for it (what else fires about it follows from it, and is inhibited in
+    # chat), so the page and `status` give the same advice as the one message chat got.
+    gone = {a.labels.get("uuid", "") for a in alerts if a.state == "firing" and a.name in INCIDENT_ALERTS}
     for a in alerts:
         uuid = a.labels.get("uuid", "")
         if uuid in facts:
@@ -153,6 +162,8 @@ def assess(
         else:
             continue
         for target in targets:
+            if target in gone and a.name not in INCIDENT_ALERTS:
+                continue
             ev = _from_alert(a, facts[target].egpu, xid_actions)
             if ev is not None:
                 by_gpu[target].append(ev)
@@ -165,11 +176,18 @@ def assess(
         health = _judge(f, evidence, nvml_ok=nvml_ok)
         prev = previous.get(uuid)
         since = prev.since if prev is not None and prev.state == health[0] else now
-        out[uuid] = GpuHealth(health[0], health[1], health[2], since, tuple(sorted({e.source for e in evidence})))
+        out[uuid] = GpuHealth(health[0], health[1], health[2], since, tuple(sorted({e.source for e in evidence})),
+                              health[3])
     return out
 
 
-def _judge(f: GpuFacts, evidence: list[_Evidence], *, nvml_ok: bool) -> tuple[HealthState, str, HealthAction]:
+def _judge(f: GpuFacts, evidence: list[_Evidence], *, nvml_ok: bool) -> tuple[HealthState, str, HealthAction, str]:
+    """(state, reason, action, advice): the advice is the chosen evidence's alert's, else the action's words."""
+    state, reason, action, text = _verdict(f, evidence, nvml_ok=nvml_ok)
+    return state, reason, action, text or ACTION_TEXT[action]
+
+
+def _verdict(f: GpuFacts, evidence: list[_Evidence], *, nvml_ok: bool) -> tuple[HealthState, str, HealthAction, str]:
     if evidence:
         worst = max(_STATE_RANK[e.state] for e in evidence)
         top = [e for e in evidence if _STATE_RANK[e.state] == worst]
@@ -177,25 +195,27 @@ def _judge(f: GpuFacts, evidence: list[_Evidence], *, nvml_ok: bool) -> tuple[He
         first = top[0]
         others = sorted({e.source for e in evidence if e is not first})
         reason = first.reason + (f" (also: {', '.join(others)})" if others else "")
-        return first.state, reason, first.action
+        return first.state, reason, first.action, first.advice
     if not nvml_ok:
-        return "unknown", "NVML cannot be read now: the GPU's health is not known", "none"
+        return "unknown", "NVML cannot be read now: the GPU's health is not known", "none", ""
     if f.presence == "removed":
-        return "unknown", "the GPU is gone from enumeration (removed or unplugged)", "check_cable" if f.egpu else "none"
+        return ("unknown", "the GPU is gone from enumeration (removed or unplugged)",
+                "check_cable" if f.egpu else "none", "")
     if f.presence == "lost":
-        return "unknown", "the GPU does not answer (lost); waiting for the GpuLost evidence", "none"
+        return "unknown", "the GPU does not answer (lost); waiting for the GpuLost evidence", "none", ""
     if not f.has_sample:
-        return "unknown", "no reading of the GPU yet, or its readings are stale", "none"
-    return "healthy", HEALTHY_REASON, "none"
+        return "unknown", "no reading of the GPU yet, or its readings are stale", "none", ""
+    return "healthy", HEALTHY_REASON, "none", ""
 
 
 def with_parent(own: GpuHealth, parent: GpuHealth | None, parent_uuid: str, previous: GpuHealth | None,
                 now: float) -> GpuHealth:
     """A MIG device's health: its own (``assess`` on the alerts under its uuid), or its GPU's when that is worse,
-    said as the GPU's ("the GPU it is part of (GPU-...) is unhealthy: <reason>") with the GPU's action. ``since``
-    is when the MIG device entered the state it has now (``previous`` is its last health)."""
+    said as the GPU's ("the GPU it is part of (GPU-...) is unhealthy: <reason>") with the GPU's action and advice.
+    ``since`` is when the MIG device entered the state it has now (``previous`` is its last health)."""
     if parent is None or _STATE_RANK[parent.state] <= _STATE_RANK[own.state]:
         return own
     since = previous.since if previous is not None and previous.state == parent.state else now
     reason = f"the GPU it is part of ({parent_uuid}) is {parent.state}: {parent.reason}"
-    return GpuHealth(parent.state, reason, parent.action, since, tuple(sorted({*own.evidence, *parent.evidence})))
+    return GpuHealth(parent.state, reason, parent.action, since, tuple(sorted({*own.evidence, *parent.evidence})),
+                     parent.advice)

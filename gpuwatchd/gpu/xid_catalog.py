@@ -80,9 +80,9 @@ def entry(code: int) -> XidEntry | None:
 
 
 def bucket_text(bucket: str) -> str:
-    """The bucket in words; an unknown bucket (a newer catalog) as itself."""
+    """The bucket in words; "" for a blank or unknown bucket (a newer catalog): a raw code is never advice."""
     key = bucket.split(" ", 1)[0] if bucket and bucket.split(" ", 1)[0] in BUCKET_TEXT else bucket
-    return BUCKET_TEXT.get(key, bucket or "no action given by the catalog")
+    return BUCKET_TEXT.get(key, "")
 
 
 def as_dict(e: XidEntry) -> dict[str, object]:

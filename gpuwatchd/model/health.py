@@ -9,6 +9,9 @@ from typing import Literal
 HealthState = Literal["healthy", "degraded", "unhealthy", "unknown"]
 HealthAction = Literal["none", "restart_app", "reset_gpu", "reboot", "inspect_hardware", "check_cable"]
 
+# The alert annotation holding its advice, the one text every surface shows for the fault (rules/advice.py).
+ADVICE = "action"
+
 STATES: tuple[HealthState, ...] = ("healthy", "degraded", "unhealthy", "unknown")
 ACTIONS: tuple[HealthAction, ...] = ("none", "restart_app", "check_cable", "reset_gpu", "inspect_hardware", "reboot")
 
@@ -29,7 +32,10 @@ class GpuHealth:
     action: HealthAction
     since: float  # when the GPU entered this state (daemon clock)
     evidence: tuple[str, ...] = ()  # alertnames (and "probe") behind the state
+    # What to do, in words: the advice of the alert the state rests on (the same text chat got), else the action's.
+    advice: str = ""
 
     def as_dict(self) -> dict[str, object]:
         return {"state": self.state, "reason": self.reason, "action": self.action,
-                "action_text": ACTION_TEXT[self.action], "since": self.since, "evidence": list(self.evidence)}
+                "action_text": self.advice or ACTION_TEXT[self.action], "since": self.since,
+                "evidence": list(self.evidence)}

@@ -10,6 +10,7 @@ import re
 from datetime import datetime, timezone
 
 from gpuwatchd.model import OWNER_LABELS, Alert, ProcessOwner
+from gpuwatchd.model.health import ADVICE as ACTION
 from gpuwatchd.notify.notification import Notification
 
 ELLIPSIS = "…"
@@ -95,7 +96,8 @@ def title(n: Notification) -> str:
 
 
 def alert_text(alert: Alert, *, bold: str = "*", external_url: str = "") -> str:
-    """The lines about one alert: state, summary (the numbers), GPU, trend, description, times, silence hint.
+    """The lines about one alert: state, summary (the numbers), GPU, trend, description, what to do, times, silence
+    hint.
 
     ``bold`` is the service's bold marker: ``*`` for Slack mrkdwn, ``**`` for Markdown, ``""`` for plain text.
     With ``external_url`` (``notify.external_url``, where the user reaches this daemon) the silence hint is a link
@@ -116,6 +118,10 @@ def alert_text(alert: Alert, *, bold: str = "*", external_url: str = "") -> str:
         lines.append(f"Trend: {render_sparkline(spark)}")
     if alert.description:
         lines.append(alert.description)
+    todo = alert.annotations.get(ACTION)
+    if todo:
+        # The one advice every surface shows for this fault (rules/advice.py); the page and `status` show the same.
+        lines.append(f"{b}What to do:{b} {todo}")
     since = utc(alert.fired_at if alert.fired_at is not None else alert.active_at)
     lines.append(f"Since: {since}" + (f" · resolved {utc(alert.resolved_at)}" if resolved else ""))
     if not resolved:

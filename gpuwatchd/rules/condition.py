@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from gpuwatchd.model import DockSample, GpuPresence, GpuSample, ProcessOwner, Severity, Snapshot, XidEvent
+from gpuwatchd.rules import advice
 from gpuwatchd.store import GpuPoint, ProcessPoint
 
 Level = Literal["raise", "hold", "clear"]
@@ -58,6 +59,14 @@ class Condition:
     # freezes them into its labels when it fires (what receivers and Alertmanager saw stays one alert). The family
     # puts the current owner in ``annotations`` too, so the next message says it (docs/alerts.md, "Identity").
     attribution: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # The alert's advice (rules/advice.py): a rule whose advice depends on evidence sets ``action`` itself; the
+        # others get their alertname's. A clear note says what happened, not what to do.
+        if self.level != "clear":
+            filled = advice.annotate(self.name, self.annotations, self.labels.get("gpu"))
+            if filled is not None:
+                object.__setattr__(self, "annotations", filled)
 
 
 class RuleView(Protocol):

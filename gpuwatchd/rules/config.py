@@ -220,8 +220,12 @@ class ReplayRule(RuleSection, frozen=True):
 
     # DCGM counts replays per minute.
     window: PositiveDuration = 60.0
-    # Replays come in bursts; do not resolve and re-fire on every quiet minute.
-    keep_firing_for: Duration = 600.0
+    # Replays come in bursts: a firing alert holds (its summary giving the rate now) until the rate has stayed under
+    # the allowance this long, so it does not resolve and re-fire on every quiet minute ...
+    resolve_after: PositiveDuration = 600.0
+    # ... or until not one replay came for this long while the GPU was busy (rules.link.busy_utilization): a link
+    # that replayed at many times its allowance and now carries traffic cleanly has been fixed (cable replaced).
+    clean_after: PositiveDuration = 120.0
 
 
 class PresenceRule(RuleSection, frozen=True):

@@ -43,17 +43,13 @@ NOTE_HORIZON = 300.0
 
 DEAD_DESCRIPTION = (
     "NVML still lists GPU memory for a process that no longer exists, so no job can use that memory until it is "
-    "released. Find what keeps the CUDA context alive: `fuser -v /dev/nvidia*` lists every process holding the "
-    "device files (a child that inherited them, an MPS server, a process stuck exiting in D state: `ps -eo "
-    "pid,stat,cmd | awk '$2 ~ /D|Z/'`); a zombie goes away when its parent reaps it or exits (`ps -o ppid= -p "
-    "PID`, then restart or kill the parent). If nothing holds the device, drain the GPU and reset it "
-    "(`nvidia-smi --gpu-reset -i GPU`), or reboot."
+    "released: something keeps its CUDA context alive (a child that inherited /dev/nvidia*, an MPS server, a "
+    "process stuck exiting in D state, a zombie its parent has not reaped)."
 )
 NO_PROCESS_DESCRIPTION = (
     "The GPU's memory is in use but the driver lists no process holding it: contexts of processes that died "
     "without the driver releasing them (a container whose pid namespace is gone, an orphaned MPS client, a crash "
-    "in the driver's teardown). `fuser -v /dev/nvidia*` shows who still has the device open; if nobody does, "
-    "drain the GPU and reset it (`nvidia-smi --gpu-reset -i GPU`), or reboot."
+    "in the driver's teardown)."
 )
 
 

@@ -8,6 +8,7 @@ the GPU behind it names the dock (``rules/presence.py``), so the user gets one m
 from __future__ import annotations
 
 from gpuwatchd.model import DockSample
+from gpuwatchd.rules import advice
 from gpuwatchd.rules.condition import Condition, RuleView
 from gpuwatchd.rules.config import RulesConfig
 
@@ -20,20 +21,17 @@ LINK_DEGRADED = "GpuDockLinkDegraded"
 EXPECTED_LINK: dict[int, tuple[float, int]] = {1: (10e9, 1), 2: (10e9, 2), 3: (20e9, 2), 4: (20e9, 2)}
 
 # Security levels at which no PCIe tunnel is ever made, whatever the user authorizes (admin-guide/thunderbolt.rst).
-NO_PCIE_LEVELS = {"dponly", "usbonly"}
+NO_PCIE_LEVELS = set(advice.NO_PCIE_LEVELS)
 
 UNAUTHORIZED_DESCRIPTION = (
-    "The Thunderbolt security level asks for every device to be approved, and this one is not: the kernel made "
-    "no PCIe tunnel to it, so the GPU in it cannot appear (the 'dock not recognised' symptom). Authorize it "
-    "with `boltctl enroll <unique_id>` (remembered; `boltctl authorize <unique_id>` for this time only; "
-    "`boltctl list` shows it), or set the Thunderbolt security level in the BIOS/UEFI to 'user' or 'none'. "
-    "With the BIOS at 'dponly'/'usbonly' no PCIe tunnel is ever made: change that setting first."
+    "The Thunderbolt security level asks for devices to be approved, and this one is not: the kernel made no PCIe "
+    "tunnel to it, so the GPU in it cannot appear (the 'dock not recognised' symptom). At 'dponly'/'usbonly' no "
+    "PCIe tunnel is ever made, whatever is approved."
 )
 LINK_DESCRIPTION = (
     "The Thunderbolt link to this dock trained with fewer lanes or a lower lane speed than its generation "
     "gives (2 x 20 Gb/s for Thunderbolt 3/4 and USB4 40G), so the GPU behind it gets a fraction of the "
-    "bandwidth. Use a certified 40 Gb/s cable (passive cables longer than 0.8 m run at 20 Gb/s), plug it "
-    "directly into a Thunderbolt port of the host (not a hub or a USB-C-only port), then re-plug the dock."
+    "bandwidth."
 )
 
 
@@ -77,7 +75,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
             why = (
                 f"the BIOS security level is '{level}', which never makes a PCIe tunnel"
                 if level in NO_PCIE_LEVELS
-                else f"security level '{level}'; authorize it: boltctl enroll {d.unique_id}"
+                else f"security level '{level}'"
             )
             out.append(
                 Condition(
@@ -88,6 +86,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                     f"cannot appear ({why})",
                     UNAUTHORIZED_DESCRIPTION,
                     value=0.0,
+                    annotations={advice.ACTION: advice.dock_unauthorized(d.unique_id, d.security)},
                 )
             )
         elif d.authorized:
@@ -116,6 +115,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                     labels,
                     f"Thunderbolt dock {title} ({d.route}): {gen} link trained at {low}",
                     LINK_DESCRIPTION,
+                    annotations={advice.ACTION: advice.DOCK_LINK},
                     value=float(min(n for n in (d.rx_lanes, d.tx_lanes) if n is not None))
                     if d.rx_lanes is not None or d.tx_lanes is not None
                     else None,

@@ -8,12 +8,13 @@ is a warning: the GPU works but needs a reset to apply the remap (capture q03: "
 from __future__ import annotations
 
 from gpuwatchd.model import GpuSample, Severity
+from gpuwatchd.rules import advice
 from gpuwatchd.rules.condition import Condition, RuleView, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
 
 NAME = "GpuEccError"
 
-RESET = "Drain the GPU (let jobs finish or move them), then reset it (nvidia-smi -r -i <index>) or reboot."
+RESET = advice.ECC_RESET
 
 
 def _findings(g: GpuSample, retired_max: int) -> list[tuple[str, Severity, str, str, float]]:
@@ -23,7 +24,7 @@ def _findings(g: GpuSample, retired_max: int) -> list[tuple[str, Severity, str, 
     if dbe is not None and dbe > 0:
         out.append((
             "dbe_volatile", "critical", f"{dbe} uncorrectable (double-bit) ECC errors since the last reset",
-            "Data on this GPU may be corrupt: stop its jobs. " + RESET + " If DBEs recur, the board needs RMA.",
+            advice.ECC_DBE,
             float(dbe),
         ))
     if g.retired_pages_sbe is not None or g.retired_pages_dbe is not None:
@@ -64,5 +65,6 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
             continue
         base = gpu_labels(view, g.uuid)
         for kind, sev, what, todo, value in found:
-            out.append(Condition(NAME, sev, {**base, "kind": kind}, f"{gpu_title(base)}: {what}", todo, value=value))
+            out.append(Condition(NAME, sev, {**base, "kind": kind}, f"{gpu_title(base)}: {what}", "", value=value,
+                                 annotations={advice.ACTION: todo.replace("<index>", base.get("gpu") or "<index>")}))
     return out

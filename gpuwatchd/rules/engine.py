@@ -25,6 +25,7 @@ import gpuwatchd.rules.nvlink as nvlink_rule
 import gpuwatchd.rules.recovery as recovery_rule
 from gpuwatchd.model import Alert, AlertState, fingerprint
 from gpuwatchd.rules import (
+    advice,
     dead_process,
     dock,
     ecc,
@@ -424,9 +425,14 @@ class RulesEngine:
             note = (notes.get(fp) or notes_by_uuid.get((a.name, a.labels.get("uuid", "")))
                     or _partial_note(notes.values(), a))
             summary, description = a.summary, a.description
+            # What to do was for the fault: a resolution carries its note's advice, if any, never the firing one's.
+            annotations = {k: v for k, v in a.annotations.items() if k != advice.ACTION}
             if note is not None:
                 summary, description = note.summary, note.description
-            tracked.alert = replace(a, state="resolved", resolved_at=now, summary=summary, description=description)
+                if advice.ACTION in note.annotations:
+                    annotations[advice.ACTION] = note.annotations[advice.ACTION]
+            tracked.alert = replace(a, state="resolved", resolved_at=now, summary=summary, description=description,
+                                    annotations=annotations)
             tracked.applied = None
             self._changes += 1
 

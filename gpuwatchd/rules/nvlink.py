@@ -23,8 +23,7 @@ _WORDS = {"crc_flit": "CRC flit", "crc_data": "CRC data", "replay": "replay", "r
 DESCRIPTION = (
     "The NVLink between this GPU and its peer (or NVSwitch) is retransmitting or retraining: a marginal link "
     "(connector, cable or bridge, NVSwitch tray, heat). Replays and recoveries cost bandwidth and precede link "
-    "failure (Xid 74). Check `nvidia-smi nvlink -e -i <index>` and the peer on the same link; drain the GPU and "
-    "reseat or service the link if the count keeps rising."
+    "failure (Xid 74)."
 )
 
 

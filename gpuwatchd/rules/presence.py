@@ -13,6 +13,7 @@ import time
 from functools import lru_cache
 
 from gpuwatchd.model import DockSample, GpuIdentity, GpuPresence
+from gpuwatchd.rules import advice
 from gpuwatchd.rules.condition import Condition, RuleView, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
 from gpuwatchd.rules.dock import dock_title
@@ -34,29 +35,21 @@ DOCK_SETTLE_SECONDS = 5.0
 
 LOST_DESCRIPTION = (
     "The GPU stopped answering (NVML GPU_IS_LOST; the kernel log usually shows Xid 79 'fallen off the bus'). "
-    "Jobs on it have failed. A reboot is needed to recover it; if it recurs, check the PCIe slot/riser, power "
-    "cables and PSU, and the GPU's temperature history."
+    "Jobs on it have failed."
 )
 LOST_DOCKED_DESCRIPTION = (
     "The GPU fell off the bus while its Thunderbolt dock stayed attached: the PCIe tunnel or the GPU's power "
-    "failed, not the plug. Jobs on it have failed. Check the Thunderbolt cable (a certified 40 Gb/s one, seated at "
-    "both ends) and the enclosure's power supply, then reboot to recover the GPU (re-plugging the dock can be "
-    "enough on some enclosures)."
+    "failed, not the plug. Jobs on it have failed."
 )
 REMOVED_DESCRIPTION = (
     "The GPU is no longer enumerated by the driver: the device was unbound or hot-removed, or it dropped off the "
-    "bus. If that was not intended, look at the kernel log (Xid 79, PCIe AER errors) and lspci; re-attaching it "
-    "resolves this alert."
+    "bus. Re-attaching it resolves this alert."
 )
 DETACHED_DESCRIPTION = (
     "The GPU went with its Thunderbolt dock: the cable was pulled or the enclosure lost power. Jobs on it have "
-    "failed. Re-plug the dock (and check the enclosure is switched on); it comes back under the same UUID, no "
-    "reboot needed, and re-attaching resolves this alert."
+    "failed. Re-attaching resolves this alert."
 )
-COUNT_DESCRIPTION = (
-    "Fewer GPUs are present than rules.expected_gpu_count. Check the lost/removed GPUs, the kernel log "
-    "(Xid 79, PCIe AER errors) and lspci; a reboot usually brings back a GPU that fell off the bus."
-)
+COUNT_DESCRIPTION = "Fewer GPUs are present than rules.expected_gpu_count."
 
 
 def _clock(ts: float) -> str:
@@ -82,8 +75,8 @@ def _note(name: str, ident: GpuIdentity, since: float, labels: tuple[tuple[str, 
         "critical" if name == LOST else "warning",
         dict(labels),
         f"{model} ({ident.uuid}) is back since {_clock(since)}: {where}{dock}",
-        "The GPU is present again; check that its jobs restarted.",
-        level="clear",
+        "The GPU is present again.",
+        level="clear", annotations={advice.ACTION: advice.BACK},
     )
 
 
@@ -109,7 +102,8 @@ def _missing(view: RuleView, uuid: str, pres: GpuPresence, labels: dict[str, str
                 REMOVED, "warning", labels,
                 f"{title}{bus}: its Thunderbolt dock {name} ({d.unique_id}) was detached; the GPU {what} since "
                 f"{_clock(pres.since)}",
-                DETACHED_DESCRIPTION, value=pres.since, annotations={"dock": name},
+                DETACHED_DESCRIPTION, value=pres.since,
+                annotations={"dock": name, advice.ACTION: advice.REPLUG_DOCK},
             ),
             Condition(LOST, "critical", labels, f"{title}: went with its dock (see GpuRemoved)", LOST_DESCRIPTION,
                       level="clear"),
@@ -124,7 +118,8 @@ def _missing(view: RuleView, uuid: str, pres: GpuPresence, labels: dict[str, str
                     LOST, "critical", labels,
                     f"{title}{bus}: fell off the bus since {_clock(fell)} (last answered "
                     f"{_clock(pres.last_seen)}) while its Thunderbolt dock {name} ({d.unique_id}) stayed attached",
-                    LOST_DOCKED_DESCRIPTION, value=fell, annotations={"dock": name},
+                    LOST_DOCKED_DESCRIPTION, value=fell,
+                    annotations={"dock": name, advice.ACTION: advice.LOST_DOCKED},
                     hold_for=DOCK_SETTLE_SECONDS,
                 )
             ]
@@ -133,14 +128,14 @@ def _missing(view: RuleView, uuid: str, pres: GpuPresence, labels: dict[str, str
                 LOST, "critical", labels,
                 f"{title}{bus}: lost (fell off the bus) since {_clock(fell)}, last answered "
                 f"{_clock(pres.last_seen)}",
-                LOST_DESCRIPTION, value=fell,
+                LOST_DESCRIPTION, value=fell, annotations={advice.ACTION: advice.LOST},
             )
         ]
     return [
         Condition(
             REMOVED, "warning", labels,
             f"{title}{bus}: removed (no longer enumerated) since {_clock(pres.since)}",
-            REMOVED_DESCRIPTION, value=pres.since,
+            REMOVED_DESCRIPTION, value=pres.since, annotations={advice.ACTION: advice.REMOVED},
         ),
         Condition(LOST, "critical", labels, f"{title}: no longer enumerated (see GpuRemoved)", LOST_DESCRIPTION,
                   level="clear"),

@@ -18,21 +18,15 @@ DEGRADED = "GpuPerformanceDegraded"
 
 FAILED_DESCRIPTION = (
     "A health probe found this GPU computing wrong numbers, losing data in memory, raising CUDA errors, or the "
-    "probe itself crashed or hung: results of jobs on it cannot be trusted. Drain the GPU (stop scheduling jobs "
-    "on it), then run `dcgmi diag -r 3` or the vendor's field diagnostics; a GPU that fails again is an RMA case. "
-    "`gpuwatchd probe --gpu <index>` re-runs the probes now."
+    "probe itself crashed or hung: results of jobs on it cannot be trusted."
 )
 WORKER_DESCRIPTION = (
     "The probe worker crashed or did not finish within probes.deadline and was killed: the driver or GPU may be "
-    "stalling. Check the daemon log and `dmesg` for Xid errors, then run `gpuwatchd probe --gpu <index>`; if it "
-    "fails again, drain the GPU and run `dcgmi diag -r 3` or the vendor's field diagnostics."
+    "stalling: check the daemon log and `dmesg` for Xid errors."
 )
 DEGRADED_DESCRIPTION = (
     "The GPU computes correctly but slower than its own baseline (or its PCIe link moves data slower than the "
-    "link should allow) on two runs in a row. Look for thermal or power throttling, a degraded PCIe link "
-    "(reseat the card or riser; on an eGPU, the cable, the port, displays sharing the Thunderbolt tunnel), "
-    "clocks locked low, or another host load. `gpuwatchd probe --gpu <index>` shows measured, baseline and "
-    "expected figures."
+    "link should allow) on two runs in a row."
 )
 
 

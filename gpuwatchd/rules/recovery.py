@@ -7,6 +7,7 @@ watch) are in ``gpuwatchd/gpu/recovery_action.py``. It clears when the driver re
 from __future__ import annotations
 
 from gpuwatchd.gpu.recovery_action import recovery_action
+from gpuwatchd.rules import advice
 from gpuwatchd.rules.condition import Condition, RuleView, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
 
@@ -32,7 +33,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
         out.append(Condition(
             NAME, a.severity, {**base, "action": a.label},
             f"{gpu_title(base)}: the driver asks for {a.what} (NVML recovery action {a.value}, {a.label})",
-            a.todo.replace("<index>", base.get("gpu") or "<index>"),
+            "The driver sets this when the GPU cannot go on without it; it clears once done.",
             value=float(a.value),
+            annotations={advice.ACTION: a.todo.replace("<index>", base.get("gpu") or "<index>")},
         ))
     return out

@@ -13,8 +13,7 @@ from gpuwatchd.rules.config import RulesConfig
 NAME = "GpuTemperatureHigh"
 
 DESCRIPTION = (
-    "The GPU is close to the temperature at which the hardware halves its clocks. Check fans and airflow, "
-    "ambient temperature, dust on the heatsink and neighbouring hot cards; lower the power limit if it persists."
+    "The GPU is close to the temperature at which the hardware halves its clocks."
 )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuwatchd.gpu.clock_events import CLOCK_EVENT_REASONS, THROTTLE_REASONS
+from gpuwatchd.rules import advice
 from gpuwatchd.rules.condition import Condition, Level, RuleView, fmt_duration, fmt_share, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig, ThrottleRule
 from gpuwatchd.store import GpuPoint
@@ -36,25 +37,15 @@ REASON_INFO: dict[str, tuple[str, str | None]] = {
 DESCRIPTIONS: dict[str, str] = {
     "hw_slowdown": (
         "The GPU hardware cut its clocks by half or more: overheating, an external power-brake signal or a power "
-        "supply that cannot keep up. Check cooling (fans, airflow, dust, ambient temperature) and the power "
-        "cables/PSU; on an eGPU check the enclosure's PSU rating."
+        "supply that cannot keep up."
     ),
-    "hw_thermal": (
-        "The GPU is hot enough that the hardware slows it down. Check fans, airflow and ambient temperature; "
-        "reseat or clean the heatsink if it persists."
-    ),
+    "hw_thermal": "The GPU is hot enough that the hardware slows it down.",
     "sw_thermal": (
-        "The driver lowers clocks to stay under the GPU's temperature target. Improve cooling or lower the load; "
-        "persistent thermal throttling shortens jobs' throughput."
+        "The driver lowers clocks to stay under the GPU's temperature target; persistent thermal throttling "
+        "shortens jobs' throughput."
     ),
-    "hw_power_brake": (
-        "An external power-brake signal slows the GPU: the system or PSU asks it to draw less power. Check the "
-        "PSU capacity and power cables; on servers check the BMC's power capping."
-    ),
-    "sw_power_cap": (
-        "The GPU runs at its power limit while busy, so clocks are held below maximum. Expected under full load; "
-        "raise the power limit (nvidia-smi -pl) if the board allows it, or accept the clocks."
-    ),
+    "hw_power_brake": "An external power-brake signal slows the GPU: the system or PSU asks it to draw less power.",
+    "sw_power_cap": "The GPU runs at its power limit while busy, so clocks are held below maximum.",
 }
 
 
@@ -147,7 +138,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                     DESCRIPTIONS[name],
                     value=measured,
                     level=level,
-                    annotations={"share_source": source},
+                    annotations={"share_source": source, advice.ACTION: advice.THROTTLE[name]},
                 )
             )
     return out

@@ -32,8 +32,7 @@ NAME = "GpuUnderutilized"
 DESCRIPTION = (
     "The GPU's memory is held but its SMs have been idle for a long time, so nobody else on this shared host can "
     "use it. A training job usually shows this when it waits on its input pipeline (data loading on the CPU, slow "
-    "storage): more data-loader workers, pinned memory or prefetching help; a forgotten notebook or an idle "
-    "inference server holding a model should release the GPU."
+    "storage)."
 )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from gpuwatchd.gpu import xid_catalog
 from gpuwatchd.model import Severity, XidEvent
+from gpuwatchd.rules import advice
 from gpuwatchd.rules.condition import Condition, RuleView, fmt_duration, gpu_labels, gpu_title
 from gpuwatchd.rules.config import RulesConfig
 
@@ -43,81 +44,37 @@ FALLEN_OFF_BUS = 79
 # this, an Xid 79 without a lost GPU is news of its own.
 FALLEN_OFF_HOLD_SECONDS = 15.0
 
-RESTART_APP = "Restart the application that hit it; the GPU itself is fine. Repeats point to a bug in the job."
-RESET_GPU = (
-    "Reset the GPU (stop its processes, then nvidia-smi -r -i <index>) or reboot; contact support if it repeats."
-)
-REBOOT = "Reboot the machine to recover the GPU."
-EGPU = (
-    " On an eGPU: check the Thunderbolt/OCuLink cable and the enclosure's power supply, then re-plug or reboot."
-)
-
-
 @dataclass(frozen=True, slots=True)
 class XidInfo:
     mnemonic: str
     meaning: str
-    action: str
 
 
+# gpuwatchd's own words for what the common codes mean; what to do about each is in rules/advice.py.
 CATALOG: dict[int, XidInfo] = {
-    8: XidInfo("FIFO_ERROR_IDLE_TIMEOUT", "GPU stopped processing", RESTART_APP),
-    13: XidInfo("GR_EXCEPTION", "graphics engine exception (usually an out-of-bounds access in the app)", RESTART_APP),
-    31: XidInfo("FIFO_ERROR_MMU_ERR_FLT", "GPU memory page fault (illegal address, usually an app bug)", RESTART_APP),
-    32: XidInfo(
-        "PBDMA_ERROR", "invalid or corrupted push buffer stream (often PCIe signal quality)", RESTART_APP + EGPU
-    ),
-    43: XidInfo("RESETCHANNEL_VERIF_ERROR", "the app hit a software-induced fault; the GPU stays healthy", RESTART_APP),
-    45: XidInfo(
-        "PREEMPTIVE_REMOVAL",
-        "channels cleaned up after a kill, Ctrl-C, reset or an earlier error",
-        "Nothing if a job was just stopped; otherwise follow the other Xid logged with it.",
-    ),
-    48: XidInfo(
-        "GPU_ECC_DBE",
-        "uncorrectable double-bit ECC error",
-        "A GPU reset or reboot is needed to clear it; drain the GPU first. Repeats mean failing memory: RMA.",
-    ),
-    54: XidInfo("PWR_REDUCED_CLOCKING", "auxiliary power not connected", "Check the power cables." + EGPU),
-    62: XidInfo("PMU_HALT_ERROR", "internal micro-controller halt", RESET_GPU),
-    63: XidInfo(
-        "INFOROM_DRAM_RETIREMENT_EVENT",
-        "memory row remap / page retirement recorded (ECC handled it)",
-        "No action now; the remap takes effect at the next GPU reset. Watch GpuEccError for pending remaps.",
-    ),
-    64: XidInfo("INFOROM_DRAM_RETIREMENT_FAILURE", "memory remap/retirement failed", RESET_GPU),
-    68: XidInfo("NVDEC0_ERROR", "video decoder exception", RESTART_APP),
-    74: XidInfo(
-        "NVLINK_ERROR",
-        "NVLink error (may be the remote GPU's fault)",
-        "Reset the GPUs on the link or reboot; contact support if it repeats.",
-    ),
-    79: XidInfo(
-        "GPU_HAS_FALLEN_OFF_THE_BUS",
-        "GPU has fallen off the bus (PCIe link lost)",
-        REBOOT + " Often a PCIe link, riser or power fault." + EGPU,
-    ),
-    92: XidInfo("EXCESSIVE_SBE_INTERRUPTS", "high single-bit ECC error rate", "No action now; watch for ECC alerts."),
-    94: XidInfo(
-        "CONTAINED_ERROR",
-        "contained memory error: only the affected application was hit",
-        "Restart the affected application; reset the GPU when convenient.",
-    ),
-    95: XidInfo(
-        "UNCONTAINED_ERROR",
-        "uncontained memory error affecting several applications",
-        "Reset the GPU before restarting the applications on it.",
-    ),
-    109: XidInfo("CTXSW_TIMEOUT_ERROR", "context switch timeout", RESET_GPU),
-    119: XidInfo("GSP_RPC_TIMEOUT", "GSP firmware RPC timeout", RESET_GPU + " Power-cycle if it persists."),
-    120: XidInfo("GSP_ERROR", "GSP firmware error", RESET_GPU + " Power-cycle if it persists."),
-    140: XidInfo("UNRECOVERABLE_ECC_ERROR_ESCAPE", "unrecovered ECC error", RESET_GPU),
-    143: XidInfo("GPU_INIT_ERROR", "GPU initialization error", RESET_GPU),
-    154: XidInfo(
-        "GPU_RECOVERY_ACTION_CHANGED",
-        "the driver changed the GPU's recovery action",
-        "Read the kernel log line for the new action (drain, reset or reboot) and follow it.",
-    ),
+    8: XidInfo("FIFO_ERROR_IDLE_TIMEOUT", "GPU stopped processing"),
+    13: XidInfo("GR_EXCEPTION", "graphics engine exception (usually an out-of-bounds access in the app)"),
+    31: XidInfo("FIFO_ERROR_MMU_ERR_FLT", "GPU memory page fault (illegal address, usually an app bug)"),
+    32: XidInfo("PBDMA_ERROR", "invalid or corrupted push buffer stream (often PCIe signal quality)"),
+    43: XidInfo("RESETCHANNEL_VERIF_ERROR", "the app hit a software-induced fault; the GPU stays healthy"),
+    45: XidInfo("PREEMPTIVE_REMOVAL", "channels cleaned up after a kill, Ctrl-C, reset or an earlier error"),
+    48: XidInfo("GPU_ECC_DBE", "uncorrectable double-bit ECC error"),
+    54: XidInfo("PWR_REDUCED_CLOCKING", "auxiliary power not connected"),
+    62: XidInfo("PMU_HALT_ERROR", "internal micro-controller halt"),
+    63: XidInfo("INFOROM_DRAM_RETIREMENT_EVENT", "memory row remap / page retirement recorded (ECC handled it)"),
+    64: XidInfo("INFOROM_DRAM_RETIREMENT_FAILURE", "memory remap/retirement failed"),
+    68: XidInfo("NVDEC0_ERROR", "video decoder exception"),
+    74: XidInfo("NVLINK_ERROR", "NVLink error (may be the remote GPU's fault)"),
+    79: XidInfo("GPU_HAS_FALLEN_OFF_THE_BUS", "GPU has fallen off the bus (PCIe link lost)"),
+    92: XidInfo("EXCESSIVE_SBE_INTERRUPTS", "high single-bit ECC error rate"),
+    94: XidInfo("CONTAINED_ERROR", "contained memory error: only the affected application was hit"),
+    95: XidInfo("UNCONTAINED_ERROR", "uncontained memory error affecting several applications"),
+    109: XidInfo("CTXSW_TIMEOUT_ERROR", "context switch timeout"),
+    119: XidInfo("GSP_RPC_TIMEOUT", "GSP firmware RPC timeout"),
+    120: XidInfo("GSP_ERROR", "GSP firmware error"),
+    140: XidInfo("UNRECOVERABLE_ECC_ERROR_ESCAPE", "unrecovered ECC error"),
+    143: XidInfo("GPU_INIT_ERROR", "GPU initialization error"),
+    154: XidInfo("GPU_RECOVERY_ACTION_CHANGED", "the driver changed the GPU's recovery action"),
 }
 
 
@@ -131,26 +88,24 @@ def _short(mnemonic: str) -> str:
     return " / ".join(m.strip().removeprefix("ROBUST_CHANNEL_") for m in mnemonic.split("/"))
 
 
-def describe(code: int) -> tuple[str, str]:
-    """(meaning, what to do) for a code: gpuwatchd's own words for the common codes, NVIDIA's catalog for the
-    others, a generic answer for codes in neither."""
+def meaning(code: int) -> str:
+    """What a code means: gpuwatchd's own words for the common codes, NVIDIA's catalog for the others, a generic
+    answer for codes in neither."""
     info = CATALOG.get(code)
     if info is not None:
-        return f"{info.mnemonic}: {info.meaning}", info.action
+        return f"{info.mnemonic}: {info.meaning}"
     e = xid_catalog.entry(code)
     if e is not None:
         desc = e.description
         what = ("a code NVIDIA's catalog marks unused on Ampere and newer GPUs" if e.unused
                 else desc[0].lower() + desc[1:] if desc[1:2].islower() else desc or "no description")
-        todo = xid_catalog.bucket_text(e.immediate_action)
-        action = todo[0].upper() + todo[1:] + "."
-        if e.investigatory_action and e.investigatory_action != e.immediate_action:
-            action += f" If it recurs: {xid_catalog.bucket_text(e.investigatory_action)}."
-        return f"{_short(e.mnemonic)}: {what}", action
-    return (
-        "an Xid this daemon has no catalog entry for",
-        "Look it up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) and check the kernel log.",
-    )
+        return f"{_short(e.mnemonic)}: {what}"
+    return "an Xid this daemon has no catalog entry for"
+
+
+def describe(code: int) -> tuple[str, str]:
+    """(meaning, what to do) for a code with no evidence about the GPU (rules/advice.py's ``xid``)."""
+    return meaning(code), advice.xid(code)
 
 
 def _uuid_for(view: RuleView, ev: XidEvent) -> str | None:
@@ -186,7 +141,7 @@ def gpu_resolver(view: RuleView, events: Iterable[XidEvent]) -> Callable[[XidEve
     return resolve
 
 
-def _reattached_since(view: RuleView, uuid: str, t: float) -> bool:
+def reattached_since(view: RuleView, uuid: str, t: float) -> bool:
     """The GPU went away (lost or removed) after ``t`` and is present again: it has been reset or re-plugged."""
     pres = view.presence.get(uuid)
     return (
@@ -230,9 +185,9 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
             bus = events[-1].pci_bus_id
             labels = {"uuid": "unknown", "gpu": "", "model": "unknown"}
             title = f"GPU at PCI {bus}" if bus else "unknown GPU"
-        meaning, action = describe(code)
+        what = meaning(code)
         last = events[-1]
-        if uuid is not None and severity(code) == "critical" and _reattached_since(view, uuid, last.timestamp):
+        if uuid is not None and severity(code) == "critical" and reattached_since(view, uuid, last.timestamp):
             # A reset-class or link Xid asks for a GPU reset, a re-plug or a reboot; a GPU that has been
             # re-enumerated since the last one has had exactly that. Saying "reboot" after an eGPU came back
             # would be noise; the resolution says why it ended.
@@ -242,10 +197,10 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                     NAME,
                     severity(code),
                     {**labels, "xid": str(code)},
-                    f"{title}: Xid {code} ({meaning}) cleared: the GPU was re-attached or reset "
+                    f"{title}: Xid {code} ({what}) cleared: the GPU was re-attached or reset "
                     f"(present again since {fmt_duration(now - pres.since)} ago)",
-                    "The GPU answers again after a re-enumeration; check that its jobs restarted.",
-                    level="clear",
+                    "The GPU answers again after a re-enumeration.",
+                    level="clear", annotations={advice.ACTION: advice.XID_REATTACHED},
                 )
             )
             continue
@@ -257,10 +212,12 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                 NAME,
                 severity(code),
                 {**labels, "xid": str(code)},
-                f"{title}: Xid {code} ({meaning}) {times}{detail}",
-                f"{action} Resolves after {fmt_duration(cfg.resolve_after)} without a repeat.",
+                f"{title}: Xid {code} ({what}) {times}{detail}",
+                f"Resolves after {fmt_duration(cfg.resolve_after)} without a repeat.",
                 value=float(count),
-                annotations={"source": last.source, "last_seen": f"{last.timestamp:.3f}"},
+                annotations={"source": last.source, "last_seen": f"{last.timestamp:.3f}",
+                             advice.ACTION: advice.xid(code, egpu=uuid is not None and uuid in view.gpu_docks,
+                                                       index=labels.get("gpu"))},
                 # Xid 79 is the fall off the bus that GpuLost/GpuRemoved speak for (they inhibit this alert): held
                 # long enough for them to fire, it alerts on its own only when the GPU did not go away.
                 hold_for=max(FALLEN_OFF_HOLD_SECONDS, cfg.for_) if code == FALLEN_OFF_BUS else None,

@@ -82,9 +82,8 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
             REPEATED, "warning", labels,
             f"{gpu_title(labels)}: Xid {code} ({meaning}) in {n} different jobs in the last {window}; "
             f"{elsewhere}: it follows this GPU, not one application",
-            "One application Xid is the job's bug; the same code across jobs on one GPU points at the GPU. Drain "
-            "it and run diagnostics (dcgmi diag -r 3, or NVIDIA's field diagnostics); reseat or replace the card "
-            f"if they fail. Resolves when fewer than {cfg.min_jobs} jobs in {window} hit it.",
+            "One application Xid is the job's bug; the same code across jobs on one GPU points at the GPU. "
+            f"Resolves when fewer than {cfg.min_jobs} jobs in {window} hit it.",
             value=float(n),
         ))
     for uuid, events in sorted(by_gpu.items()):
@@ -98,8 +97,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
             SUPPORT_CASE, "critical", labels,
             f"{gpu_title(labels)}: {len(episodes)} fatal Xid episodes in the last {window} (Xid {codes}); "
             f"the resets or reboots are not holding",
-            "Open a support case with the hardware vendor or NVIDIA: attach nvidia-bug-report.sh's output and the "
-            "kernel log of each episode, and take the GPU out of service (drain it) until then. Resolves when "
+            "Resets or reboots did not hold: the GPU keeps failing the same way. Resolves when "
             f"fewer than {cfg.fatal_count} episodes in {window} remain.",
             value=float(len(episodes)),
             annotations={"xids": codes, "first_seen": f"{episodes[0][0].timestamp:.3f}"},

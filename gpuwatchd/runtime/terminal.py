@@ -12,7 +12,9 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-MAX_CHARS = 200
+# Long enough for the longest advice and summary the daemon writes (rules/advice.py: ~250 characters; a cut advice
+# loses its command), short enough that a hostile string cannot widen a table row without bound.
+MAX_CHARS = 500
 # One line a command writes (a table row, an error with the daemon's words in it): long enough for any real one.
 MAX_LINE_CHARS = 4000
 ELLIPSIS = "…"

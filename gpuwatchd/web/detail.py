@@ -2,10 +2,11 @@
 
 Only keys are added (``STATUS_VERSION`` stays): per GPU its PCIe ``link`` (sysfs), its Thunderbolt ``dock``, a short
 ``memory_history``, and per process a ``memory_trend`` (its recent rate, and the leak rule's verdict
-with its time to full while ``GpuMemoryLeak`` is pending or firing for it); at the top ``docks`` (with the
-``boltctl`` command an unauthorized one needs), ``recent_xids[].meaning/action`` (the Xid catalog), ``probe_results``
-(each probe's last measures against baseline) and ``receivers`` (recent deliveries and failures per receiver).
-Reads memory only: it runs on the event loop for every status request.
+with its time to full while ``GpuMemoryLeak`` is pending or firing for it); at the top ``docks`` (with what an
+unauthorized one needs), ``recent_xids[].meaning/action`` and ``xid_counts[].action`` (the Xid catalog's meaning and
+the advice chat got for it, rules/advice.py), ``probe_results`` (each probe's last measures against baseline) and
+``receivers`` (recent deliveries and failures per receiver). Reads memory only: it runs on the event loop for every
+status request.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.gpu.bus_id import sysfs_bus_id
 from gpuwatchd.model import Alert, DockSample
-from gpuwatchd.rules.xid import describe
+from gpuwatchd.rules import advice
+from gpuwatchd.rules.xid import meaning, reattached_since, severity
 from gpuwatchd.store import ProcessPoint, Store
 
 if TYPE_CHECKING:
@@ -88,15 +90,28 @@ def _leak_json(a: Alert) -> dict[str, Any]:
     }
 
 
-def dock_json(store: Store, d: DockSample) -> dict[str, Any]:
-    """A Thunderbolt device with the GPUs behind it and, when it blocks them, the command that lets them in."""
+def dock_json(store: Store, d: DockSample, alerts: Sequence[Alert] = ()) -> dict[str, Any]:
+    """A Thunderbolt device with the GPUs behind it and, when it blocks them, what lets them in (the advice its
+    GpuDockUnauthorized carries, rules/advice.py)."""
     out = dataclasses.asdict(d)
     out["gpu_bus_ids"] = list(d.gpu_bus_ids)
     out["gpus"] = store.dock_gpu_uuids(d)
     out["action"] = None
     if d.authorized is False:
-        out["action"] = f"boltctl enroll {d.unique_id}"
+        out["action"] = advice.for_dock(alerts, d.unique_id, d.security)
     return out
+
+
+def xid_advice(store: Store, alerts: Sequence[Alert], uuid: str | None, code: int, last: float | None) -> str:
+    """What to do about an Xid on the page and in ``status``: the advice chat got for it (rules/advice.py), with the
+    evidence the Xid rule weighs (an eGPU, re-attached since ``last``)."""
+    pres = store.presence.get(uuid) if uuid is not None else None
+    return advice.for_xid(
+        alerts, uuid, code, egpu=uuid is not None and uuid in store.gpu_docks,
+        # as rules/xid.py: a reset-class Xid is over once the GPU was re-enumerated after it
+        reattached=(uuid is not None and last is not None and severity(code) == "critical"
+                    and reattached_since(store, uuid, last)),
+        index=pres.identity.index if pres is not None else None)
 
 
 def _probe_results(store: Store) -> dict[str, list[dict[str, Any]]]:
@@ -128,7 +143,7 @@ def add_details(status: dict[str, Any], store: Store, alerts: Sequence[Alert], d
         link = links.get(sysfs_bus_id(g["pci_bus_id"])) if g.get("pci_bus_id") else None
         g["link"] = dataclasses.asdict(link) if link is not None else None
         dock = store.gpu_docks.get(uuid)
-        g["dock"] = dock_json(store, dock) if dock is not None else None
+        g["dock"] = dock_json(store, dock, alerts) if dock is not None else None
         since = now - HISTORY_SECONDS
         hist = [(p.t, float(p.memory_used_bytes)) for p in store.gpu_history(uuid, since=since)
                 if p.memory_used_bytes is not None]
@@ -141,10 +156,16 @@ def add_details(status: dict[str, Any], store: Store, alerts: Sequence[Alert], d
                 "rate_bytes_per_second": _slope(recent),
                 "leak": _leak_json(leak) if leak is not None else None,
             }
+    last: dict[tuple[str | None, int], float] = {}
     for x in status.get("recent_xids", []):
         if isinstance(x.get("xid"), int):
-            x["meaning"], x["action"] = describe(x["xid"])
-    status["docks"] = [dock_json(store, d) for d in store.docks]
+            x["meaning"] = meaning(x["xid"])
+            x["action"] = xid_advice(store, alerts, x.get("uuid"), x["xid"], x.get("timestamp"))
+            last[(x.get("uuid"), x["xid"])] = max(last.get((x.get("uuid"), x["xid"]), 0.0), x.get("timestamp") or 0.0)
+    for c in status.get("xid_counts", []):
+        if isinstance(c.get("xid"), int):
+            c["action"] = xid_advice(store, alerts, c.get("uuid"), c["xid"], last.get((c.get("uuid"), c["xid"])))
+    status["docks"] = [dock_json(store, d, alerts) for d in store.docks]
     status["probe_results"] = _probe_results(store)
     status["receivers"] = receivers_json(dispatcher)
     return status

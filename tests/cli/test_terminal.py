@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gpuwatchd.runtime.terminal import terminal_safe
+from gpuwatchd.runtime.terminal import MAX_CHARS, terminal_safe
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "COLUMNS": "2000"}
@@ -126,7 +126,7 @@ async def test_silence_list_prints_hostile_comments_as_plain_characters(server: 
 def test_terminal_safe_keeps_printable_unicode_and_cuts() -> None:
     assert terminal_safe("büro-rechner 中文 ✓") == "büro-rechner 中文 ✓"
     assert terminal_safe("a\u200bb\u2066c\x7fd\x85e") == "a?b?c?d?e"
-    assert terminal_safe("n" * 500) == "n" * 199 + "…"
+    assert terminal_safe("n" * 1000) == "n" * (MAX_CHARS - 1) + "…"
     assert json.dumps(terminal_safe(EVIL)).isascii()
 
 

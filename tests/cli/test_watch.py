@@ -82,7 +82,7 @@ def test_watch_frame() -> None:
         assert cell in gpu, (cell, gpu)
     assert "gpu_idle" not in gpu  # not a throttle reason
     assert "TB3 2x20Gb/s" in out  # the Thunderbolt tunnel under the PCIe link
-    assert "thermal throttling 40% of the last 10 min -> clean the enclosure's fan" in out
+    assert "thermal throttling 40% of the last 10 min -> What to do: clean the enclosure's fan" in out
     leak_row = next(line for line in lines if " 100 " in line and "python" in line)
     assert "+720 MiB/min" in leak_row and "firing: full in 19m" in leak_row
     assert "GPU 0: 246 more processes" in out
@@ -157,3 +157,26 @@ def test_a_gone_gpu_is_was_gpu_n_and_a_jobs_alert_is_named_beside_healthy() -> N
     header = next(line for line in text_of(render_view(status, alerts, interval=2.0, now=0.0)).splitlines()
                   if "PID" in line)
     assert header.split() == ["GPU", "PID", "USER", "PROCESS", "OWNER", "GPU", "MEMORY", "TREND", "LEAK"]
+def test_status_shows_the_daemons_advice_and_never_a_catalog_code() -> None:
+    status, alerts = doc()
+    cat = {"mnemonic": "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "immediate_action": "RESTART_BM",
+           "investigatory_action": "CONTACT_SUPPORT", "severity": "critical"}
+    status["xid_counts"] = [{"uuid": UUID, "xid": 79, "count": 1, "catalog": cat, "action": "Re-plug the dock."},
+                            {"uuid": UUID, "xid": 13, "count": 2, "catalog": dict(cat, immediate_action="RESTART_APP",
+                                                                                  investigatory_action="")}]
+    alerts.append({"labels": {"alertname": "GpuRemoved", "gpu": "0"}, "state": "firing",
+                   "annotations": {"summary": "gone", "action": "Re-plug the dock."},
+                   "status": {"state": "active", "silencedBy": [], "inhibitedBy": []}})
+    out = render_status(status, alerts)
+    row79 = next(line for line in out.splitlines() if line.startswith("0    79"))
+    assert row79.endswith("Re-plug the dock.")
+    # A daemon from before the advice was in the status: the code's words, not its bucket.
+    row13 = next(line for line in out.splitlines() if line.startswith("0    13"))
+    assert "Restart the application" in row13
+    assert "RESTART_BM" not in out and "RESTART_APP" not in out and "CONTACT_SUPPORT" not in out
+    assert "What to do about GpuRemoved (GPU 0): Re-plug the dock." in out
+    assert "What to do: clean the enclosure's fan" in out  # the GPU's health advice
+    # Muted alerts' advice is not repeated (the GPU's own advice speaks for it).
+    assert "What to do about GpuThrottled" not in out
+    frame = text_of(render_view(status, alerts, interval=2.0, now=0.0))
+    assert "What to do about GpuRemoved (GPU 0): Re-plug the dock." in frame

@@ -56,7 +56,7 @@ def test_dead_pids_and_orphaned_memory_fire_then_resolve(sim: list[DaemonProcess
     summary = gone["annotations"]["summary"]
     assert "18.0 GiB held by pid 4242 (python), which no longer exists since" in summary
     assert "fuser -v /dev/nvidia*" in summary
-    assert "nvidia-smi --gpu-reset" in gone["annotations"]["description"]
+    assert "nvidia-smi --gpu-reset" in gone["annotations"]["action"]
     assert "a zombie (exited, not reaped by its parent)" in seen[("1", "5151")]["firing"]["annotations"]["summary"]
     orphaned = seen[("2", "")]["firing"]
     assert "9.0 GiB used with no process listed since" in orphaned["annotations"]["summary"]

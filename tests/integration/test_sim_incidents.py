@@ -32,8 +32,9 @@ GPU1 = "GPU-7d52c1a0-41a2-4c35-9a4f-0a2000a20000"  # internal
 DOCK_C = "9f5e0000-00b2-4e30-ac4d-c2d3e4f50617"  # the Akitio Node, unauthorized until 27 s
 # (uuid or dock, alertname, back at (scenario s), advice it must give, advice it must not give)
 INCIDENTS = {
-    "enclosure-power": (GPU0, "GpuLost", 12.0, "enclosure's power supply, then reboot", "Re-plug the dock (and"),
-    "internal-fall": (GPU1, "GpuLost", 12.0, "A reboot is needed", "Thunderbolt"),
+    "enclosure-power": (GPU0, "GpuLost", 12.0, "enclosure's power supply, then re-plug the dock; reboot if",
+                        "Re-plug the dock (and"),
+    "internal-fall": (GPU1, "GpuLost", 12.0, "Reboot the machine to recover the GPU", "Thunderbolt"),
     "cable-pull": (GPU0, "GpuRemoved", 26.0, "Re-plug the dock", "reboot to recover"),
     "unauthorized": (DOCK_C, "GpuDockUnauthorized", 27.0, f"boltctl enroll {DOCK_C}", "reboot"),
 }

@@ -263,7 +263,9 @@ def test_dock_unauthorized_shows_the_dock_and_boltctl(browser: Any, sims: dict[s
     dock = page.locator(f".dock[data-unique-id='{uid}']")
     dock.wait_for()
     assert "NOT authorized" in dock.inner_text()
-    assert dock.locator("code").inner_text() == f"boltctl enroll {uid}"
+    # The advice its GpuDockUnauthorized carries (rules/advice.py): the level is 'user', so enroll it.
+    assert f"boltctl enroll {uid}" in dock.locator(".action").inner_text()
+    assert "BIOS" not in dock.locator(".action").inner_text()
     page.screenshot(path=str(shots / "dock-unauthorized-phone.png"), full_page=True)
     assert log.errors == []
     ctx.close()
@@ -318,7 +320,7 @@ def test_page_keeps_going_when_the_daemon_goes_away(browser: Any, tmp_path: Path
         again = _start(tmp_path / "again", "--scenario", "dock-unauthorized", port=port)
         wait_until(lambda: serving(again), "the second sim to serve", START_SECONDS)
         # Retries back off to 30 s at most: within a minute the page shows the new daemon's dock.
-        page.wait_for_selector(".dock code:has-text('boltctl enroll')", timeout=60_000)
+        page.wait_for_selector(".dock .action:has-text('boltctl enroll')", timeout=60_000)
         assert page.locator("#conn").inner_text().startswith("live")
         ctx.close()
         # Failed fetches while it was down are what the page reports itself; no script error.

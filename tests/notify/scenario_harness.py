@@ -204,7 +204,7 @@ def check_unplug(hooks: list[Any], *, exact: bool = True) -> None:
     "NVRM: GPU at" line for the re-plugged GPU can be read after the first snapshot that shows it back, 1/30 of the
     moment it has at 1x), and tests/integration/test_sim_incidents.py counts the messages at 1x."""
     events = [
-        (a["status"], a["labels"]["alertname"], a["annotations"]["summary"], a["annotations"].get("description", ""))
+        (a["status"], a["labels"]["alertname"], a["annotations"]["summary"], a["annotations"].get("action", ""))
         for h in hooks
         for a in h["alerts"]
         if a["labels"]["alertname"] in ("GpuLost", "GpuRemoved")

@@ -53,7 +53,7 @@ def test_gone_pid_fires_after_the_hold_with_pid_amount_since_and_action() -> Non
     assert {k: a.labels[k] for k in ("uuid", "gpu", "pid")} == {"uuid": gpu().uuid, "gpu": "0", "pid": "4242"}
     assert "18.0 GiB held by pid 4242 (python), which no longer exists since 2023-11-14 22:14 UTC" in a.summary
     assert "fuser -v /dev/nvidia*" in a.summary and "reset" in a.summary
-    assert "nvidia-smi --gpu-reset" in a.description
+    assert "nvidia-smi --gpu-reset -i 0" in a.annotations["action"]
     assert a.annotations["held_bytes"] == str(18 * GIB)
     assert float(a.annotations["dead_since"]) == T0 + 60
 

@@ -36,15 +36,23 @@ def test_unauthorized_dock_says_how_to_authorize_it() -> None:
     assert got == (
         "GpuDockUnauthorized",
         "Thunderbolt dock Razer Core X (0-1) is attached but not authorized, so the GPU behind it cannot appear "
-        "(security level 'user'; authorize it: boltctl enroll uid-1)",
+        "(security level 'user')",
     )
-    assert "BIOS" in dock.UNAUTHORIZED_DESCRIPTION
+    (c,) = [c for c in dock.conditions(_store(replace(CORE, authorized=False)), 0.0, RulesConfig())
+            if c.level == "raise"]
+    # issue 28: the dock's level is already 'user': the advice is to enroll it, not to set the BIOS to 'user'.
+    assert c.annotations["action"].startswith("Authorize the dock: boltctl enroll uid-1")
+    assert "BIOS" not in c.annotations["action"] and "BIOS" not in c.description
 
 
 def test_dponly_points_at_the_bios_not_at_boltctl() -> None:
     ((_, summary),) = _raised(_store(replace(CORE, authorized=False, security="dponly")))
     assert "the BIOS security level is 'dponly', which never makes a PCIe tunnel" in summary
     assert "boltctl" not in summary
+    (c,) = [c for c in dock.conditions(_store(replace(CORE, authorized=False, security="dponly")), 0.0,
+                                       RulesConfig()) if c.level == "raise"]
+    assert c.annotations["action"].startswith("Set the Thunderbolt security level in the BIOS/UEFI to 'user' (it "
+                                              "is 'dponly'")
 
 
 @pytest.mark.parametrize(
@@ -95,13 +103,14 @@ def test_gpu_removed_names_the_dock_that_went_with_it() -> None:
     store.set_docks([])
     (c,) = [c for c in presence.conditions(store, 2.0, RulesConfig()) if c.name == "GpuRemoved"]
     assert ": its Thunderbolt dock Razer Core X (uid-1) was detached; the GPU no longer enumerated since" in c.summary
-    assert "Re-plug the dock" in c.description and "reboot" not in c.description.replace("no reboot", "")
-    assert c.annotations == {"dock": "Razer Core X"}
+    todo = c.annotations["action"]
+    assert "Re-plug the dock" in todo and "reboot" not in todo.replace("no reboot", "")
+    assert c.annotations == {"dock": "Razer Core X", "action": todo}
     assert "dock" not in c.labels
 
 
 def _raised_presence(store: Store, now: float) -> list[tuple[str, str, float | None]]:
-    return [(c.name, c.description, c.hold_for) for c in presence.conditions(store, now, RulesConfig())
+    return [(c.name, c.annotations["action"], c.hold_for) for c in presence.conditions(store, now, RulesConfig())
             if c.level == "raise"]  # fmt: skip
 
 
@@ -118,7 +127,7 @@ def test_one_alert_per_way_of_losing_a_gpu() -> None:
     store.apply(Snapshot(2.0, True, lost=(lost,)))
     ((name, advice, hold),) = _raised_presence(store, 2.0)
     assert (name, hold) == ("GpuLost", presence.DOCK_SETTLE_SECONDS)
-    assert "enclosure's power supply, then reboot" in advice
+    assert "enclosure's power supply, then re-plug the dock; reboot if" in advice
     # ... and it stays that one GpuLost when a fresh enumeration no longer lists it (the dock still attached).
     store.apply(Snapshot(3.0, True))
     assert [n for n, _, _ in _raised_presence(store, 3.0)] == ["GpuLost"]
@@ -131,4 +140,4 @@ def test_one_alert_per_way_of_losing_a_gpu() -> None:
     bare.apply(Snapshot(1.0, True, gpus=(gpu,)))
     bare.apply(Snapshot(2.0, True, lost=(lost,)))
     ((name, advice, hold),) = _raised_presence(bare, 2.0)
-    assert (name, hold) == ("GpuLost", None) and "A reboot is needed" in advice and "Thunderbolt" not in advice
+    assert (name, hold) == ("GpuLost", None) and "Reboot the machine" in advice and "Thunderbolt" not in advice

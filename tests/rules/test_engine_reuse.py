@@ -211,5 +211,7 @@ def test_rewording_an_alert_keeps_every_other_field() -> None:
     c = Condition("GpuTemperatureHigh", "warning", {}, "s2", "d2", value=2.0, annotations={"y": "2"})
     assert {f.name for f in fields(Alert)} == {"name", "severity", "labels", "summary", "description", "state",
                                                "active_at", "fired_at", "resolved_at", "value", "annotations"}
-    assert engine_mod._reworded(a, c, "firing", T0 + 2, labels=a.labels, annotations={"y": "2"}) == replace(
-        a, summary="s2", description="d2", value=2.0, annotations={"y": "2"}, state="firing", fired_at=T0 + 2)
+    assert engine_mod._reworded(a, c, "firing", T0 + 2, labels=a.labels, annotations=dict(c.annotations)) == replace(
+        a, summary="s2", description="d2", value=2.0, annotations=dict(c.annotations), state="firing",
+        fired_at=T0 + 2)
+    assert c.annotations["y"] == "2" and c.annotations["action"]  # the alertname's advice (rules/advice.py)

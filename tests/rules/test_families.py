@@ -112,7 +112,7 @@ def test_xid_fires_at_once_counts_repeats_and_resolves_after_quiet(store: Store)
     assert named(eng.evaluate(store, T0), "GpuXidError")[0].state == "pending"
     a = named(eng.evaluate(store, T0 + xid_rule.FALLEN_OFF_HOLD_SECONDS), "GpuXidError")[0]
     assert a.state == "firing" and a.severity == "critical" and a.labels["xid"] == "79"
-    assert "GPU_HAS_FALLEN_OFF_THE_BUS" in a.summary and "Reboot" in a.description and "once" in a.summary
+    assert "GPU_HAS_FALLEN_OFF_THE_BUS" in a.summary and "Reboot" in a.annotations["action"] and "once" in a.summary
     store.apply(snap(T0 + 300, gpu(), xid_events=(XidEvent(UUID, 79, T0 + 300),)))
     a2 = named(eng.evaluate(store, T0 + 301), "GpuXidError")[0]
     assert a2.active_at == T0 and a2.value == 2.0 and "2 times" in a2.summary

@@ -27,7 +27,7 @@ def test_an_action_fires_at_once_saying_which(value: int, severity: str, words: 
     assert (a.state, a.severity, a.labels["gpu"]) == ("firing", severity, "2")
     assert words in a.summary and a.labels["action"] == (ACTIONS[value].label if value in ACTIONS else "unknown_9")
     if value in (1, 4):
-        assert "nvidia-smi -r -i 2" in a.description
+        assert "nvidia-smi -r -i 2" in a.annotations["action"]
     store.apply(snap(T0 + 5, gpu(index=2, recovery_action=0)))
     (r,) = [a for a in eng.evaluate(store, T0 + 5) if a.name == "GpuRecoveryActionRequired"]
     assert (r.state, r.summary) == ("resolved", "GPU 2 (NVIDIA A10G): the driver asks for no recovery action any more")

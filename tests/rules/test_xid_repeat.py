@@ -43,7 +43,7 @@ def test_the_same_code_across_jobs_on_one_gpu_points_at_the_gpu() -> None:
     (c,) = conditions(_store(*events, now=now), now, RulesConfig())
     assert (c.name, c.severity, c.labels["xid"], c.value) == (REPEATED, "warning", "31", 3.0)
     assert "in 3 different jobs" in c.summary and "no other GPU of this host had it" in c.summary
-    assert "dcgmi diag" in c.description
+    assert "dcgmi diag" in c.annotations["action"]
 
 
 def test_without_pids_bursts_are_jobs() -> None:
@@ -69,7 +69,7 @@ def test_fatal_xids_coming_back_within_a_day_are_a_support_case() -> None:
     (c,) = conditions(_store(*two, _ev(14000, 119), now=now), now, RulesConfig())
     assert (c.name, c.severity, c.value) == (SUPPORT_CASE, "critical", 3.0)
     assert "3 fatal Xid episodes" in c.summary and "(Xid 48, 79, 119)" in c.summary
-    assert "nvidia-bug-report.sh" in c.description
+    assert "nvidia-bug-report.sh" in c.annotations["action"]
 
 
 def test_thresholds_are_config_and_the_window_ages_out() -> None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuwatchd.model import GpuSample, ProcessSample
+from gpuwatchd.rules import advice
 from gpuwatchd.rules.condition import (
     Condition,
     Level,
@@ -52,8 +53,9 @@ def _eta(v: Verdict) -> str:
     return f", full in ~{fmt_duration(v.eta_seconds)}" if v.eta_seconds is not None else ""
 
 
-def _annotations(t: Trend, v: Verdict) -> dict[str, str]:
+def _annotations(t: Trend, v: Verdict, kind: str) -> dict[str, str]:
     ann = {
+        advice.ACTION: advice.LEAK[kind],
         "sparkline": sparkline(t.envelope),
         "rate_bytes_per_second": f"{t.recent_rate:.0f}",
         "growth_bytes": f"{t.growth:.0f}",
@@ -378,19 +380,17 @@ def _process_name(p: ProcessSample) -> str:
 
 GPU_DESCRIPTION = (
     "The process' GPU memory keeps rising after warm-up (its floor rises, not just spikes). If it does not level "
-    "off, the job will fail with CUDA out-of-memory. Check for tensors kept across iterations (appending losses "
-    "or outputs without .detach()/.item(), growing caches, graphs retained), then restart the job; "
-    "torch.cuda.memory_summary() shows what holds the memory."
+    "off, the job will fail with CUDA out-of-memory."
 )
 UNATTRIBUTED_DESCRIPTION = (
     "GPU memory that no listed process accounts for keeps rising: a process not visible to this daemon (another "
     "container or PID namespace, MIG/vGPU), a driver-side leak (contexts not destroyed, leaked IPC handles), or "
-    "zombie CUDA contexts. Compare nvidia-smi with the process list; if it persists after jobs end, reset the GPU."
+    "zombie CUDA contexts."
 )
 HOST_RSS_DESCRIPTION = (
     "The host memory (RSS) of a process using this GPU keeps rising, typically pinned (page-locked) host buffers "
     "allocated per step and never freed (pin_memory, cudaHostAlloc, DataLoader workers). Pinned memory cannot be "
-    "swapped, so the host will run out before the GPU does. Restart the job and check its host-side buffers."
+    "swapped, so the host will run out before the GPU does."
 )
 
 
@@ -451,7 +451,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                         GPU_DESCRIPTION,
                         value=v.eta_seconds,
                         level=level,
-                        annotations={**_annotations(t, v), **owner},
+                        annotations={**_annotations(t, v, "gpu"), **owner},
                         hold_for=judged.hold_for,
                         fire_on_hold=False,
                         evidence=judged.evidence,
@@ -476,7 +476,7 @@ def conditions(view: RuleView, now: float, config: RulesConfig) -> list[Conditio
                             HOST_RSS_DESCRIPTION,
                             value=t.recent_rate,
                             level=level,
-                            annotations={**_annotations(t, v), **owner},
+                            annotations={**_annotations(t, v, "host_rss"), **owner},
                             hold_for=max(cfg.for_, cfg.host_rss_for),
                             fire_on_hold=False,
                             evidence=judged.evidence,
@@ -530,7 +530,7 @@ def _unattributed(
             UNATTRIBUTED_DESCRIPTION,
             value=v.eta_seconds,
             level=level,
-            annotations=_annotations(t, v),
+            annotations=_annotations(t, v, "unattributed"),
             hold_for=judged.hold_for,
             fire_on_hold=False,
             evidence=judged.evidence,

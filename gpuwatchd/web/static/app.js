@@ -138,25 +138,25 @@
         h("strong", {}, l.alertname || "?"), " ",
         h("span", { class: "muted" }, [sev, l.gpu !== undefined ? "GPU " + l.gpu : "", l.dock || ""]
           .filter(Boolean).join(" · ")),
-        h("p", {}, (a.annotations || {}).summary || ""));
+        h("p", {}, (a.annotations || {}).summary || ""),
+        label === "firing" && (a.annotations || {}).action ?
+          h("p", { class: "action" }, "What to do: " + a.annotations.action) : null);
     })));
   }
 
   // The daemon's verdict (gpu/health.py: state, reason, action_text); before its first one, what presence says.
+  // What to do is the daemon's advice (health.action_text: the text chat got for the same fault), never the
+  // page's own words.
   function health(g) {
     const hl = g.health;
-    if (hl && hl.state && hl.state !== "unknown") {
-      return { state: hl.state, reason: hl.reason, action: hl.action !== "none" ? (hl.action_text || hl.action) : null };
-    }
+    const action = hl && hl.action && hl.action !== "none" ? (hl.action_text || hl.action) : null;
+    if (hl && hl.state && hl.state !== "unknown") return { state: hl.state, reason: hl.reason, action };
     if (g.state === "lost") {
       return { state: "unhealthy", reason: "lost: the GPU stopped answering (fell off the bus or its dock was pulled)",
-        action: "check the cable or dock and the power; see the alerts for what to do" };
+        action };
     }
-    if (g.state === "removed") {
-      return { state: "unhealthy", reason: "removed: the GPU is gone from the bus",
-        action: "re-attach it (replug the dock) or check the slot; it comes back under the same UUID" };
-    }
-    return hl && hl.state ? { state: hl.state, reason: hl.reason, action: null } : null;
+    if (g.state === "removed") return { state: "unhealthy", reason: "removed: the GPU is gone from the bus", action };
+    return hl && hl.state ? { state: hl.state, reason: hl.reason, action } : null;
   }
 
   // A card per GPU, kept from one refresh to the next (its chart with it): only the card's own parts are redrawn.
@@ -408,7 +408,7 @@
     h("p", {}, d.authorized === false ? "Attached but NOT authorized: the GPU behind it cannot appear." :
       "Authorized; link " + gbit(d.rx_speed_bps) + " × " + (d.rx_lanes ?? "?") + " lanes" +
       (d.gpus && d.gpus.length ? "; GPUs: " + d.gpus.join(", ") : "; no GPU behind it")),
-    d.action ? h("p", { class: "action" }, "Authorize it: ", h("code", {}, d.action)) : null)));
+    d.action ? h("p", { class: "action" }, "What to do: " + d.action) : null)));
   }
 
   function renderXids(st, now) {
