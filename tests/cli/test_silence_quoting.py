@@ -21,8 +21,10 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 async def _silence(url: str, *args: str) -> tuple[int, str]:
+    # --timeout 120: the API is this test's own loop, which a loaded machine (CI beside other jobs) can keep from
+    # answering within the CLI's default 5 s; a refused silence must say why, not time out.
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuwatchd", "silence", "add", *args, "--url", url, cwd=ROOT, env=ENV,
+        sys.executable, "-m", "gpuwatchd", "silence", "add", *args, "--url", url, "--timeout", "120", cwd=ROOT, env=ENV,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 300)
     assert b"Traceback" not in err, err.decode()
