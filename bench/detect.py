@@ -18,6 +18,13 @@ after a 30-40 min plateau and the same leak's from the job's start), eta_error (
 true time-to-full at the first firing), detected_before_oom (share of leaks fired with >= 25 % of their time
 to full left).
 
+Part 1b, generated families (bench/leak_families.py, issue 29): warm-ups and leaks whose shape parameters are drawn
+from ranges written down before tuning, for the first ``--family-seeds`` tuning seeds and as many held-back seeds
+(only evaluated, never tuned on), simulated the same way and reported apart: per family the runs in target, false
+alerts (any kind), leaks late or missed (a fast one, >= 1 GiB/min, must fire before 30 % of its time to full has
+passed; a slow one with >= 30 % left), then a line per split: recall, false_alerts, late, fast_min_left,
+slow_min_left (lowest share of its time to full a leak had left), delay_s / delay_fast_s / delay_slow_s (medians).
+
 Part 2, lost_to_message_p99_s: the real path. The daemon runs in-process against the stand-in NVML driver (its
 NVML worker is a child process polling at the default 1 s) with a webhook receiver pointing at a local aiohttp
 sink; default notification routes (critical alerts: group_wait 0). One GPU at a time is marked lost in the
@@ -25,7 +32,8 @@ stand-in's state at a random moment; latency = sink receipt of the firing GpuLos
 stand-in cannot be built (no C compiler / NVML header) it falls back to engine + dispatcher in-process, fed at
 a simulated 1 s poll, and says so.
 
-Usage: python bench/detect.py [--seeds N] [--lost-runs N] [--lost-gpus N]
+Usage: python bench/detect.py [--seeds N] [--lost-runs N] [--lost-gpus N] [--family-seeds N] [--families-only]
+                              [--split both|tuning|held_back]
 Last line: recall=... false_alerts=... delay_s=... eta_error=... lost_to_message_p99_s=... delay_fast_s=...
 delay_slow_s=... detected_before_oom=... delay_slow_median_s=... min_time_left_ratio=... late_onset_extra_s=...
 """
@@ -48,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+import leak_families
 from leak_corpus import Case, leak_cases, nonleak_cases
 
 from gpuwatchd.config.types import validate
@@ -58,11 +67,9 @@ from gpuwatchd.store import Store
 
 MIB = 1024**2
 GIB = 1024**3
-TOTAL = 24 * GIB
 OVERHEAD = 300 * MIB  # driver/context memory not attributed to the process
 STEP = 5.0
 T0 = 1_700_000_000.0
-MINUTES = 100
 UUID = "GPU-bench-0000"
 
 # Leaks at or above this rate are "fast" (delay_fast_s): 1 GiB/min fills a 24 GiB GPU in well under half an hour.
@@ -94,13 +101,14 @@ def simulate(case: Case) -> Outcome:
     every leak.interval); a leak counts when its kind fires, a non-leak fails on any kind."""
     store = Store()
     engine = RulesEngine(RulesConfig(), host="bench")
-    capacity = TOTAL - OVERHEAD
+    total = case.total
+    capacity = total - OVERHEAD
     full_at: float | None = None
     fired: tuple[float, float | None] | None = None
     kinds = {case.kind} if case.leak_start is not None else {"gpu", "unattributed", "host_rss"}
     s = case.observe_from
     restarted = case.restart_at is None
-    while s <= MINUTES * 60:
+    while s <= case.minutes * 60:
         pid, used = case.series(s)
         extra = case.extra(s) if case.extra is not None else 0.0
         used = max(0.0, min(used, capacity - extra))
@@ -112,8 +120,8 @@ def simulate(case: Case) -> Outcome:
         rss = int(case.rss(s)) if case.rss is not None else None
         proc = ProcessSample(pid=pid, used_memory_bytes=int(used), name="python", host_rss_bytes=rss)
         mem = int(OVERHEAD + extra + used)
-        g = GpuSample(uuid=UUID, index=0, name="NVIDIA A10G", memory_total_bytes=TOTAL, memory_used_bytes=mem,
-                      memory_free_bytes=TOTAL - mem, processes=(proc,), processes_total=1)
+        g = GpuSample(uuid=UUID, index=0, name="NVIDIA A10G", memory_total_bytes=total, memory_used_bytes=mem,
+                      memory_free_bytes=total - mem, processes=(proc,), processes_total=1)
         store.apply(Snapshot(timestamp=T0 + s, nvml_ok=True, gpus=(g,)))
         if fired is None:
             for a in engine.evaluate(store, T0 + s):
@@ -218,6 +226,95 @@ def leak_figures(seeds: int) -> Figures:
         nonleaks=nonleaks,
         notes=notes,
     )
+
+
+# -- part 1b: generated families (bench/leak_families.py), tuning seeds and held-back seeds apart ---------------
+
+# Targets on the generated families (issue 29): a fast leak fires before this share of its time to full has
+# passed, a slow one with at least this share left.
+FAST_PASSED_SHARE = 0.3
+SLOW_LEFT_SHARE = 0.3
+
+
+@dataclass
+class SplitFigures:
+    runs: int
+    leaks: int
+    recall: float
+    false_alerts: list[str]
+    late: list[str]  # leaks fired past their target (or missed)
+    fast_min_left: float  # lowest share of its time to full a fast leak had left when it fired (missed: 0)
+    slow_min_left: float
+    delay_s: float  # median delay from leak start to firing, detected leaks
+    delay_fast_s: float
+    delay_slow_s: float
+    per_family: dict[str, str]
+
+
+def split_figures(seeds: range | list[int]) -> SplitFigures:
+    """The families' traces for ``seeds``: false alerts, recall, time left and delays."""
+    false_alerts, late, detected = [], [], 0
+    left: dict[bool, list[float]] = {True: [], False: []}
+    delays: dict[bool, list[float]] = {True: [], False: []}
+    fam: dict[str, list[int]] = {}
+    cases = leak_families.cases(seeds)
+    for case in cases:
+        o = simulate(case)
+        tally = fam.setdefault(case.family, [0, 0])
+        tally[1] += 1
+        if case.leak_start is None:
+            if o.fired_at is not None:
+                false_alerts.append(f"{case.name}@{o.fired_at:.0f}s")
+            else:
+                tally[0] += 1
+            continue
+        fast = case.rate_mib >= leak_families.FAST_RATE_MIB
+        full = o.full_at if o.full_at is not None else math.inf
+        to_full = full - case.leak_start
+        share = 0.0
+        if o.fired_at is not None and o.fired_at < full:
+            detected += 1
+            delays[fast].append(o.fired_at - case.leak_start)
+            share = (full - o.fired_at) / to_full if to_full < math.inf else 1.0
+        left[fast].append(share)
+        ok = share >= (1 - FAST_PASSED_SHARE if fast else SLOW_LEFT_SHARE)
+        tally[0] += ok
+        if not ok:
+            fired = "missed" if o.fired_at is None else f"{o.fired_at - case.leak_start:.0f}s"
+            late.append(f"{case.name}({fired} of {to_full:.0f}s, {share:.2f} left)")
+    leaks = len(left[True]) + len(left[False])
+    return SplitFigures(
+        runs=len(cases),
+        leaks=leaks,
+        recall=detected / leaks if leaks else math.nan,
+        false_alerts=false_alerts,
+        late=late,
+        fast_min_left=min(left[True], default=math.nan),
+        slow_min_left=min(left[False], default=math.nan),
+        delay_s=_median(delays[True] + delays[False]),
+        delay_fast_s=_median(delays[True]),
+        delay_slow_s=_median(delays[False]),
+        per_family={k: f"{ok}/{n}" for k, (ok, n) in fam.items()},
+    )
+
+
+def report_families(count: int, split: str = "both") -> None:
+    """Part 1b: the first ``count`` tuning seeds and the first ``count`` held-back seeds, reported apart
+    (``split``: only one of them, "tuning" while tuning)."""
+    for tag, seeds in (("tuning", leak_families.TUNING_SEEDS[:count]),
+                       ("held_back", leak_families.HELD_BACK_SEEDS[:count])):
+        if split not in ("both", tag):
+            continue
+        t0 = time.perf_counter()
+        f = split_figures(seeds)
+        print(f"families {tag} seeds {seeds.start}-{seeds.stop - 1}: {f.runs} runs, {f.leaks} leaks "
+              f"in {time.perf_counter() - t0:.1f}s")
+        print(f"  per family (in target/runs): {' '.join(f'{k}={v}' for k, v in f.per_family.items())}")
+        print(f"  false alerts: {', '.join(f.false_alerts) or '-'}")
+        print(f"  late or missed: {', '.join(f.late) or '-'}")
+        print(f"{tag}: recall={f.recall:.3f} false_alerts={len(f.false_alerts)} late={len(f.late)} "
+              f"fast_min_left={f.fast_min_left:.3f} slow_min_left={f.slow_min_left:.3f} delay_s={f.delay_s:.0f} "
+              f"delay_fast_s={f.delay_fast_s:.0f} delay_slow_s={f.delay_slow_s:.0f}")
 
 
 # -- part 2: GPU lost -> message -------------------------------------------------------------------------------
@@ -371,7 +468,16 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--lost-runs", type=int, default=3, help="daemon runs for the GPU-lost latency")
     ap.add_argument("--lost-gpus", type=int, default=8, help="GPUs lost one by one per run")
+    ap.add_argument("--family-seeds", type=int, default=8,
+                    help="generated families: this many tuning seeds and as many held-back seeds (0: none)")
+    ap.add_argument("--families-only", action="store_true", help="only the generated families (part 1b)")
+    ap.add_argument("--split", choices=("both", "tuning", "held_back"), default="both",
+                    help="the families' seeds to run (tuning: what may be looked at while tuning)")
     args = ap.parse_args()
+    if args.family_seeds:
+        report_families(args.family_seeds, args.split)
+    if args.families_only:
+        return
     t0 = time.perf_counter()
     fig = leak_figures(args.seeds)
     for n in fig.notes:

@@ -50,6 +50,9 @@ class Case:
     observe_from: float = 0.0  # the daemon starts watching this many seconds into the job
     restart_at: float | None = None  # the daemon restarts (history kept in its state dir) at this second
     pair: str | None = None  # late-onset pairs: ("fresh"|"late") + key
+    total: int = 24 * GIB  # the GPU's memory
+    minutes: float = 100.0  # how long the job is simulated (a leak's ground truth runs on until it is full)
+    family: str = ""  # bench/leak_families.py: the generated family it was drawn from
 
 
 def warm(s: float, level: float, over: float = 120.0) -> float:

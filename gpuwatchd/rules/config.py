@@ -128,6 +128,12 @@ class LeakRule(RuleSection, frozen=True):
     # How many times the growth left to the quadratic fit's peak must fit in the headroom for the rise to count
     # as levelling off (0: every flattening rise does).
     level_off_margin: Annotated[float, msgspec.Meta(ge=0)] = 3.0
+    # The trend of the rate across the evidence, for a young process (rules/leak/saturation.py): a rise whose recent
+    # half climbs at under warmup_rate_ratio of its early half's rate decelerates; followed as its rate decays, it
+    # levels off when warmup_margin times the growth still to come fits in the free memory: a warm-up (dynamic
+    # shapes, bucketed lengths, autotuning), not a leak, whichever evidence (short window, onset, window) judged it.
+    warmup_rate_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.8
+    warmup_margin: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     # A series whose start was not seen (the daemon started or lost its history while the job ran, and no flat
     # stretch precedes the growth) is judged on the window only, with these stricter shape tests and the full
     # for: hold (a saturating job seen from its middle looks linear for minutes).

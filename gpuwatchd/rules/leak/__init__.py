@@ -29,6 +29,7 @@ from gpuwatchd.rules.config import LeakRule, RulesConfig
 from gpuwatchd.rules.leak.ended import gone_processes, gpu_gone, stopped
 from gpuwatchd.rules.leak.flat import FlatSeries
 from gpuwatchd.rules.leak.onset import ONSET_BUCKET, candidates, find_onset, fit
+from gpuwatchd.rules.leak.saturation import levels_off
 from gpuwatchd.rules.leak.steps import MIN_STEPS, spreading, staircase
 from gpuwatchd.rules.leak.trend import Trend, Verdict, assess, measure, sparkline, theil_sen
 from gpuwatchd.store import ProcessPoint
@@ -276,12 +277,43 @@ def _judge(
         # decelerating, whichever window or onset passed it. "Growing" keeps a pending alert but cannot fire it.
         v = judged.verdict
         return Judged(judged.trend, Verdict(False, True, v.eta_seconds, v.eta_decision), judged.hold_for)
+    if (young or on_path) and free is not None and _warm_up(points, now, judged, cfg, free=free,
+                                                           appeared=appeared if young else None):
+        # Not a leak: the rate fell across the evidence and, followed as it decays, the rise levels off with room
+        # left (rules/leak/saturation.py). Nor "growing": the warm-up's next steps would fire a kept alert. Any
+        # process on the long window: a warm-up's tail of ever rarer bumps goes on for tens of minutes.
+        v = judged.verdict
+        return Judged(judged.trend, Verdict(False, False, v.eta_seconds, v.eta_decision), judged.hold_for)
     if young and on_path and free is not None and _levels_off(points, now - judged.trend.span / 2, judged, cfg):
         # Not a leak: the rise is flattening and, where it levels off, the GPU still has room. Nor "growing":
         # a pending alert kept alive through a saturating job's slow tail would fire on its next raise.
         v = judged.verdict
         return Judged(judged.trend, Verdict(False, False, v.eta_seconds, v.eta_decision), judged.hold_for)
     return judged
+
+
+# A process seen starting loads its model first (weights copied at GiB/s); the rise whose rate trend is judged
+# begins this long after it appeared, or the load's rate would make any rise after it look decelerating.
+LOAD_SECONDS = 30.0
+
+
+def _warm_up(points: list[tuple[float, float]], now: float, judged: Judged, cfg: LeakRule, *, free: float,
+             appeared: float | None) -> bool:
+    """The evidence behind a leak verdict, or the rise since its onset when that began before it (a young process'
+    whole warm-up: a window of a minute or two of it is nearly straight), decelerates and levels off with room
+    (saturation.levels_off); not asked of a series ending in a regular staircase (a staircase leak's thirds hold a
+    step more or less by chance)."""
+    since = now - judged.trend.span
+    if staircase([p for p in points if p[0] >= min(since, now - URGENT_WINDOWS[-1])], now) is not None:
+        return False
+    starts = {since}
+    if appeared is not None:
+        on = find_onset(points, settle=appeared + cfg.settle)
+        rise = max(appeared + LOAD_SECONDS, on.t if on is not None else appeared)
+        if rise < since:
+            starts.add(rise)
+    return any(levels_off(points, t, now, headroom=free, ratio=cfg.warmup_rate_ratio, margin=cfg.warmup_margin)
+               for t in starts)
 
 
 def _levels_off(points: list[tuple[float, float]], since: float, judged: Judged, cfg: LeakRule) -> bool:
