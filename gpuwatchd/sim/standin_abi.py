@@ -178,6 +178,9 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(r.symbol for r in READINGS) | fr
         "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         "nvmlDeviceGetGpuInstanceId",
         "nvmlDeviceGetComputeInstanceId",
+        # GPU fabric (nvml.h nvmlGpuFabricInfo_v2_t/_v3_t, Hopper and newer) and P2P status per pair (standin_fabric.c)
+        "nvmlDeviceGetGpuFabricInfoV",
+        "nvmlDeviceGetP2PStatus",
     ]
 )
 # Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).
