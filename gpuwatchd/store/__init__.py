@@ -449,6 +449,11 @@ class Store:
         if ev.series == "xid_reports":
             uuid, xid, source = ev.key
             bump(stats.xid_reports, (uuid, xid, source), self.series_dropped, "gpuwatchd_gpu_xid_reports_total")
+        elif ev.series == "sxid":
+            bump(stats.sxid, (ev.key[0], ev.key[1]), self.series_dropped, "gpuwatchd_nvswitch_sxid_errors_total")
+        elif ev.series == "sxid_fatal":
+            bump(stats.sxid_fatal, (ev.key[0], ev.key[1]), self.series_dropped,
+                 "gpuwatchd_nvswitch_sxid_fatal_errors_total")
         elif ev.series == "fallen_off_bus":
             bump(stats.fallen_off_bus, ev.key[0], self.series_dropped, "gpuwatchd_gpu_fallen_off_bus_total")
         else:
