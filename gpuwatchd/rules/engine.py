@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+import gpuwatchd.rules.fabric as fabric_rule
 import gpuwatchd.rules.nvlink as nvlink_rule
 import gpuwatchd.rules.recovery as recovery_rule
 from gpuwatchd.model import Alert, AlertState, fingerprint
@@ -83,6 +84,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
         "probe", probe.conditions, {"GpuProbeFailed": lambda c: c.probe, "GpuPerformanceDegraded": lambda c: c.probe}
     ),
     FamilySpec("nvlink", nvlink_rule.conditions, {"GpuNvlinkErrors": lambda c: c.nvlink}),
+    FamilySpec("fabric", fabric_rule.conditions, {"GpuFabricNotReady": lambda c: c.fabric}),
     FamilySpec("recovery", recovery_rule.conditions, {"GpuRecoveryActionRequired": lambda c: c.recovery}),
     FamilySpec("underutilized", underutilized_conditions, {"GpuUnderutilized": lambda c: c.underutilized}),
     FamilySpec("dead_process", dead_process.conditions,
