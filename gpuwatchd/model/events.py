@@ -87,6 +87,7 @@ class KernelLogCount:
 
     series: Literal["xid_reports", "fallen_off_bus", "aer", "sxid", "sxid_fatal"]
     key: tuple[str, ...]
+    t: float | None = None  # when it was logged (daemon clock); the SXid rule's window reads it
 
 
 @dataclass(frozen=True, slots=True)

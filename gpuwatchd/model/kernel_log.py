@@ -30,6 +30,9 @@ class KernelLogStats:
     # NVSwitch SXid errors: (switch PCI address, sxid) -> count, all and the fatal ones
     sxid: dict[tuple[str, str], int] = field(default_factory=dict)
     sxid_fatal: dict[tuple[str, str], int] = field(default_factory=dict)
+    # switch -> when its last SXid / last fatal SXid was logged (rules/nvswitch.py)
+    sxid_last: dict[str, float] = field(default_factory=dict)
+    sxid_fatal_last: dict[str, float] = field(default_factory=dict)
     last_seq: int | None = None
     driver_version: str | None = None
     version_mismatch: str | None = None

@@ -300,6 +300,13 @@ class FabricRule(RuleSection, frozen=True):
     for_: Duration = msgspec.field(default=120.0, name="for")
 
 
+class NvSwitchRule(RuleSection, frozen=True):
+    """``NvSwitchError``: SXid errors of an NVSwitch in the kernel log (critical when fatal)."""
+
+    # How long after its last SXid a switch's alert holds: SXids come in bursts (one per link, with detail lines).
+    window: PositiveDuration = 600.0
+
+
 class RecoveryRule(RuleSection, frozen=True):
     """``GpuRecoveryActionRequired``: the driver's GPU recovery action (nvmlDeviceGpuRecoveryAction_t) is not none."""
 
@@ -368,5 +375,6 @@ class RulesConfig(Section, frozen=True):
     nvlink: NvlinkRule = NvlinkRule()
     recovery: RecoveryRule = RecoveryRule()
     fabric: FabricRule = FabricRule()
+    nvswitch: NvSwitchRule = NvSwitchRule()
     underutilized: UnderutilizedRule = UnderutilizedRule()
     dead_process: DeadProcessRule = DeadProcessRule()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import gpuwatchd.rules.fabric as fabric_rule
 import gpuwatchd.rules.nvlink as nvlink_rule
+import gpuwatchd.rules.nvswitch as nvswitch_rule
 import gpuwatchd.rules.recovery as recovery_rule
 from gpuwatchd.model import Alert, AlertState, fingerprint
 from gpuwatchd.rules import (
@@ -85,6 +86,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
     ),
     FamilySpec("nvlink", nvlink_rule.conditions, {"GpuNvlinkErrors": lambda c: c.nvlink}),
     FamilySpec("fabric", fabric_rule.conditions, {"GpuFabricNotReady": lambda c: c.fabric}),
+    FamilySpec("nvswitch", nvswitch_rule.conditions, {"NvSwitchError": lambda c: c.nvswitch}),
     FamilySpec("recovery", recovery_rule.conditions, {"GpuRecoveryActionRequired": lambda c: c.recovery}),
     FamilySpec("underutilized", underutilized_conditions, {"GpuUnderutilized": lambda c: c.underutilized}),
     FamilySpec("dead_process", dead_process.conditions,

@@ -116,9 +116,9 @@ class KernelLogIngest:
                 self._fell(ev.pci_bus_id, t, counts)
         elif isinstance(ev, kp.Sxid):
             key = (ev.switch, str(ev.code))
-            counts.append(KernelLogCount("sxid", key))
+            counts.append(KernelLogCount("sxid", key, t))
             if ev.fatal:
-                counts.append(KernelLogCount("sxid_fatal", key))
+                counts.append(KernelLogCount("sxid_fatal", key, t))
             self._log_limit.log(log, logging.WARNING, "sxid", "kernel log: NVSwitch %s: %s (%s)", ev.switch,
                                 line[: kp.MAX_TEXT_CHARS], sxid_name(ev.code))
         elif isinstance(ev, kp.FallenOffBus):
