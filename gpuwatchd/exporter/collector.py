@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from gpuwatchd.exporter import attribution_families as af
 from gpuwatchd.exporter import dock_families as df
+from gpuwatchd.exporter import fabric_families as ff
 from gpuwatchd.exporter import gpm_families as gm
 from gpuwatchd.exporter import gpu_families as gf
 from gpuwatchd.exporter import health_families as hf
@@ -49,8 +50,8 @@ Group = Callable[[Store], Iterable[Metric]]
 
 def store_specs() -> list[Spec]:
     """Every family the store collector can export."""
-    found = [v for mod in (rf, gf, df, kf, pf, nf, gm, mf, hf, af, tf)
-             for v in vars(mod).values() if isinstance(v, Spec)]
+    mods = (rf, gf, df, kf, pf, nf, ff, gm, mf, hf, af, tf)
+    found = [v for mod in mods for v in vars(mod).values() if isinstance(v, Spec)]
     return [*found, COLLECT_ERRORS]
 
 
@@ -112,6 +113,7 @@ class StoreCollector(Collector):
             "self": lambda s: rf.self_families(s, self._build),
             "probes": pf.probe_families,
             "nvlink": self._per_gpu("nvlink", nf.nvlink_families),
+            "fabric": self._per_gpu("fabric", ff.fabric_families),
             "gpm": self._per_gpu("gpm", gm.gpm_families),
             "mig": self._per_gpu("mig", mf.mig_families),
             "gpu_health": hf.health_families,

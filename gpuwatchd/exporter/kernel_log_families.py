@@ -20,7 +20,7 @@ KLOG_ERROR = spec(
 )
 KLOG_LINES = spec(
     "gpuwatchd_kernel_log_lines_total", "counter",
-    "Kernel-log lines read, by what they were decoded as: xid, gpu_address (NVRM: GPU at PCI:... GPU-uuid),"
+    "Kernel-log lines read, by what they were decoded as: xid, sxid, gpu_address (NVRM: GPU at PCI:... GPU-uuid),"
     " fallen_off_bus, rm_init_failed, version_mismatch, driver_loaded, aer, pciehp, thunderbolt, other.",
     ("kind",),
 )
@@ -52,6 +52,19 @@ XID_REPORTS = spec(
     ("uuid", "xid", "source"),
 )
 
+SXID = spec(
+    "gpuwatchd_nvswitch_sxid_errors_total", "counter",
+    "NVSwitch errors the nvidia-nvswitch driver logged (SXid lines, one per error: the Fatal / Non-fatal headline),"
+    " by switch (its PCI address) and sxid code. Absent on hosts without NVSwitches.",
+    ("switch", "sxid"),
+)
+SXID_FATAL = spec(
+    "gpuwatchd_nvswitch_sxid_fatal_errors_total", "counter",
+    "The fatal ones among gpuwatchd_nvswitch_sxid_errors_total (the line said Fatal): NVLink traffic through the"
+    " switch stalls until the GPUs and switches are reset.",
+    ("switch", "sxid"),
+)
+
 
 def kernel_log_families(store: Store) -> list[Metric]:
     stats = store.kernel_log
@@ -71,4 +84,8 @@ def kernel_log_families(store: Store) -> list[Metric]:
         f.add(AER, (uuid, severity), count)
     for key, count in sorted(stats.xid_reports.items()):
         f.add(XID_REPORTS, key, count)
+    for (switch, code), count in sorted(stats.sxid.items()):
+        f.add(SXID, (switch, code), count)
+    for (switch, code), count in sorted(stats.sxid_fatal.items()):
+        f.add(SXID_FATAL, (switch, code), count)
     return f.metrics()

@@ -52,6 +52,7 @@ _ALERT_EVIDENCE: dict[str, tuple[HealthState, HealthState, HealthAction, HealthA
     "GpuThrottled": ("degraded", "degraded", "inspect_hardware", "inspect_hardware"),
     "GpuNvlinkErrors": ("unhealthy", "degraded", "reset_gpu", "reset_gpu"),
     "GpuRecoveryActionRequired": ("unhealthy", "degraded", "reset_gpu", "reset_gpu"),
+    "GpuFabricNotReady": ("unhealthy", "unhealthy", "reboot", "reboot"),
     "GpuMemoryHeldByDeadProcess": ("degraded", "degraded", "reset_gpu", "reset_gpu"),
     "GpuXidRepeated": ("unhealthy", "degraded", "inspect_hardware", "inspect_hardware"),
     "GpuXidSupportCase": ("unhealthy", "unhealthy", "inspect_hardware", "inspect_hardware"),

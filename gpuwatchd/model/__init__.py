@@ -169,6 +169,14 @@ class GpuSample:
     nvlink_receive_bytes_total: dict[str, int] = field(default_factory=dict)
     # nvmlDeviceGpuRecoveryAction_t from field value NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, ...
     recovery_action: int | None = None
+    # GPU fabric registration (sources/nvml/worker/fabric.py; NVSwitch systems, Hopper and newer; None: no fabric):
+    # NVML_GPU_FABRIC_STATE_* (1 not started, 2 in progress, 3 completed), the registration's nvmlReturn_t, ids
+    fabric_state: int | None = None
+    fabric_status: int | None = None
+    fabric_clique_id: int | None = None
+    fabric_cluster_uuid: str | None = None
+    # P2P status toward each other GPU: peer uuid -> capability (read, write, nvlink) -> nvmlGpuP2PStatus_t (0 OK)
+    p2p_status: dict[str, dict[str, int]] = field(default_factory=dict)
     mig_mode_current: bool | None = None
     # processes, top-N by GPU memory (N from config)
     processes: tuple[ProcessSample, ...] = ()

@@ -82,10 +82,12 @@ class KernelLogRead:
 @dataclass(slots=True)  # a value all the same: one a kernel-log record, and frozen's __init__ costs 0.4 us
 class KernelLogCount:
     """One more in a series the kernel log counts by label: ``xid_reports`` (uuid, xid, source), ``fallen_off_bus``
-    (uuid,) or ``aer`` (uuid, severity). A new key past the family's series limit counts in ``series_dropped``."""
+    (uuid,), ``aer`` (uuid, severity), ``sxid`` / ``sxid_fatal`` (switch, sxid).
+    A new key past the family's series limit counts in ``series_dropped``."""
 
-    series: Literal["xid_reports", "fallen_off_bus", "aer"]
+    series: Literal["xid_reports", "fallen_off_bus", "aer", "sxid", "sxid_fatal"]
     key: tuple[str, ...]
+    t: float | None = None  # when it was logged (daemon clock); the SXid rule's window reads it
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 # The `kind` label of gpuwatchd_kernel_log_lines_total: every line is counted under one of these
 # (sources/kmsg/parse.py classifies a line).
 KINDS = (
-    "xid", "gpu_address", "fallen_off_bus", "rm_init_failed", "version_mismatch", "driver_loaded", "aer",
+    "xid", "sxid", "gpu_address", "fallen_off_bus", "rm_init_failed", "version_mismatch", "driver_loaded", "aer",
     "pciehp", "thunderbolt", "other", "malformed",
 )
 
@@ -27,6 +27,12 @@ class KernelLogStats:
     fallen_off_bus: dict[str, int] = field(default_factory=dict)  # uuid -> count
     aer: dict[tuple[str, str], int] = field(default_factory=dict)  # (uuid, severity) -> count
     xid_reports: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (uuid, xid, source) -> count
+    # NVSwitch SXid errors: (switch PCI address, sxid) -> count, all and the fatal ones
+    sxid: dict[tuple[str, str], int] = field(default_factory=dict)
+    sxid_fatal: dict[tuple[str, str], int] = field(default_factory=dict)
+    # switch -> when its last SXid / last fatal SXid was logged (rules/nvswitch.py)
+    sxid_last: dict[str, float] = field(default_factory=dict)
+    sxid_fatal_last: dict[str, float] = field(default_factory=dict)
     last_seq: int | None = None
     driver_version: str | None = None
     version_mismatch: str | None = None

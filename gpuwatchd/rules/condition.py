@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from gpuwatchd.model import DockSample, GpuPresence, GpuSample, ProcessOwner, Severity, Snapshot, XidEvent
+from gpuwatchd.model.kernel_log import KernelLogStats
 from gpuwatchd.rules import advice
 from gpuwatchd.store import GpuPoint, ProcessPoint
 
@@ -77,6 +78,9 @@ class RuleView(Protocol):
 
     @property
     def presence(self) -> Mapping[str, GpuPresence]: ...
+
+    @property
+    def kernel_log(self) -> KernelLogStats | None: ...  # None: the kernel-log source is off
 
     @property
     def recent_xids(self) -> deque[XidEvent]: ...

@@ -303,6 +303,20 @@ class NvlinkRule(RuleSection, frozen=True):
     keep_firing_for: Duration = 600.0
 
 
+class FabricRule(RuleSection, frozen=True):
+    """``GpuFabricNotReady``: a GPU of an NVLink fabric not registered with it (nvmlDeviceGetGpuFabricInfoV)."""
+
+    # Registration takes seconds after the driver and the Fabric Manager start; 2 min covers a slow boot.
+    for_: Duration = msgspec.field(default=120.0, name="for")
+
+
+class NvSwitchRule(RuleSection, frozen=True):
+    """``NvSwitchError``: SXid errors of an NVSwitch in the kernel log (critical when fatal)."""
+
+    # How long after its last SXid a switch's alert holds: SXids come in bursts (one per link, with detail lines).
+    window: PositiveDuration = 600.0
+
+
 class RecoveryRule(RuleSection, frozen=True):
     """``GpuRecoveryActionRequired``: the driver's GPU recovery action (nvmlDeviceGpuRecoveryAction_t) is not none."""
 
@@ -370,5 +384,7 @@ class RulesConfig(Section, frozen=True):
     rule_failing: RuleFailingRule = RuleFailingRule()
     nvlink: NvlinkRule = NvlinkRule()
     recovery: RecoveryRule = RecoveryRule()
+    fabric: FabricRule = FabricRule()
+    nvswitch: NvSwitchRule = NvSwitchRule()
     underutilized: UnderutilizedRule = UnderutilizedRule()
     dead_process: DeadProcessRule = DeadProcessRule()

@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+import gpuwatchd.rules.fabric as fabric_rule
 import gpuwatchd.rules.nvlink as nvlink_rule
+import gpuwatchd.rules.nvswitch as nvswitch_rule
 import gpuwatchd.rules.recovery as recovery_rule
 from gpuwatchd.model import Alert, AlertState, fingerprint
 from gpuwatchd.rules import (
@@ -87,6 +89,8 @@ FAMILIES: tuple[FamilySpec, ...] = (
         "probe", probe.conditions, {"GpuProbeFailed": lambda c: c.probe, "GpuPerformanceDegraded": lambda c: c.probe}
     ),
     FamilySpec("nvlink", nvlink_rule.conditions, {"GpuNvlinkErrors": lambda c: c.nvlink}),
+    FamilySpec("fabric", fabric_rule.conditions, {"GpuFabricNotReady": lambda c: c.fabric}),
+    FamilySpec("nvswitch", nvswitch_rule.conditions, {"NvSwitchError": lambda c: c.nvswitch}),
     FamilySpec("recovery", recovery_rule.conditions, {"GpuRecoveryActionRequired": lambda c: c.recovery}),
     FamilySpec("underutilized", underutilized_conditions, {"GpuUnderutilized": lambda c: c.underutilized}),
     FamilySpec("dead_process", dead_process.conditions,

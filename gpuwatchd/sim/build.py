@@ -22,7 +22,7 @@ from gpuwatchd.sim.state import STANDIN_SYMBOLS
 SONAME = "libnvidia-ml.so.1"
 SOURCE = Path(__file__).with_name("standin.c")  # the exported API; its helpers sit next to it
 SOURCES = (SOURCE, SOURCE.with_name("standin_state.c"), SOURCE.with_name("standin_procutil.c"),
-           SOURCE.with_name("standin_nvlink.c"),
+           SOURCE.with_name("standin_nvlink.c"), SOURCE.with_name("standin_fabric.c"),
            SOURCE.with_name("standin_gpm.c"),
            SOURCE.with_name("standin_mig.c"))
 HEADERS = (SOURCE.with_name("standin.h"), SOURCE.with_name("standin_readings.def"))

@@ -138,6 +138,12 @@ def device_schema() -> dict[str, Any]:
     schema.setdefault("pcie_lane_errors", [0])  # devices[N].pcie_lane_errors[L]
     schema.setdefault("temperature_margin", 0)
     schema.setdefault("cuda_compute_capability", [0, 0])  # [major, minor]: unset (NOT_SUPPORTED) by default
+    from gpuwatchd.sim.state_fabric import FABRIC_KEYS, P2P_CAPS
+
+    if schema.get("fabric") is None:  # devices[N].fabric.state (sim/state_fabric.py)
+        schema["fabric"] = {**dict.fromkeys(FABRIC_KEYS, 0), "status": "SUCCESS", "cluster_uuid": "0" * 32}
+    if schema.get("p2p") is None:  # devices[N].p2p.*.nvlink: every peer's
+        schema["p2p"] = {"*": dict.fromkeys(P2P_CAPS, 0)}
     if schema.get("recovery_action") is None:
         schema["recovery_action"] = 0
     from gpuwatchd.sim.gpm_state import gpm_schema

@@ -136,6 +136,8 @@ static int valid_handle(nvmlDevice_t h) {
     return h >= &handles[0] && h < &handles[enum_n];
 }
 
+int peer_slot(nvmlDevice_t h) { return valid_handle(h) ? h->slot : -1; }
+
 static int delay_for(const sdev *d, int fid) {
     if (!d->has_overrides) return 0;
     return d->delay[fid] ? d->delay[fid] : d->delay_all;

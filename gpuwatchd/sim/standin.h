@@ -53,7 +53,7 @@
     X(nvmlGpmQueryDeviceSupport) X(nvmlGpmSampleGet) X(nvmlGpmMigSampleGet) X(nvmlGpmMetricsGet) \
     X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetMigDeviceHandleByIndex) X(nvmlDeviceIsMigDeviceHandle) \
     X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle) X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId) \
-    X(nvmlDeviceGetCudaComputeCapability)
+    X(nvmlDeviceGetCudaComputeCapability) X(nvmlDeviceGetGpuFabricInfoV) X(nvmlDeviceGetP2PStatus)
 
 #define AS_ENUM(n) F_##n,
 #define AS_NAME(n) #n,
@@ -77,6 +77,11 @@ enum {
 #define FIELD_VALUE_COUNT 12
 /* PCIe lanes whose NVML_FI_DEV_PCIE_COUNT_LANE_ERROR (scopeId = lane) the state can set: x16 is the widest link */
 #define PCIE_MAX_LANES 16
+
+/* P2P status lines the state can set (standin_fabric.c): peers by enumeration index, and the capabilities
+ * nvmlGpuP2PCapsIndex_t names before UNKNOWN (read write nvlink atomics pci) */
+#define P2P_MAX_PEERS 64
+#define P2P_CAPS 5
 
 /* NVLink per-link counters the state can set (standin_nvlink.c) */
 #define NVLINK_COUNTERS 6
@@ -122,6 +127,10 @@ typedef struct {
     long long evtypes;
     long long nvc[NVML_NVLINK_MAX_LINKS][NVLINK_COUNTERS]; /* standin_nvlink.c: per link tx rx crc_flit crc_data replay recovery */
     long long recovery_action; /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION */
+    long long fabric[5]; /* standin_fabric.c: state status clique_id health_mask health_summary; state UNSET: none */
+    unsigned char fabric_cluster[NVML_GPU_FABRIC_UUID_LEN];
+    int p2p_set; /* any p2p line: nvmlDeviceGetP2PStatus answers */
+    long long p2p[P2P_MAX_PEERS + 1][P2P_CAPS]; /* [0] the p2p_default line, [1 + peer index] a peer's */
     int nproc[2]; /* compute, graphics; -1: not supported */
     sproc *proc[2];
     slist putil; /* per-process utilization samples, 8 numbers each (standin_procutil.c); n -1: not supported */
@@ -195,6 +204,13 @@ int nvlink_field_value(const sdev *d, nvmlFieldValue_t *v); /* 1: the id is NVLi
 int parse_nvlink_counters(sdev *d, char *a);
 void nvlink_defaults(sdev *d);
 int standin_parse_nums(char *s, long long *out, int max);
+
+/* standin_fabric.c: fabric info and P2P status; their state lines and defaults. standin.c: a GPU handle's
+ * enumeration slot (-1: not a GPU handle), without reloading the state. */
+void fabric_defaults(sdev *d);
+int parse_fabric_cluster(sdev *d, const char *a);
+int parse_p2p(sdev *d, long long peer, const long long *st);
+int peer_slot(nvmlDevice_t h);
 
 /* standin_state.c: defaults of a device block, and one `key args` line of it (also used for MIG blocks). */
 void dev_defaults(sdev *d);

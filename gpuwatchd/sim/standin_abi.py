@@ -180,6 +180,9 @@ OVERRIDABLE_SYMBOLS: frozenset[str] = frozenset(r.symbol for r in READINGS) | fr
         "nvmlDeviceGetComputeInstanceId",
         # The GPU's CUDA compute capability (which torch builds have kernels for it: gpuwatchd doctor)
         "nvmlDeviceGetCudaComputeCapability",
+        # GPU fabric (nvml.h nvmlGpuFabricInfo_v2_t/_v3_t, Hopper and newer) and P2P status per pair (standin_fabric.c)
+        "nvmlDeviceGetGpuFabricInfoV",
+        "nvmlDeviceGetP2PStatus",
     ]
 )
 # Everything the stand-in exports (and so everything build_standin(omit=...) may leave out).

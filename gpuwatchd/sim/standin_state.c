@@ -61,6 +61,7 @@ void dev_defaults(sdev *d) {
     d->pcie_lanes.n = -1;
     d->evtypes = (long long)nvmlEventTypeAll; /* docs/sim-state.md: default is every event bit */
     nvlink_defaults(d);
+    fabric_defaults(d);
 }
 
 /* Parse whitespace-separated integers ("-" = unset) from s. Returns the count, or -1 on garbage. */
@@ -219,6 +220,15 @@ int parse_device_line(sdev *d, const char *key, char *a) {
     else if (!strcmp(key, "nvlink")) return parse_list(a, &d->nvlink);
     else if (!strcmp(key, "nvlink_counters")) return parse_nvlink_counters(d, a);
     else if (!strcmp(key, "recovery_action")) return parse_fixed(a, &d->recovery_action, 1);
+    else if (!strcmp(key, "fabric")) return parse_fixed(a, d->fabric, 5) || d->fabric[0] == UNSET ? -1 : 0;
+    else if (!strcmp(key, "fabric_cluster")) return parse_fabric_cluster(d, a);
+    else if (!strcmp(key, "p2p") || !strcmp(key, "p2p_default")) {
+        long long v[P2P_CAPS + 1];
+        int peer_line = !strcmp(key, "p2p");
+        v[0] = -1;
+        if (parse_fixed(a, peer_line ? v : v + 1, peer_line ? P2P_CAPS + 1 : P2P_CAPS)) return -1;
+        return v[0] == UNSET ? -1 : parse_p2p(d, v[0], v + 1);
+    }
     else if (!strcmp(key, "mig_mode")) return parse_fixed(a, d->mig, 2);
     else if (!strcmp(key, "supported_event_types")) return parse_fixed(a, &d->evtypes, 1);
     else if (!strcmp(key, "processes_compute")) return parse_procs(a, d, 0);

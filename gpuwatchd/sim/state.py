@@ -60,6 +60,7 @@ from gpuwatchd.sim.state_encode import (
     _list,
     _str,
 )
+from gpuwatchd.sim.state_fabric import encode_fabric
 from gpuwatchd.sim.state_mig import encode_mig_devices
 
 __all__ = [
@@ -161,6 +162,8 @@ _DEVICE_KEYS = {
     "nvlink",
     "nvlink_counters",
     "recovery_action",
+    "fabric",  # GPU fabric and P2P status (sim/state_fabric.py)
+    "p2p",
     "mig_mode",
     "supported_event_types",
     "processes",
@@ -257,6 +260,7 @@ def _encode_device(e: _Enc, p: str, d: dict[str, Any]) -> None:
                 raise _fail(f"{p}.{key}", f"at most {cap} entries")
             e.put(key, *(_int(f"{p}.{key}[{i}]", x, 0, hi) for i, x in enumerate(vals)))
     _encode_nvlink_counters(e, p, d)
+    encode_fabric(e, p, d)
     if d.get("recovery_action") is not None:
         e.put("recovery_action", _int(f"{p}.recovery_action", d["recovery_action"], 0, _U32))
     if d.get("retired_pages") is not None:

@@ -55,6 +55,13 @@ from gpuwatchd.store.training import TrainingLedger
 DEFAULT_RETENTION_SECONDS = 3600.0  # the longest rule window (leak trend) needs about an hour
 DEFAULT_STEP_SECONDS = 5.0  # 720 points per series: enough for a trend, small enough for 16 GPUs x top-N pids
 MAX_XID_EVENTS = 1024  # recent Xid events kept for the status API; counters are kept forever
+MAX_SXID_SWITCHES = 64  # an HGX board has 4 NVSwitches, a GB200 NVL72 tray 2: forged addresses stop here
+
+
+def _stamp(last: dict[str, float], switch: str, t: float | None) -> None:
+    """When ``switch`` last logged an SXid (a bounded map: a new switch past the limit is not tracked)."""
+    if t is not None and (switch in last or len(last) < MAX_SXID_SWITCHES):
+        last[switch] = t
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,6 +461,13 @@ class Store:
         if ev.series == "xid_reports":
             uuid, xid, source = ev.key
             bump(stats.xid_reports, (uuid, xid, source), self.series_dropped, "gpuwatchd_gpu_xid_reports_total")
+        elif ev.series == "sxid":
+            bump(stats.sxid, (ev.key[0], ev.key[1]), self.series_dropped, "gpuwatchd_nvswitch_sxid_errors_total")
+            _stamp(stats.sxid_last, ev.key[0], ev.t)
+        elif ev.series == "sxid_fatal":
+            bump(stats.sxid_fatal, (ev.key[0], ev.key[1]), self.series_dropped,
+                 "gpuwatchd_nvswitch_sxid_fatal_errors_total")
+            _stamp(stats.sxid_fatal_last, ev.key[0], ev.t)
         elif ev.series == "fallen_off_bus":
             bump(stats.fallen_off_bus, ev.key[0], self.series_dropped, "gpuwatchd_gpu_fallen_off_bus_total")
         else:

@@ -375,6 +375,7 @@ NOT_ROWS = {
     "pcie_errors_total", "pcie_lane_errors_total", "processes", "processes_total",
     "nvlink_states", "nvlink_errors_total", "nvlink_transmit_bytes_total", "nvlink_receive_bytes_total",
     "recovery_action",
+    "fabric_state", "fabric_status", "fabric_clique_id", "fabric_cluster_uuid", "p2p_status",  # fabric_families.py
     "gpm_graphics_activity_ratio", "gpm_sm_activity_ratio", "gpm_sm_occupancy_ratio", "gpm_tensor_activity_ratio",
     "gpm_tensor_pipe_activity_ratio", "gpm_pipe_activity_ratio", "gpm_dram_activity_ratio",
     "gpm_pcie_bytes_per_second", "gpm_nvlink_bytes_per_second",

@@ -18,6 +18,7 @@ CONTRACT_NAMES = {"idle", "leak", "plateau", "throttle-thermal", "power-brake", 
                   "mig", "gpm-training"}
 CONTRACT_NAMES |= {"underutilized"}  # issue 10
 CONTRACT_NAMES |= {"nvlink-errors", "recovery-action"}  # issue 10
+CONTRACT_NAMES |= {"hgx-8gpu", "fabric-gpu-unregistered", "nvlink-down"}  # issue 32
 CONTRACT_NAMES |= {"egpu-flaky-cable"}  # issue 16
 CONTRACT_NAMES |= {"attribution"}  # issue 19
 CONTRACT_NAMES |= {"xid-repeat"}  # issue 22

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from gpuwatchd.gpu.sxid_catalog import sxid_name
 from gpuwatchd.model import (
     GpuLostEvent,
     KernelLogCount,
@@ -80,7 +81,7 @@ class KernelLogIngest:
                 self._malformed(f"{type(e).__name__}: {e}")
                 continue
             kinds.append(kp.kind_of(event))
-            if history and isinstance(event, kp.Xid | kp.FallenOffBus | kp.AerError):
+            if history and isinstance(event, kp.Xid | kp.Sxid | kp.FallenOffBus | kp.AerError):
                 continue
             if event is not None and not isinstance(event, kp.Malformed):
                 self._event(event, line.strip(), t, counts)
@@ -113,6 +114,13 @@ class KernelLogIngest:
                 self.store.ingest(xid)
             if ev.code == XID_FALLEN_OFF:
                 self._fell(ev.pci_bus_id, t, counts)
+        elif isinstance(ev, kp.Sxid):
+            key = (ev.switch, str(ev.code))
+            counts.append(KernelLogCount("sxid", key, t))
+            if ev.fatal:
+                counts.append(KernelLogCount("sxid_fatal", key, t))
+            self._log_limit.log(log, logging.WARNING, "sxid", "kernel log: NVSwitch %s: %s (%s)", ev.switch,
+                                line[: kp.MAX_TEXT_CHARS], sxid_name(ev.code))
         elif isinstance(ev, kp.FallenOffBus):
             self._fell(ev.pci_bus_id, t, counts)
         elif isinstance(ev, kp.AerError):

@@ -53,6 +53,25 @@ class Xid:
 
 
 @dataclass(frozen=True, slots=True)
+class Sxid:
+    """An NVSwitch error's headline line (the one that says Fatal or Non-fatal; its Severity / Data lines that
+    follow with the same code are :class:`SxidDetail`)."""
+
+    switch: str  # the NVSwitch's PCI address, store form (00000000:05:00.0)
+    code: int
+    fatal: bool
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SxidDetail:
+    """A continuation line of an SXid report (``Severity 0 Engine instance ...``, ``Data {...}``): not a new error."""
+
+    switch: str
+    code: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpuAddress:
     pci_bus_id: str
     uuid: str
@@ -110,12 +129,13 @@ class Thunderbolt:
 
 
 KernelEvent = (
-    Xid | GpuAddress | FallenOffBus | RmInitFailed | VersionMismatch | DriverLoaded | AerError | PciehpLink
-    | Thunderbolt | Malformed
+    Xid | Sxid | SxidDetail | GpuAddress | FallenOffBus | RmInitFailed | VersionMismatch | DriverLoaded | AerError
+    | PciehpLink | Thunderbolt | Malformed
 )
 
 _KIND: dict[type, str] = {
-    Xid: "xid", GpuAddress: "gpu_address", FallenOffBus: "fallen_off_bus", RmInitFailed: "rm_init_failed",
+    Xid: "xid", Sxid: "sxid", SxidDetail: "sxid",
+    GpuAddress: "gpu_address", FallenOffBus: "fallen_off_bus", RmInitFailed: "rm_init_failed",
     VersionMismatch: "version_mismatch", DriverLoaded: "driver_loaded", AerError: "aer", PciehpLink: "pciehp",
     Thunderbolt: "thunderbolt", Malformed: "malformed",
 }
@@ -244,6 +264,15 @@ def _cut(text: str, limit: int = MAX_TEXT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
+# nvidia-nvswitch1: SXid (PCI:0000:02:00.0): 22013, Non-fatal, Link 00 Minion Link DLREQ interrupt  (nvtrust#124)
+# nvidia-nvswitch1: SXid (PCI:0000:02:00.0): 22013, Severity 0 Engine instance 00 Sub-engine instance 00
+# nvidia-nvswitch1: SXid (PCI:0000:84:00.0): 12028, Data {0x000001c0, 0x00bd5c8a, ...}             (gpud#338)
+# The driver prints the code as %05d; the headline says Fatal or Non-fatal, the lines after it repeat the code.
+_SXID = re.compile(rf"nvidia-nvswitch[0-9]*: SXid \(({_PCI})\): ([^,\s]+)(?:,\s*(.*))?$")
+_SXID_SEVERITY = re.compile(r"(Fatal|Non-fatal)\b", re.IGNORECASE)
+SXID_DIGITS = 5  # %05d: the Fabric Manager guide's codes run 1xxxx..2xxxx
+
+
 def parse_xid(line: str) -> Xid | Malformed | None:
     """An Xid line; :class:`Malformed` when its code or pid is not a plausible number; None for other lines."""
     m = _XID.search(line)
@@ -269,11 +298,29 @@ def parse_xid(line: str) -> Xid | Malformed | None:
     return Xid(address, code, pid, process, _cut(rest))
 
 
+def parse_sxid(line: str) -> Sxid | SxidDetail | Malformed | None:
+    """An NVSwitch SXid line; :class:`Malformed` when its code is not a plausible number; None for other lines."""
+    m = _SXID.search(line)
+    if m is None:
+        return None
+    switch = _pci(m.group(1))
+    code = ascii_uint(m.group(2), SXID_DIGITS)
+    if switch is None or code is None or code < 1:
+        return Malformed(f"SXid code not 1..{SXID_DIGITS} digits")
+    rest = m.group(3) or ""
+    word = _SXID_SEVERITY.match(rest)
+    if word is None:
+        return SxidDetail(switch, code)
+    return Sxid(switch, code, word.group(1).lower() == "fatal", _cut(rest))
+
+
 def classify(line: str) -> KernelEvent | None:
     """The GPU-relevant meaning of one log line (message text only, no timestamp); None for any other line."""
     line = line.rstrip()
     if "NVRM" in line:
         return _classify_nvrm(line)
+    if "SXid" in line:
+        return parse_sxid(line)
     if "AER:" in line:
         m = _AER.search(line)
         if m is not None:

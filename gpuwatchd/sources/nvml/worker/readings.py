@@ -20,6 +20,7 @@ import pynvml as N
 
 from gpuwatchd.sources.nvml.protocol import log_line
 from gpuwatchd.sources.nvml.worker.errors import ABSENT_CODES, LOST_CODES, NvmlGpuLost, reason
+from gpuwatchd.sources.nvml.worker.fabric import p2p_reader, read_fabric
 from gpuwatchd.sources.nvml.worker.field_values import FieldId, FieldValues
 from gpuwatchd.sources.nvml.worker.gpm import GpmReading
 from gpuwatchd.sources.nvml.worker.nvlink import NvLink
@@ -339,8 +340,9 @@ def _mig(h: Handle, out: Out) -> None:
 
 
 # (name used in GpuSample.errors, readers best first). Names are the main GpuSample field each one fills.
-def readings() -> list[tuple[str, tuple[Reader, ...]]]:
-    """The optional readings of one device, in poll order; a fresh list per device (some readers hold state)."""
+def readings(peers: Callable[[], list[tuple[str, Handle]]] | None = None) -> list[tuple[str, tuple[Reader, ...]]]:
+    """The optional readings of one device, in poll order; a fresh list per device (some readers hold state).
+    ``peers``: the host's other GPUs as (uuid, handle), for the P2P status (None: no peer)."""
     nvlink = NvLink()  # per device: its per-link field ids join the one field-values request
     rs: list[tuple[str, tuple[Reader, ...]]] = [
         ("memory_used_bytes", (_memory_v2, _memory_v1)),
@@ -402,6 +404,8 @@ def readings() -> list[tuple[str, tuple[Reader, ...]]]:
         ("pcie_replay_total", (_simple("pcie_replay_total", N.nvmlDeviceGetPcieReplayCounter),)),
         ("nvlink_links_active", (nvlink,)),
         ("mig_mode_current", (_mig,)),
+        ("fabric_state", (read_fabric,)),
+        ("p2p_status", (p2p_reader(peers or (lambda: [])),)),
     ]
     return rs
 
@@ -524,6 +528,7 @@ STATIC_READINGS = frozenset({
     "clocks_event_reasons_supported",
     "pcie_link_max_generation",
     "pcie_link_max_width",
+    "p2p_status",  # one call per pair and capability (8 GPUs: 168): a topology fact, re-read with the others
 })
 STATIC_REFRESH_SECONDS = 60.0
 
@@ -554,12 +559,13 @@ class DeviceReadings:
     """The readings of one device and what has been learned about them (the capability cache)."""
 
     def __init__(self, handle: Handle, only: frozenset[str] | None = None,
-                 static_refresh: float = STATIC_REFRESH_SECONDS) -> None:
+                 static_refresh: float = STATIC_REFRESH_SECONDS,
+                 peers: Callable[[], list[tuple[str, Handle]]] | None = None) -> None:
         """``only``: the names of the readings to take (a MIG device: sources/nvml/worker/mig.py); None: all.
         ``static_refresh``: seconds a :data:`STATIC_READINGS` value is given again before it is read again."""
         self.handle = handle
         self.static_refresh = static_refresh
-        self._slots = [_Slot(n, i) for n, i in readings() if only is None or n in only]
+        self._slots = [_Slot(n, i) for n, i in readings(peers) if only is None or n in only]
         self.absent: list[str] = []  # names learned absent, in the order learned (logged once)
         self.fallbacks: dict[str, int] = {}  # name -> index of the fallback in use (0 = preferred)
         self.process_listers = (

@@ -14,6 +14,7 @@ import ctypes
 import mmap
 import threading
 import time
+from collections.abc import Callable
 
 import pynvml as N
 
@@ -56,7 +57,8 @@ def _addr(handle: Any) -> int | None:
 class _Device:
     __slots__ = ("addr", "handle", "index", "mig", "name", "pci_bus_id", "readings", "serial", "uuid")
 
-    def __init__(self, index: int, handle: Any, static_refresh: float = STATIC_REFRESH_SECONDS) -> None:
+    def __init__(self, index: int, handle: Any, static_refresh: float = STATIC_REFRESH_SECONDS,
+                 peers: Callable[[], list[tuple[str, Any]]] | None = None) -> None:
         self.index = index
         self.handle = handle
         self.addr = _addr(handle)
@@ -65,7 +67,7 @@ class _Device:
         pci = _optional(N.nvmlDeviceGetPciInfo, handle)
         self.pci_bus_id: str | None = pci.busId if pci is not None else None
         self.serial: str | None = _optional(N.nvmlDeviceGetSerial, handle)
-        self.readings = DeviceReadings(handle, static_refresh=static_refresh)
+        self.readings = DeviceReadings(handle, static_refresh=static_refresh, peers=peers)
         self.mig = MigSet.open(handle)  # its MIG devices (sources/nvml/worker/mig.py); None: not MIG-capable
 
 
@@ -156,7 +158,8 @@ class Worker:
                 self._answered(pos)
                 return False
             try:
-                dev: _Device | None = _Device(i, N.nvmlDeviceGetHandleByIndex(i), self.static_refresh)
+                dev: _Device | None = _Device(i, N.nvmlDeviceGetHandleByIndex(i), self.static_refresh,
+                                              self._peers_of(i))
             except N.NVMLError as e:
                 # Listed but unusable (lost, no permission, ...): report it and poll the others.
                 dev = None
@@ -176,6 +179,14 @@ class Worker:
                     self.lost.append({"index": i, "reason": why})
             if pos.gen != self.gen:
                 return False
+
+    def _peers_of(self, index: int) -> Callable[[], list[tuple[str, Any]]]:
+        """The other opened GPUs of this worker as (uuid, handle), for the P2P status of GPU ``index``."""
+
+        def peers() -> list[tuple[str, Any]]:
+            return [(d.uuid, d.handle) for d in self.devices if d.index != index]
+
+        return peers
 
     def enumerated(self) -> bool:
         return not self._reopen and self._next_index >= self.device_count
