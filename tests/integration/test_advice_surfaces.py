@@ -133,8 +133,15 @@ class Sims:
             if ahead not in self.running:
                 self.running[ahead] = self._start(ahead)
         d = self.running[name]
+        retries = [3]
 
         def serving() -> bool:
+            nonlocal d
+            if d.proc.poll() is not None and "address already in use" in d.log() and retries[0] > 0:
+                # free_port's port was taken by another test's process before the sim bound it: a new port.
+                retries[0] -= 1
+                d = self.running[name] = self._start(name)
+                return False
             assert d.proc.poll() is None, f"sim exited with {d.proc.returncode}:\n{d.log()}"
             try:
                 return d.get("/readyz", timeout=2)[0] == 200

@@ -133,7 +133,8 @@ def test_the_fleet_message_has_the_daemons_advice_and_a_silence_link(kit: Kit) -
     assert lines[0] == f"*{labels['severity'].upper()}* GpuRemoved: {ann['summary']}"
     assert lines[1].startswith(f"GPU: {labels['gpu']} · {labels['model']} · {labels['uuid'][:12]}")
     # The advice, as the daemon words it: the dock was pulled, re-plug it, no reboot needed.
-    assert ann["description"] in lines and "Re-plug the dock" in ann["description"]
+    assert ann["description"] in lines
+    assert f"What to do: {ann['action']}" in lines and "Re-plug the dock" in ann["action"]
     assert any(line.startswith("Since: ") and line.endswith(" UTC") for line in lines)
     # The link's filter is this alert on this host and GPU, the daemon's silence keys.
     matchers = silence_filter(text, kit.am)
@@ -185,7 +186,7 @@ def test_an_action_annotation_is_rendered(kit: Kit) -> None:
         "startsAt": now.isoformat(), "endsAt": (now + timedelta(minutes=5)).isoformat(),
     }])  # fmt: skip
     [text] = kit.wait(lambda: kit.texts("[FIRING] GpuEccError on gpu-z GPU 3"), "the posted alert in the chat")
-    assert "Action: Drain the node, then reset the GPU (nvidia-smi -r -i 3)." in text.splitlines()
+    assert "What to do: Drain the node, then reset the GPU (nvidia-smi -r -i 3)." in text.splitlines()
     uuid = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
     assert silence_filter(text, kit.am) == f'{{alertname="GpuEccError", host="gpu-z", uuid="{uuid}"}}'
 

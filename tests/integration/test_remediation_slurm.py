@@ -11,11 +11,21 @@ from typing import Any
 
 import pytest
 from slurm_cluster import NODE, SlurmCluster, missing_binaries, start_cluster
-from support import DaemonProcess, metrics_when, value, wait_until
+from support import DaemonProcess, metrics_when, value
+from support import wait_until as _wait_until
 from test_hotplug import add_pci_function, gpu_state, sysfs_bus_id
 
 from gpuwatchd.sim.state import make_state
 from gpuwatchd.sources.sysfs.pcie import PCI_DEVICES
+
+# A recovery (the GPU back, its health healthy for resume_after, then scontrol) beside CI's other jobs took longer
+# than support's 30 s once: every condition here gets 180 s, and returns as soon as it holds.
+SLURM_WAIT_SECONDS = 180.0
+
+
+def wait_until(cond: Callable[[], Any], what: str, timeout: float = SLURM_WAIT_SECONDS) -> Any:
+    return _wait_until(cond, what, timeout)
+
 
 FAST_NVML = {"poll_interval": "100ms", "restart_backoff_initial": "100ms", "restart_backoff_max": "300ms"}
 
