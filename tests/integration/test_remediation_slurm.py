@@ -13,7 +13,7 @@ import pytest
 from slurm_cluster import NODE, SlurmCluster, missing_binaries, start_cluster
 from support import DaemonProcess, metrics_when, value
 from support import wait_until as _wait_until
-from test_hotplug import add_pci_function, gpu_state, sysfs_bus_id
+from test_hotplug import add_pci_function, sysfs_bus_id
 
 from gpuwatchd.sim.state import make_state
 from gpuwatchd.sources.sysfs.pcie import PCI_DEVICES
@@ -65,8 +65,10 @@ def _recover(d: DaemonProcess, state: dict[str, Any], index: int, write: Callabl
     for p in sorted(func.iterdir()):
         p.unlink()
     func.rmdir()
-    # (a daemon started while the GPU was lost may never have listed it)
-    wait_until(lambda: gpu_state(d, dev["uuid"]) in ("removed", None), "the lost GPU gone from the bus")
+    # Wait until the daemon's PCI scan has seen the function go (NVML stops listing it sooner, so the GPU's state can
+    # read "removed" first): a re-add within one scan is no change, and nothing would enumerate NVML again.
+    gone = f"removed=['{sysfs_bus_id(dev)}']"
+    wait_until(lambda: gone in d.log(), "the daemon's PCI scan to see the lost GPU gone")
     dev["lost"] = False
     state["devices"].insert(index, dev)
     write(state)
